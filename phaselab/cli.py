@@ -1,0 +1,7 @@
+"""Console entry point. Imports the orchestrator lazily so `phaselab --help` stays fast."""
+
+
+def main() -> None:
+    from phaselab.orchestrator.cli import app
+
+    app()

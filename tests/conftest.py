@@ -1,0 +1,47 @@
+"""Shared test setup: offline, quiet, deterministic; skips for missing hardware/services."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_SCRATCH = ROOT / ".phaselab" / "test-scratch"
+_SCRATCH.mkdir(parents=True, exist_ok=True)
+
+# Offline and quiet everywhere (EXPERIMENTS §5.3; STACK.md Ray/MLflow notes).
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_extensions"))
+os.environ.setdefault("RAY_TMPDIR", "/tmp/phaselab-ray")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cuda = _has_cuda()
+    pg = os.environ.get("PHASELAB_TEST_POSTGRES_URL")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (marker gpu; run on the H200)")
+    skip_pg = pytest.mark.skip(reason="PHASELAB_TEST_POSTGRES_URL is not set (.ci/run sets it)")
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(skip_gpu)
+        if "postgres" in item.keywords and not pg:
+            item.add_marker(skip_pg)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A per-test scratch directory (alias of tmp_path, named for readability)."""
+    return tmp_path
