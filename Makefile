@@ -1,0 +1,39 @@
+# The two commands of the README:
+#   make demo   create .venv, install the pinned set, run the main job (phaselab run quickstart)
+#   make test   install (if needed) and run the whole CPU test suite
+# pip (not uv/poetry) with constraints.txt: it keeps the CPU torch wheel and never pulls CUDA torch.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.phaselab-installed
+export RAY_USAGE_STATS_ENABLED ?= 0
+export MLFLOW_DISABLE_TELEMETRY ?= true
+export HF_DATASETS_OFFLINE ?= 1
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_extensions
+PYTEST_ARGS ?=
+
+.PHONY: demo test install gpu-test lint clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[eval,postgres,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/phaselab run quickstart
+
+test: install
+	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+
+# On a CUDA machine: the kernel sweeps and GPU entry points.
+gpu-test: install
+	$(PY) -m pytest -m gpu -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .phaselab .torch_extensions

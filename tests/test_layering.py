@@ -1,0 +1,117 @@
+"""The one-way import rule of DESIGN §2, checked mechanically over the source tree.
+
+kernels imports nothing of ours; catalog imports nothing of ours (and never torch);
+workloads may import phaselab.kernels and phaselab.catalog.tracking only; orchestrator anything;
+phaselab.cli imports the orchestrator lazily. Code imports only through ``phaselab.*``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"kernels": "phaselab.kernels", "catalog": "phaselab.catalog",
+            "workloads": "phaselab.workloads", "orchestrator": "phaselab.orchestrator",
+            "phaselab": "phaselab"}
+ALLOWED = {
+    "phaselab.kernels": ("phaselab.kernels",),
+    "phaselab.catalog": ("phaselab.catalog",),
+    "phaselab.workloads": ("phaselab.workloads", "phaselab.kernels", "phaselab.catalog.tracking"),
+    "phaselab.orchestrator": ("phaselab",),
+    "phaselab": ("phaselab",),
+}
+BARE_TOP_LEVEL = {"kernels", "catalog", "workloads", "orchestrator"}
+
+
+def _module_name(path: Path) -> tuple[str, str]:
+    folder = path.relative_to(ROOT).parts[0]
+    rel = path.relative_to(ROOT / folder).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return PACKAGES[folder], ".".join([PACKAGES[folder], *parts])
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str, bool]]:
+    """(line, imported module, at top level?) for every import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[int, str, bool]] = []
+    top = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.append((node.lineno, name, id(node) in top))
+    return out
+
+
+def _sources() -> list[Path]:
+    files: list[Path] = []
+    for folder in PACKAGES:
+        files += sorted((ROOT / folder).rglob("*.py"))
+    return [f for f in files if "migrations/versions" not in str(f) or True]
+
+
+def _violations() -> list[str]:
+    bad: list[str] = []
+    for path in _sources():
+        layer, module = _module_name(path)
+        for line, name, at_top in _imports(path, module):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            head = name.split(".")[0]
+            if head in BARE_TOP_LEVEL:
+                bad.append(f"{where}: imports '{name}' (use phaselab.{name})")
+            if not name.startswith("phaselab"):
+                continue
+            if layer == "phaselab" and name.startswith("phaselab.orchestrator") and at_top:
+                bad.append(f"{where}: phaselab.cli must import the orchestrator lazily")
+            if not any(name == a or name.startswith(a + ".") for a in ALLOWED[layer]):
+                bad.append(f"{where}: {layer} may not import {name}")
+    return bad
+
+
+def test_one_way_imports() -> None:
+    assert _violations() == []
+
+
+def test_checker_catches_a_violation(tmp_path: Path) -> None:
+    # The rule must be able to fail: a kernels module importing workloads is reported.
+    src = "from phaselab.workloads.models import transformer\nimport kernels.registry\n"
+    path = ROOT / "kernels" / "_layering_probe.py"
+    path.write_text(src)
+    try:
+        bad = _violations()
+    finally:
+        path.unlink()
+    assert any("_layering_probe.py:1" in b and "phaselab.workloads" in b for b in bad)
+    assert any("_layering_probe.py:2" in b and "use phaselab.kernels" in b for b in bad)
+
+
+@pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])
+def test_orchestrator_and_catalog_import_without_torch(package: str) -> None:
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"pkg = importlib.import_module('{package}')\n"
+        "skip = ('phaselab.catalog.migrations',)\n"
+        "mods = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.')]\n"
+        "if pkg.__name__ == 'phaselab.orchestrator':\n"
+        "    mods = [m for m in mods if m.endswith('.cli') or m.endswith('.spec') or m.endswith('.grid')]\n"
+        "for m in mods:\n"
+        "    if not m.startswith(skip):\n"
+        "        importlib.import_module(m)\n"
+        "heavy = sorted(n for n in ('torch', 'triton', 'deepspeed') if n in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp",
+                         check=True)
+    assert out.stdout.strip() == ""
