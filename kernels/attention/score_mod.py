@@ -1,0 +1,160 @@
+"""Score modifiers: the part of a positional encoding that lives *inside* the attention logit.
+
+A `ScoreMod` tells an attention backend what to compute in place of the plain dot product
+(MATH.md §3 PoPE, §4 TAPA, §5 ALiBi). Its `params` are validated and completed with the MATH
+defaults at construction, so every backend reads the same, explicit values:
+
+    pope:  {"inv_freq": Tensor[D] (theta_c = base**(-c/D)), "delta": Tensor[H, D] | None,
+            "amplitude": "softplus" | "relu" | "identity"}
+    tapa:  {"alpha": 0.1, "theta": 0.5, "phase_scale": 2*pi, "phase": "quadratic" | "linear"}
+    alibi: {"slopes": Tensor[H] (0 for heads without ALiBi)}
+
+For `pope` and `tapa` the q and k handed to the backend are the RAW projections (D wide,
+pre-softplus, un-rotated). `ScoreMod.reference` is the spec every fused kernel must match.
+
+Example:
+    >>> mod = ScoreMod(kind="pope", params={"inv_freq": pope_inv_freq(64), "delta": None})
+    >>> mod.params["amplitude"]
+    'softplus'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+if TYPE_CHECKING:  # torch stays a lazy import so that importing this module stays cheap
+    from torch import Tensor
+
+KINDS = ("pope", "tapa", "alibi")
+POPE_AMPLITUDES = ("softplus", "relu", "identity")
+TAPA_PHASES = ("quadratic", "linear")
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "pope": {"delta": None, "amplitude": "softplus"},
+    # MATH §4.2: alpha = 0.1, theta = 0.5, phase_scale = 2*pi (paper); quadratic phase (Eq. 12).
+    "tapa": {"alpha": 0.1, "theta": 0.5, "phase_scale": 2.0 * math.pi, "phase": "quadratic"},
+    "alibi": {},
+}
+_REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",)}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ScoreMod:
+    """What a kernel computes inside the logit. `params` is completed with defaults and frozen.
+
+    eq=False: params hold tensors, whose `==` is elementwise; identity is the only sound equality.
+    """
+
+    kind: Literal["pope", "tapa", "alibi"]
+    params: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"ScoreMod.kind={self.kind!r}: expected one of {KINDS}")
+        if not isinstance(self.params, Mapping):
+            raise TypeError(f"ScoreMod.params must be a mapping, got {type(self.params).__name__}")
+        allowed = set(_DEFAULTS[self.kind]) | set(_REQUIRED[self.kind])
+        unknown = sorted(set(self.params) - allowed)
+        if unknown:
+            raise ValueError(f"ScoreMod(kind={self.kind!r}): unknown params {unknown}; "
+                             f"allowed: {sorted(allowed)}")
+        missing = [key for key in _REQUIRED[self.kind] if key not in self.params]
+        if missing:
+            raise ValueError(f"ScoreMod(kind={self.kind!r}): missing required params {missing}")
+        full = {**_DEFAULTS[self.kind], **self.params}
+        _VALIDATORS[self.kind](full)
+        object.__setattr__(self, "params", MappingProxyType(full))
+
+    def reference(self, q_BHTD: Tensor, k_BGSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor, *,
+                  scale: float = 1.0, compute_dtype: Any = None) -> Tensor:
+        """Unmasked fp32 logits_BHTS = scale * score + additive bias (ALiBi); the kernel spec.
+
+        For pope and tapa this is `scale * reference.scores(...)` (TAPA callers pass scale=1.0,
+        MATH §4.2). For alibi the bias -slope_h*(m-n) is added after scaling (MATH §5).
+        """
+        from phaselab.kernels.attention import reference
+
+        return reference.logits(q_BHTD, k_BGSD, pos_q_BT=pos_q_BT, pos_k_BS=pos_k_BS, scale=scale,
+                                score_mod=self, compute_dtype=compute_dtype)
+
+
+def tapa_split(head_dim: int, theta: float) -> tuple[int, int]:
+    """(D_A, D_P) = (int(theta*D), D - D_A); MATH §4.2: 1 <= D_A <= D-1, else ValueError."""
+    d_amp = int(theta * head_dim)
+    if not 1 <= d_amp <= head_dim - 1:
+        raise ValueError(f"TAPA theta={theta} with head_dim={head_dim} gives D_A={d_amp}, "
+                         f"outside [1, {head_dim - 1}] (MATH §4.2; no silent clamping)")
+    return d_amp, head_dim - d_amp
+
+
+def pope_inv_freq(head_dim: int, base: float = 10_000.0) -> Tensor:
+    """PoPE frequencies theta_c = base**(-c/D), c = 0..D-1, fp32 [D] (MATH §3.1).
+
+    Computed in float64 and rounded once, exactly like `rotary.scaling.default_inv_freq`, so that
+    theta_{2i} equals RoPE's theta_i bit for bit (MATH §3.6).
+    """
+    import torch
+
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        raise ValueError(f"head_dim={head_dim!r} must be a positive int")
+    if not base > 1.0:
+        raise ValueError(f"base={base!r} must be > 1")
+    c = torch.arange(head_dim, dtype=torch.float64)
+    return (float(base) ** (-c / head_dim)).to(torch.float32)
+
+
+def alibi_slopes(n_heads: int, n_alibi_heads: int | None = None) -> Tensor:
+    """Slopes 2**(-8j/H_a) for the first H_a heads (j = 1..H_a), 0 for the rest (MATH §5)."""
+    import torch
+
+    n_alibi = n_heads if n_alibi_heads is None else n_alibi_heads
+    if not 0 <= n_alibi <= n_heads:
+        raise ValueError(f"n_alibi_heads={n_alibi_heads} must be in [0, n_heads={n_heads}]")
+    slopes = torch.zeros(n_heads, dtype=torch.float32)
+    j = torch.arange(1, n_alibi + 1, dtype=torch.float64)
+    slopes[:n_alibi] = (2.0 ** (-8.0 * j / max(n_alibi, 1))).to(torch.float32)
+    return slopes
+
+
+def _check_float_tensor(name: str, value: Any, ndim: int) -> None:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be floating point (fp32), got dtype {value.dtype}")
+    if value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dim(s), got shape {tuple(value.shape)}")
+
+
+def _validate_pope(p: dict[str, Any]) -> None:
+    _check_float_tensor("pope inv_freq", p["inv_freq"], 1)
+    if p["delta"] is not None:
+        _check_float_tensor("pope delta", p["delta"], 2)
+        if p["delta"].shape[1] != p["inv_freq"].shape[0]:
+            raise ValueError(f"pope delta shape {tuple(p['delta'].shape)} must be [H, D] with "
+                             f"D = len(inv_freq) = {p['inv_freq'].shape[0]}")
+    if p["amplitude"] not in POPE_AMPLITUDES:
+        raise ValueError(f"pope amplitude={p['amplitude']!r}: expected one of {POPE_AMPLITUDES}")
+
+
+def _validate_tapa(p: dict[str, Any]) -> None:
+    for key in ("alpha", "theta", "phase_scale"):
+        if isinstance(p[key], bool) or not isinstance(p[key], (int, float)) or not math.isfinite(p[key]):
+            raise ValueError(f"tapa {key}={p[key]!r} must be a finite number")
+    if p["alpha"] <= 0:
+        raise ValueError(f"tapa alpha={p['alpha']} must be > 0 (an exponent on |m-n|; MATH §4.2)")
+    if not 0.0 < p["theta"] < 1.0:
+        raise ValueError(f"tapa theta={p['theta']} must be in (0, 1) (amplitude fraction; MATH §4.2)")
+    if p["phase"] not in TAPA_PHASES:
+        raise ValueError(f"tapa phase={p['phase']!r}: expected one of {TAPA_PHASES}")
+
+
+def _validate_alibi(p: dict[str, Any]) -> None:
+    _check_float_tensor("alibi slopes", p["slopes"], 1)
+
+
+_VALIDATORS = {"pope": _validate_pope, "tapa": _validate_tapa, "alibi": _validate_alibi}
