@@ -1,0 +1,111 @@
+"""The `sdpa` backend: torch.nn.functional.scaled_dot_product_attention with explicit masks.
+
+Supported: plain / RoPE (score_mod None; q, k pre-rotated), PoPE through its Cartesian 2D-wide
+form (`reference.pope_expand`, MATH §3.3; v stays D wide, which SDPA accepts), ALiBi in fp32/fp64
+as an additive float mask, and packed documents (cu_seqlens) as a block-diagonal mask.
+Refused with a reason: TAPA (its cosine is not a dot product), ALiBi in bf16/fp16 (the bias would
+be rounded to q's dtype), and deterministic backward on CUDA.
+
+Masking follows MATH §7.6: `is_causal=True` only when T == S and both position tensors are the
+trivial arange(T); otherwise an explicit boolean mask pos_k[s] <= pos_q[t] (SDPA's is_causal
+aligns top-left when T != S, so a single decode query would see only key 0). Rows that see no
+key output 0, as in the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from phaselab.kernels.attention.reference import (_check_qk, alibi_bias, pope_expand, repeat_kv,
+                                                  visibility)
+from phaselab.kernels.attention.score_mod import ScoreMod
+from phaselab.kernels.registry import AttnCall, BackendUnsupported
+
+
+def _is_arange(pos_BL: Tensor) -> bool:
+    ref = torch.arange(pos_BL.shape[-1], device=pos_BL.device, dtype=pos_BL.dtype)
+    return bool((pos_BL == ref).all())
+
+
+def _document_mask(cu_seqlens: Tensor, length: int, device: torch.device) -> Tensor:
+    """bool [1, 1, L, L]: token t sees token s only inside its own document."""
+    bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+    if bounds.ndim != 1 or int(bounds[0]) != 0 or int(bounds[-1]) != length or bool((bounds.diff() < 0).any()):
+        raise ValueError(f"cu_seqlens={bounds.tolist()} must be non-decreasing from 0 to the packed "
+                         f"length {length}")
+    doc_L = torch.searchsorted(bounds[1:], torch.arange(length, device=device), right=True)
+    return (doc_L[:, None] == doc_L[None, :])[None, None]
+
+
+def build_mask(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool,
+               cu_seqlens: Tensor | None = None) -> tuple[Tensor | None, bool]:
+    """(bool mask [B|1, 1, T, S] or None, use is_causal). is_causal only for trivial positions."""
+    T, S = pos_q_BT.shape[-1], pos_k_BS.shape[-1]
+    if cu_seqlens is None and causal and T == S and _is_arange(pos_q_BT) and _is_arange(pos_k_BS):
+        return None, True
+    mask = visibility(pos_q_BT, pos_k_BS) if causal else None
+    if cu_seqlens is not None:
+        if T != S:
+            raise ValueError(f"cu_seqlens needs T == S (packed self-attention), got T={T}, S={S}")
+        docs = _document_mask(cu_seqlens, T, pos_q_BT.device)
+        mask = docs if mask is None else mask & docs
+    return mask, False
+
+
+class SdpaBackend:
+    """Registry backend "sdpa" (see the module docstring for what it supports)."""
+
+    name: ClassVar[str] = "sdpa"
+
+    def unsupported_reason(self, call: AttnCall) -> str | None:
+        if call.score_mod == "tapa":
+            return ("TAPA's score A*cos(w*Phi) is not a dot product, so SDPA cannot compute it; use "
+                    "'reference' or 'triton'")
+        if call.score_mod not in (None, "pope", "alibi"):
+            return f"unknown score_mod {call.score_mod!r}"
+        if call.score_mod == "alibi" and call.dtype not in (torch.float32, torch.float64):
+            return (f"ALiBi needs an additive float mask in q's dtype {call.dtype}; the bias "
+                    f"-slope*(m-n) would be rounded (bf16 spacing is 2 at 500); use fp32, "
+                    f"'reference' or 'triton'")
+        if call.deterministic and call.needs_grad and call.device_type == "cuda":
+            return ("deterministic=True: torch SDPA's CUDA backward kernels (flash / memory-"
+                    "efficient) accumulate with atomics and are not guaranteed deterministic")
+        return None
+
+    def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
+                 scale: float, causal: bool, score_mod: ScoreMod | None,
+                 cu_seqlens: Tensor | None = None) -> Tensor:
+        call = AttnCall.describe(q_BHTD, k_BGSD, v_BGSD, causal=causal, score_mod=score_mod,
+                                 cu_seqlens=cu_seqlens)
+        reason = self.unsupported_reason(call)
+        if reason is not None:
+            raise BackendUnsupported(self.name, reason)
+        _check_qk(q_BHTD, k_BGSD, pos_q, pos_k)
+        H = q_BHTD.shape[1]
+        if score_mod is not None and score_mod.kind == "pope":
+            p = score_mod.params
+            q_BHTD, k_BGSD = pope_expand(q_BHTD, k_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,
+                                         inv_freq_D=p["inv_freq"], delta_HD=p["delta"],
+                                         amplitude=p["amplitude"])
+        mask, is_causal = build_mask(pos_q, pos_k, causal=causal, cu_seqlens=cu_seqlens)
+        empty_B1T1 = None
+        if mask is not None:
+            empty_B1T1 = ~mask.any(dim=-1, keepdim=True)
+            mask = mask | empty_B1T1  # let empty rows attend somewhere (no NaN); zeroed below
+        attn_mask: Any = mask
+        if score_mod is not None and score_mod.kind == "alibi":
+            bias = alibi_bias(pos_q, pos_k, score_mod.params["slopes"], compute_dtype=q_BHTD.dtype)
+            attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+            if is_causal:  # an additive mask cannot be combined with is_causal
+                attn_mask = attn_mask.masked_fill(~visibility(pos_q, pos_k), float("-inf"))
+                is_causal = False
+        out_BHTD = F.scaled_dot_product_attention(
+            q_BHTD, repeat_kv(k_BGSD, H), repeat_kv(v_BGSD, H), attn_mask=attn_mask,
+            is_causal=is_causal, scale=scale)
+        if empty_B1T1 is not None:
+            out_BHTD = out_BHTD.masked_fill(empty_B1T1, 0.0)
+        return out_BHTD
