@@ -11,7 +11,6 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-
 from phaselab.workloads.data import DataConfig, IndirectIndexingConfig, build_dataset, epoch_order
 from phaselab.workloads.data.indirect_indexing import (
     CHAR_TO_ID,

@@ -9,7 +9,6 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-
 from phaselab.workloads.data import DataConfig, TextConfig, build_dataset
 from phaselab.workloads.data.tokenizers import CharTokenizer
 
@@ -33,7 +32,7 @@ def test_tiktoken_gpt2_offline_with_sockets_disabled(tmp_path):
         print(tok.encode("Hello world"), enc.encode("<|endoftext|>", allowed_special="all"),
               tok.eot_token_id, tok.vocab_size)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[15496, 995] [50256] 50256 50257"
     assert len(list((tmp_path / "tk").iterdir())) == 2  # the two SHA-1-named cache files

@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
-
 from phaselab.workloads.data import (
     SPLIT_CODES,
     SPLITS,
