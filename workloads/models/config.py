@@ -1,0 +1,211 @@
+"""Model configs (CONTRACTS §3.2): frozen kw-only dataclasses, parsed by `workloads.config`.
+
+No torch here: the orchestrator hashes and validates these without loading it. Defaults that
+the papers leave open are phaselab decisions, cited to MATH.md / EXPERIMENTS.md §6.
+
+Example:
+    >>> from phaselab.workloads.config import from_dict
+    >>> cfg = from_dict(ModelConfig, {"vocab_size": 66, "block_size": 48, "n_layer": 2,
+    ...                               "n_head": 4, "d_model": 128, "pe": {"kind": "pope"}})
+    >>> cfg.head_dim, cfg.kv_heads, cfg.pe.pope.delta_constraint
+    (32, 4, 'project')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+PEKind = Literal["none", "rope", "pope", "tapa", "alibi", "sinusoidal", "learned"]
+ScalingRule = Literal["none", "pi", "ntk", "dynamic_ntk", "yarn"]
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RopePEConfig:
+    """RoPE settings: the fields of `phaselab.kernels.rotary.scaling.RopeConfig` except head_dim,
+    which the model supplies. The frequency rules themselves live only in that kernel module."""
+
+    base: float = 10_000.0
+    pairing: Literal["interleaved", "half"] = "interleaved"  # MATH §1.3, EXPERIMENTS §6 #15
+    rotary_fraction: float = 1.0  # 0.5 = the "RoPE half-channels" baseline (MATH §1.4)
+    scaling: ScalingRule = "none"
+    factor: float = 1.0
+    original_max_seq_len: int | None = None  # the PRETRAINING length L (MATH §2.4 guards)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    ramp: Literal["index", "rotations"] = "index"
+    truncate: bool = True
+    attention_factor: float | None = None  # explicit YaRN mscale override; never replaced
+
+    def __post_init__(self) -> None:
+        _require(self.base > 1.0, f"rope.base={self.base} must be > 1")
+        _require(0.0 < self.rotary_fraction <= 1.0,
+                 f"rope.rotary_fraction={self.rotary_fraction} must be in (0, 1]")
+        _require(self.factor >= 1.0, f"rope.factor={self.factor} must be >= 1 (MATH §2)")
+        _require(self.scaling != "none" or self.factor == 1.0,
+                 f"rope.factor={self.factor} needs a scaling rule (rope.scaling is 'none')")
+        _require(self.scaling == "none" or self.original_max_seq_len is not None,
+                 f"rope.scaling={self.scaling!r} needs rope.original_max_seq_len (the pretraining length)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PopeConfig:
+    """PoPE (MATH §3). delta_init: the paper uses "uniform" for II/JSB/MAESTRO/genome and "zero"
+    for OpenWebText (MATH §3.2); presets set it explicitly."""
+
+    base: float = 10_000.0
+    delta_init: Literal["zero", "uniform"] = "zero"
+    delta_constraint: Literal["project", "clamp"] = "project"  # MATH §3.2 phaselab's choice
+    amplitude: Literal["softplus", "relu", "identity"] = "softplus"
+    learn_delta: bool = True
+    softmax_scale: Literal["inv_sqrt_d", "inv_sqrt_2d"] | float = "inv_sqrt_d"  # MATH §3.4
+    layout: Literal["concat", "interleaved"] = "concat"  # Cartesian 2D layout (MATH §3.3)
+    delta_weight_decay: bool = False  # read by the optimiser (EXPERIMENTS §6 #3)
+    delta_lr_mult: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(self.base > 1.0, f"pope.base={self.base} must be > 1")
+        if isinstance(self.softmax_scale, float):
+            _require(self.softmax_scale > 0, f"pope.softmax_scale={self.softmax_scale} must be > 0")
+        _require(self.delta_lr_mult >= 0, f"pope.delta_lr_mult={self.delta_lr_mult} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TapaConfig:
+    """TAPA (MATH §4.2): alpha is an exponent on |m-n|; theta the amplitude fraction."""
+
+    alpha: float = 0.1
+    theta: float = 0.5
+    phase_scale: float = 2.0 * math.pi  # the paper; 1.0 reproduces the released code (§4.2)
+    phase: Literal["quadratic", "linear"] = "quadratic"
+
+    def __post_init__(self) -> None:
+        _require(self.alpha > 0, f"tapa.alpha={self.alpha} must be > 0 (MATH §4.2)")
+        _require(0.0 < self.theta < 1.0, f"tapa.theta={self.theta} must be in (0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AlibiConfig:
+    """ALiBi on the first round(heads_fraction*H) heads, NoPE on the rest (MATH §5).
+    slopes: "geometric" = 2^(-8j/H_a), or an explicit list with one slope per ALiBi head."""
+
+    heads_fraction: float = 0.5
+    slopes: Literal["geometric"] | tuple[float, ...] = "geometric"
+
+    def __post_init__(self) -> None:
+        _require(0.0 < self.heads_fraction <= 1.0,
+                 f"alibi.heads_fraction={self.heads_fraction} must be in (0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PEConfig:
+    """Which positional encoding, plus the settings of each kind (only `kind`'s are used)."""
+
+    kind: PEKind = "rope"
+    rope: RopePEConfig = field(default_factory=RopePEConfig)
+    pope: PopeConfig = field(default_factory=PopeConfig)
+    tapa: TapaConfig = field(default_factory=TapaConfig)
+    alibi: AlibiConfig = field(default_factory=AlibiConfig)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionConfig:
+    """backend: a name in `phaselab.kernels.registry`; never a silent fallback (DESIGN §3.2).
+    "auto" is for interactive use only and records what it picked."""
+
+    backend: Literal["reference", "sdpa", "triton", "auto"] = "reference"
+    deterministic: bool = False  # MATH §7.8
+    qk_norm: bool = False  # RMSNorm on q and k per head; PoPE softplus comes after (EXPERIMENTS §6 #4)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelConfig:
+    """Decoder-only transformer: RMSNorm pre-norm, MLP without biases by default (EXPERIMENTS §1).
+
+    n_kv_head: None means n_head (multi-head); fewer gives grouped-query attention.
+    vocab_multiple: the embedding table is padded to a multiple of this (64 for GPT-2's 50257 ->
+    50304); logits are returned for the true vocab_size only.
+    mlp_ratio: hidden width = round(mlp_ratio * d_model) for both "gelu" and "swiglu".
+    """
+
+    vocab_size: int
+    block_size: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    n_kv_head: int | None = None
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    bias: bool = False
+    tie_embeddings: bool = True
+    vocab_multiple: int = 1
+    norm_eps: float = 1e-6
+    pe: PEConfig = field(default_factory=PEConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model", "vocab_multiple"):
+            _require(getattr(self, name) >= 1, f"{name}={getattr(self, name)} must be >= 1")
+        _require(self.d_model % self.n_head == 0,
+                 f"d_model={self.d_model} must be divisible by n_head={self.n_head}")
+        _require(self.n_head % self.kv_heads == 0,
+                 f"n_head={self.n_head} must be divisible by n_kv_head={self.n_kv_head}")
+        _require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout} must be in [0, 1)")
+        _require(self.mlp_ratio > 0, f"mlp_ratio={self.mlp_ratio} must be > 0")
+        _require(self.pe.kind not in ("rope", "pope") or self.head_dim % 2 == 0,
+                 f"head_dim={self.head_dim} must be even for pe.kind={self.pe.kind!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def mlp_hidden(self) -> int:
+        return round(self.mlp_ratio * self.d_model)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ContextExtension:
+    """A change of context for continued pretraining / fine-tuning (EXPERIMENTS §2.4, §3.2).
+
+    rule/factor/original_max_seq_len set RoPE's scaling rule (MATH §2); `base` optionally sets a
+    new RoPE base (the TAPA study's b = 2e8 variant); `attention_factor` overrides YaRN's mscale.
+    block_size is the new training length; it is recorded, never used to derive `factor`
+    (MATH §2.4: s is never recomputed; the TAPA PI variant trains at 32k with s = 8 for L' = 64k).
+    PoPE, TAPA, ALiBi, NoPE and sinusoidal accept only rule "none" without a base change (the
+    "no interpolation" fine-tune); anything else is a ValueError when the model is extended.
+    """
+
+    rule: ScalingRule = "none"
+    factor: float = 1.0
+    original_max_seq_len: int | None = None
+    block_size: int | None = None
+    base: float | None = None
+    attention_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.factor >= 1.0, f"extension factor={self.factor} must be >= 1")
+        _require(self.rule != "none" or self.factor == 1.0,
+                 f"extension factor={self.factor} needs a rule (rule is 'none')")
+        _require(self.rule == "none" or self.original_max_seq_len is not None,
+                 f"extension rule={self.rule!r} needs original_max_seq_len (the pretraining length)")
+        _require(self.rule == "yarn" or self.attention_factor is None,
+                 f"attention_factor={self.attention_factor} is a YaRN setting; rule is {self.rule!r}")
+        _require(self.block_size is None or self.block_size >= 1,
+                 f"extension block_size={self.block_size} must be >= 1")
+        _require(self.base is None or self.base > 1.0, f"extension base={self.base} must be > 1")

@@ -1,0 +1,41 @@
+"""ALiBi (Press et al., arXiv 2108.12409; MATH §5): logit += -slope_h·(m - n) inside the kernel.
+
+"ALiBi half-heads" (the PoPE paper's ablation, EXPERIMENTS §2.1) applies it to the first
+round(heads_fraction·H) heads and NoPE to the rest (EXPERIMENTS §6 #14). The geometric slopes
+2^(-8j/H_a) come from `kernels.attention.score_mod.alibi_slopes` (one home per formula).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes
+from phaselab.workloads.models.config import PEConfig
+from phaselab.workloads.models.positional.base import PositionalEncoding
+
+
+class ALiBi(PositionalEncoding):
+    name: ClassVar[str] = "alibi"
+
+    def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
+        super().__init__(pe_cfg, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim)
+        cfg = pe_cfg.alibi
+        n_alibi = max(1, round(cfg.heads_fraction * n_head))
+        if cfg.slopes == "geometric":
+            slopes = alibi_slopes(n_head, n_alibi)
+        else:
+            if len(cfg.slopes) != n_alibi:
+                raise ValueError(f"alibi.slopes has {len(cfg.slopes)} values, expected one per ALiBi "
+                                 f"head ({n_alibi} = round({cfg.heads_fraction} * {n_head}))")
+            slopes = torch.zeros(n_head, dtype=torch.float32)
+            slopes[:n_alibi] = torch.tensor(cfg.slopes, dtype=torch.float32)
+        self.n_alibi = n_alibi
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def score_mod(self) -> ScoreMod:
+        return ScoreMod(kind="alibi", params={"slopes": self.slopes})
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alibi_heads={self.n_alibi}"

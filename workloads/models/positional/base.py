@@ -1,0 +1,104 @@
+"""The positional-encoding protocol (DESIGN §3.1) and NoPE.
+
+Every attention layer builds its OWN encoding module from `PEConfig` (DESIGN §3.1: "each layer
+builds its own PE module"), so per-layer parameters (PoPE δ) and per-layer state never alias.
+
+Two kinds of encoding share one interface:
+- q/k transforms applied before the kernel (`prepare_qk`: RoPE and its scaling rules);
+- logit changes applied inside the kernel (`score_mod`: PoPE, TAPA, ALiBi), where the kernel
+  receives the RAW projections.
+Absolute encodings (sinusoidal, learned) act on the embeddings instead (`absolute.py`); their
+attention layers use `NoPE`.
+
+Shapes: q_BTHD (H query heads), k_BSGD (G kv heads), positions int64 pos_q_BT / pos_k_BS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from phaselab.workloads.models.config import ContextExtension, PEConfig
+
+if TYPE_CHECKING:
+    from phaselab.kernels.attention.score_mod import ScoreMod
+
+
+class PositionalEncoding(nn.Module):
+    """Base class; subclasses override what they change. Defaults are NoPE behaviour.
+
+    Args:
+        pe_cfg: the whole PEConfig (each class reads its own sub-config).
+        n_head, n_kv_head, head_dim: the attention layer's shape (H, G, D).
+    """
+
+    name: ClassVar[str] = "none"
+
+    def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
+        super().__init__()
+        self.pe_cfg = pe_cfg
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+
+    def qk_width(self, head_dim: int) -> int:
+        """Width of q and k as handed to the backend (D; the sdpa backend expands PoPE itself)."""
+        return head_dim
+
+    def prepare_qk(self, q_BTHD: Tensor, k_BSGD: Tensor, pos_q_BT: Tensor,
+                   pos_k_BS: Tensor) -> tuple[Tensor, Tensor]:
+        """Transform q and k before the kernel; identity unless overridden."""
+        return q_BTHD, k_BSGD
+
+    def score_mod(self) -> ScoreMod | None:
+        """Kernel-side part of the encoding, or None."""
+        return None
+
+    def softmax_scale(self, head_dim: int) -> float:
+        """Multiplier of the score: 1/sqrt(D) (MATH §0, §5 NoPE)."""
+        return head_dim ** -0.5
+
+    def extended(self, ext: ContextExtension) -> PositionalEncoding:
+        """The encoding after a context extension. Encodings without RoPE frequencies accept only
+        rule "none" without a base change (the "no interpolation" fine-tune) and return self, so
+        their learned parameters are kept; anything else is a ValueError (nothing silent)."""
+        if ext.rule != "none" or ext.base is not None:
+            raise ValueError(f"pe.kind={self.pe_cfg.kind!r} has no RoPE frequencies: extension rule="
+                             f"{ext.rule!r}, base={ext.base!r} cannot apply (use rule 'none')")
+        return self
+
+    def after_optimizer_step(self) -> None:
+        """Hook run after every optimiser step (PoPE δ projection); no-op by default."""
+
+    def frequency_features(self, q_BTHD: Tensor, k_BTGD: Tensor) -> dict[str, Tensor]:
+        """Per-frequency usage statistics (EXPERIMENTS §2.6); only RoPE and PoPE define them."""
+        raise ValueError(f"frequency_features is defined for pe.kind 'rope' and 'pope', "
+                         f"not {self.pe_cfg.kind!r}")
+
+    def extra_repr(self) -> str:
+        return f"n_head={self.n_head}, n_kv_head={self.n_kv_head}, head_dim={self.head_dim}"
+
+
+class NoPE(PositionalEncoding):
+    """No positional signal in attention; scale 1/sqrt(D) (MATH §5)."""
+
+    name: ClassVar[str] = "none"
+
+
+def with_extension(pe_cfg: PEConfig, ext: ContextExtension) -> PEConfig:
+    """The PEConfig after `ext`: RoPE gets the new rule/factor/original length (and base or YaRN
+    attention_factor when given); other kinds are returned unchanged (validated by `extended`)."""
+    if pe_cfg.kind != "rope":
+        return pe_cfg
+    rope = replace(pe_cfg.rope, scaling=ext.rule, factor=ext.factor,
+                   original_max_seq_len=ext.original_max_seq_len,
+                   attention_factor=ext.attention_factor,
+                   base=pe_cfg.rope.base if ext.base is None else ext.base)
+    return replace(pe_cfg, rope=rope)
+
+
+def check_positions(pos_BT: Tensor, name: str = "pos_BT") -> None:
+    """Positions are int64 and never floating point (MATH §0, §7.2)."""
+    if pos_BT.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64 positions, got dtype {pos_BT.dtype} (MATH §7.2)")

@@ -1,0 +1,100 @@
+"""PoPE (MATH §3): softplus magnitudes, D frequencies, and a learned per-head phase bias δ.
+
+The score itself is computed by the attention backend from a `ScoreMod(kind="pope")` and the RAW
+q/k projections: the reference and Triton backends evaluate the polar form, the sdpa backend its
+Cartesian 2D expansion (MATH §3.3). This module owns the parameter δ [H, D] of its layer, its
+initialisation, and its constraint to [-2π, 0] (MATH §3.2):
+
+- "project" (default): the forward pass uses the raw δ; `after_optimizer_step` clamps it in place
+  (projected gradient descent), so a component pushed above 0 still gets gradients and can come
+  back. A forward clamp would zero them (the stuck-at-boundary pitfall).
+- "clamp": the forward pass uses clamp(δ, -2π, 0), as the public reimplementations do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from phaselab.kernels.attention.reference import pope_amplitude
+from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.workloads.models.config import PEConfig
+from phaselab.workloads.models.positional.base import PositionalEncoding
+
+DELTA_MIN, DELTA_MAX = -2.0 * math.pi, 0.0
+
+
+class PoPE(PositionalEncoding):
+    """Per-layer PoPE. Parameter `delta` [H, D] (named `...pe.delta` so the optimiser can put it
+    in its own group, MATH §3.2) unless `pope.learn_delta` is false (then δ ≡ 0, no parameter)."""
+
+    name: ClassVar[str] = "pope"
+
+    def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
+        super().__init__(pe_cfg, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim)
+        self.cfg = pe_cfg.pope
+        self.register_buffer("inv_freq", pope_inv_freq(head_dim, self.cfg.base), persistent=False)
+        self.delta = nn.Parameter(torch.zeros(n_head, head_dim)) if self.cfg.learn_delta else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """δ = 0 ("zero") or δ ~ U(-2π, 0) ("uniform"), MATH §3.2."""
+        if self.delta is None:
+            return
+        if self.cfg.delta_init == "uniform":
+            self.delta.uniform_(DELTA_MIN, DELTA_MAX)
+        else:
+            self.delta.zero_()
+
+    def effective_delta(self) -> Tensor | None:
+        """δ as the score sees it: raw ("project") or clamped ("clamp")."""
+        if self.delta is None:
+            return None
+        if self.cfg.delta_constraint == "clamp":
+            return self.delta.clamp(DELTA_MIN, DELTA_MAX)
+        return self.delta
+
+    def score_mod(self) -> ScoreMod:
+        delta = self.effective_delta()
+        return ScoreMod(kind="pope", params={
+            "inv_freq": self.inv_freq,
+            "delta": None if delta is None else delta.float(),
+            "amplitude": self.cfg.amplitude})
+
+    def softmax_scale(self, head_dim: int) -> float:
+        """1/sqrt(D) (default), 1/sqrt(2D), or an explicit float; D before expansion (MATH §3.4)."""
+        scale = self.cfg.softmax_scale
+        if scale == "inv_sqrt_d":
+            return head_dim ** -0.5
+        if scale == "inv_sqrt_2d":
+            return (2 * head_dim) ** -0.5
+        return float(scale)
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """Project δ back onto [-2π, 0] ("project" mode only)."""
+        if self.delta is not None and self.cfg.delta_constraint == "project":
+            self.delta.clamp_(DELTA_MIN, DELTA_MAX)
+
+    def frequency_features(self, q_BTHD: Tensor, k_BTGD: Tensor) -> dict[str, Tensor]:
+        """Mean over tokens of the magnitudes μ = amplitude(x) per component (EXPERIMENTS §2.6).
+
+        Returns fp32 tensors: "freq_F" [D] (θ_c rad/token), "q_HF" [H, D], "k_GF" [G, D], and
+        "delta_HD" [H, D] (the effective δ; zeros when δ is not learned) for the heat maps.
+        """
+        amp = self.cfg.amplitude
+        delta = self.effective_delta()
+        return {"freq_F": self.inv_freq.float().cpu(),
+                "q_HF": pope_amplitude(q_BTHD.float(), amp).mean(dim=(0, 1)),
+                "k_GF": pope_amplitude(k_BTGD.float(), amp).mean(dim=(0, 1)),
+                "delta_HD": (torch.zeros(self.n_head, self.head_dim) if delta is None
+                             else delta.detach().float().cpu())}
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return (f"{super().extra_repr()}, base={c.base}, delta_init={c.delta_init!r}, "
+                f"constraint={c.delta_constraint!r}, amplitude={c.amplitude!r}")
