@@ -1,0 +1,168 @@
+"""lm-evaluation-harness adapter: our model + tokenizer as an ``lm_eval`` LM (DESIGN §3.5, §5.8).
+
+The adapter is passed to ``lm_eval.simple_evaluate`` **as an instance** (no registry string, no
+hub access)::
+
+    lm = PhaseLabLM(model, tokenizer, max_length=1024, batch_size=8, device="cuda")
+    results = simple_evaluate(model=lm, tasks=["blimp_local"], num_fewshot=0,
+                              task_manager=TaskManager(include_path=str(bundle_dir)),
+                              log_samples=True)
+
+Three methods carry the semantics (lm_eval ``api/model.py``):
+
+- ``_loglikelihood_tokens``: for (context, continuation) token lists, the sum of
+  log p(continuation token | everything before it) and whether every continuation token is the
+  argmax. The input is ``(context + continuation)[-(max_length + 1):][:-1]`` (left truncation to
+  ``max_length``, EXPERIMENTS §2.5): logits at input position i predict token i + 1, so the
+  continuation's log-probs are read from the last ``len(continuation)`` logit rows. Worked
+  example: context [5, 6], continuation [7, 8] → input [5, 6, 7]; rows 1 and 2 score 7 and 8.
+- ``loglikelihood_rolling``: the document's total log-likelihood from disjoint rolling windows of
+  ``max_length`` (lm_eval's ``get_rolling_token_windows``; the first token is conditioned on
+  ``prefix_token_id`` = EOT).
+- ``generate_until``: greedy decoding (``niah.greedy_decode``) until a stop string, EOT or
+  ``max_gen_toks``; the prompt is left-truncated so prompt + generation fit ``max_length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from phaselab.workloads.evals.niah import greedy_decode
+from phaselab.workloads.evals.perplexity import autocast, model_device, token_logprobs
+
+TokenPair = tuple[list[int], list[int]]
+
+
+@torch.no_grad()
+def continuation_logprobs(model: torch.nn.Module, pairs: Sequence[TokenPair], *, max_length: int,
+                          precision: str = "auto") -> list[tuple[float, bool]]:
+    """(sum log p(continuation), is_greedy) for each (context, continuation) pair, one batch.
+
+    Sequences are right-padded with their own last token to the batch's longest input: the model
+    is causal, so padding after a sequence never changes the rows read for it.
+    """
+    device = model_device(model)
+    inputs, conts = [], []
+    for ctx, cont in pairs:
+        if not cont:
+            raise ValueError("continuation must have at least one token")
+        if len(cont) > max_length:
+            raise ValueError(f"continuation of {len(cont)} tokens exceeds max_length={max_length}")
+        inputs.append((list(ctx) + list(cont))[-(max_length + 1):][:-1])
+        conts.append(list(cont))
+    width = max(len(x) for x in inputs)
+    x_BT = torch.tensor([x + [x[-1]] * (width - len(x)) for x in inputs], dtype=torch.long, device=device)
+    with autocast(device, precision):
+        logits_BTV, _ = model(x_BT)
+    out = []
+    for b, (inp, cont) in enumerate(zip(inputs, conts)):
+        rows_CV = logits_BTV[b, len(inp) - len(cont):len(inp)]
+        cont_C = torch.tensor(cont, dtype=torch.long, device=device)
+        lp = token_logprobs(rows_CV[None], cont_C[None])[0]
+        greedy = bool((rows_CV.argmax(-1) == cont_C).all())
+        out.append((float(lp.double().sum()), greedy))
+    return out
+
+
+class PhaseLabLM(TemplateLM):
+    """A phaselab ``Transformer`` (``forward(idx_BT) -> (logits_BTV, loss)``) for lm_eval.
+
+    Args:
+        model: the causal LM (moved nowhere; its parameters' device is used).
+        tokenizer: encode(str) -> list[int], decode(list[int]) -> str, eot_token_id.
+        max_length: evaluation context (from the eval stage, not the training length).
+        batch_size: requests per forward pass (loglikelihood) — generation runs one at a time.
+        precision: "auto" | "fp32" | "bf16" (perplexity.autocast).
+        max_gen_toks: default generation budget when a task gives none.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_length: int, batch_size: int = 1,
+                 device: str | None = None, precision: str = "auto", max_gen_toks: int = 256) -> None:
+        super().__init__()
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        for attr in ("encode", "decode", "eot_token_id"):
+            if not hasattr(tokenizer, attr):
+                raise TypeError(f"tokenizer {type(tokenizer).__name__} lacks {attr!r}")
+        self.model = model.eval() if device is None else model.to(device).eval()
+        self._tokenizer = tokenizer
+        self.max_length = int(max_length)
+        self.batch_size = int(batch_size)
+        self.precision = precision
+        self.max_gen_toks = int(max_gen_toks)
+
+    @property
+    def eot_token_id(self) -> int:
+        return int(self._tokenizer.eot_token_id)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kw: Any) -> list[int]:
+        return list(self._tokenizer.encode(string))
+
+    def tok_decode(self, tokens: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(tokens))
+
+    def _score_pairs(self, pairs: list[TokenPair]) -> list[tuple[float, bool]]:
+        """Batches of ``batch_size``, longest first (less padding), answers in input order."""
+        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
+        answers: list[tuple[float, bool] | None] = [None] * len(pairs)
+        for i in range(0, len(order), self.batch_size):
+            idx = order[i:i + self.batch_size]
+            for j, ans in zip(idx, continuation_logprobs(self.model, [pairs[j] for j in idx],
+                                                         max_length=self.max_length,
+                                                         precision=self.precision)):
+                answers[j] = ans
+        return answers  # type: ignore[return-value]
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kw: Any) -> list[tuple[float, bool]]:
+        answers = self._score_pairs([(ctx, cont) for _, ctx, cont in requests])
+        for (key, _, _), ans in zip(requests, answers):
+            if key is not None and key[0] is not None:
+                self.cache_hook.add_partial("loglikelihood", key, ans)
+        return answers
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for (string,) in [req.args for req in requests]:
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1)]
+            total = sum(lp for lp, _ in self._score_pairs(windows)) if windows else 0.0
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for context, gen_kwargs in [req.args for req in requests]:
+            kw = dict(gen_kwargs or {})
+            until = kw.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = int(kw.pop("max_gen_toks", self.max_gen_toks))
+            if kw.get("do_sample") or float(kw.get("temperature", 0.0) or 0.0) > 0.0:
+                raise ValueError(f"PhaseLabLM decodes greedily only; got gen_kwargs {gen_kwargs!r}")
+            out.append(self._generate_one(context, until, max_new))
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), out[-1])
+        return out
+
+    def _generate_one(self, context: str, until: list[str], max_new: int) -> str:
+        prompt = self.tok_encode(context)[-max(1, self.max_length - max_new):]
+        eot = self.eot_token_id
+
+        def stop(new_ids: list[int]) -> bool:
+            return (bool(new_ids) and new_ids[-1] == eot) or any(u in self.tok_decode(new_ids) for u in until)
+
+        new_ids = greedy_decode(self.model, [prompt], max_new, max_length=self.max_length,
+                                precision=self.precision, stop=stop)[0]
+        if new_ids and new_ids[-1] == eot:
+            new_ids = new_ids[:-1]
+        text = self.tok_decode(new_ids)
+        for u in until:
+            text = text.split(u)[0]
+        return text

@@ -1,0 +1,230 @@
+"""Needle in a haystack / passkey retrieval (EXPERIMENTS §3.4, decision 25; DESIGN §5.8).
+
+A sample of context length L is a token sequence of exactly L ids::
+
+    [haystack ... | needle | ... haystack][question]
+     \\________ context: C = L - len(question) tokens ________/
+
+- needle   = encode(" The special magic number is N. ") with N a uniform 7-digit number;
+- question = encode(" What is the special magic number? The special magic number is");
+- the needle starts at the exact token index ``round(depth * (C - len(needle)))``, so depth 0
+  puts it first and depth 1 makes it end right before the question;
+- the haystack is a contiguous run of the document stream (Tiny Shakespeare offline, PG-19
+  online) from a seeded random offset (tiled when the stream is shorter than C).
+
+Scoring: greedy decoding of ``len(encode(" " + N)) + 1`` tokens; a trial is correct iff the
+first run of digits in the decoded text (after optional whitespace) is exactly N. Accuracy per
+(length, depth) cell. Samples are generated once per (dataset/tokenizer digest, length, depth,
+seed, trials) and cached on disk under a hash of that key (atomic write). Lengths are run in
+increasing order; with ``stop_below`` set, once a length's mean accuracy over depths falls below
+it, longer lengths are recorded as not attempted (``niah_not_attempted`` rows) instead of run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from phaselab.workloads.evals.perplexity import autocast, model_device
+
+NEEDLE = " The special magic number is {number}. "
+QUESTION = " What is the special magic number? The special magic number is"
+_FORMAT_VERSION = 1  # bump when the sample layout changes (it is part of the cache key)
+
+Step = Callable[[torch.Tensor], torch.Tensor]  # ids_BT -> next-token logits_BV
+
+
+@dataclass(frozen=True, kw_only=True)
+class NiahConfig:
+    """NIAH grid (spec key ``niah``). lengths: context lengths L; depths in [0, 1]; trials per
+    cell; seed; stop_below: accuracy threshold for marking longer lengths not attempted (None:
+    run everything); batch_size: trials decoded together; cache_dir: sample cache (None: the
+    eval's out_dir/niah-cache)."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...] = tuple(i / 10 for i in range(11))
+    trials: int = 10
+    seed: int = 0
+    stop_below: float | None = None
+    batch_size: int = 1
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lengths or any(n < 1 for n in self.lengths):
+            raise ValueError(f"niah lengths must be positive, got {self.lengths!r}")
+        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
+            raise ValueError(f"niah depths must lie in [0, 1], got {self.depths!r}")
+        if self.trials < 1 or self.batch_size < 1:
+            raise ValueError(f"niah trials and batch_size must be >= 1, got {self.trials!r}, {self.batch_size!r}")
+
+
+@dataclass(frozen=True)
+class NiahSamples:
+    """ids [trials, L] int64; needle_start [trials]; numbers [trials] (the 7-digit answers)."""
+
+    ids: np.ndarray
+    needle_start: np.ndarray
+    numbers: np.ndarray
+    context_len: int
+    depth: float
+
+
+def needle_index(context_tokens: int, needle_tokens: int, depth: float) -> int:
+    """The needle's first token index for a depth in [0, 1] (module docstring)."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"needle depth must lie in [0, 1], got {depth!r}")
+    if needle_tokens > context_tokens:
+        raise ValueError(f"needle of {needle_tokens} tokens does not fit a context of {context_tokens}")
+    return int(round(depth * (context_tokens - needle_tokens)))
+
+
+def make_samples(tokenizer: Any, haystack: np.ndarray, *, length: int, depth: float, trials: int,
+                 seed: int) -> NiahSamples:
+    """Generate ``trials`` samples of exactly ``length`` tokens (pure function of its arguments)."""
+    question = list(tokenizer.encode(QUESTION))
+    context = length - len(question)
+    rng = np.random.default_rng([int(seed), int(length), int(round(depth * 1_000_000))])
+    numbers = rng.integers(1_000_000, 10_000_000, size=trials)
+    ids = np.empty((trials, length), dtype=np.int64)
+    starts = np.empty(trials, dtype=np.int64)
+    hay = np.asarray(haystack, dtype=np.int64)
+    for t in range(trials):
+        needle = list(tokenizer.encode(NEEDLE.format(number=int(numbers[t]))))
+        at = needle_index(context, len(needle), depth)
+        fill = context - len(needle)
+        offset = int(rng.integers(0, max(1, len(hay) - fill)))
+        run = np.resize(hay[offset:], fill) if len(hay) - offset < fill else hay[offset:offset + fill]
+        ids[t] = np.concatenate([run[:at], needle, run[at:], question])
+        starts[t] = at
+    return NiahSamples(ids, starts, numbers, int(length), float(depth))
+
+
+def cached_samples(tokenizer: Any, haystack: np.ndarray, *, digest: str, length: int, depth: float,
+                   trials: int, seed: int, cache_dir: Path) -> NiahSamples:
+    """``make_samples`` through an on-disk cache keyed by (digest, length, depth, seed, trials)."""
+    key = json.dumps({"v": _FORMAT_VERSION, "digest": digest, "length": int(length), "depth": float(depth),
+                      "trials": int(trials), "seed": int(seed), "needle": NEEDLE, "question": QUESTION},
+                     sort_keys=True)
+    path = Path(cache_dir) / f"niah-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            return NiahSamples(z["ids"], z["needle_start"], z["numbers"], int(length), float(depth))
+    s = make_samples(tokenizer, haystack, length=length, depth=depth, trials=trials, seed=seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, ids=s.ids, needle_start=s.needle_start, numbers=s.numbers)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return s
+
+
+def model_step(model: torch.nn.Module, *, max_length: int, precision: str = "auto") -> Step:
+    """Next-token logits_BV of ``model`` for ids_BT (left-truncated to ``max_length``)."""
+    device = model_device(model)
+
+    @torch.no_grad()
+    def step(ids_BT: torch.Tensor) -> torch.Tensor:
+        with autocast(device, precision):
+            logits_BTV, _ = model(ids_BT[:, -max_length:].to(device))
+        return logits_BTV[:, -1].float()
+
+    return step
+
+
+def greedy_decode(step_or_model: Step | torch.nn.Module, prompts: Sequence[Sequence[int]], max_new: int, *,
+                  max_length: int | None = None, precision: str = "auto",
+                  stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+    """Greedy continuation of equal-length prompts; returns the new ids per prompt.
+
+    ``step_or_model`` is a Step or a model (wrapped by ``model_step``, which needs max_length).
+    A row stops after the token for which ``stop(new_ids)`` is true; decoding ends when all rows
+    have stopped or after ``max_new`` tokens.
+    """
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("greedy_decode needs prompts of one length (decode ragged prompts one at a time)")
+    if isinstance(step_or_model, torch.nn.Module):
+        if max_length is None:
+            raise ValueError("greedy_decode with a model needs max_length")
+        step = model_step(step_or_model, max_length=max_length, precision=precision)
+    else:
+        step = step_or_model
+    ids_BT = torch.tensor([list(p) for p in prompts], dtype=torch.long)
+    new: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    for _ in range(max_new):
+        nxt_B = step(ids_BT).argmax(-1).cpu()
+        ids_BT = torch.cat([ids_BT, nxt_B[:, None]], dim=1)
+        for b, tok in enumerate(nxt_B.tolist()):
+            if not done[b]:
+                new[b].append(tok)
+                done[b] = stop is not None and stop(new[b])
+        if all(done):
+            break
+    return new
+
+
+def is_correct(text: str, number: int) -> bool:
+    m = re.match(r"\s*(\d+)", text)
+    return m is not None and m.group(1) == str(int(number))
+
+
+def score_samples(step: Step, tokenizer: Any, samples: NiahSamples, *, batch_size: int) -> float:
+    """Exact-match accuracy of greedy decoding on one (length, depth) cell."""
+    n_new = len(tokenizer.encode(" 1234567")) + 1
+    correct = 0
+    for i in range(0, len(samples.ids), batch_size):
+        rows = samples.ids[i:i + batch_size]
+        outs = greedy_decode(step, rows.tolist(), n_new)
+        correct += sum(is_correct(tokenizer.decode(o), n) for o, n in zip(outs, samples.numbers[i:i + batch_size]))
+    return correct / len(samples.ids)
+
+
+def run_grid(step: Step, tokenizer: Any, haystack: np.ndarray, cfg: NiahConfig, *, digest: str,
+             cache_dir: Path) -> dict[tuple[int, float], float | None]:
+    """Accuracy per (length, depth); None for cells not attempted (``stop_below``)."""
+    grid: dict[tuple[int, float], float | None] = {}
+    stopped = False
+    for length in sorted(cfg.lengths):
+        accs = []
+        for depth in cfg.depths:
+            if stopped:
+                grid[(length, depth)] = None
+                continue
+            s = cached_samples(tokenizer, haystack, digest=digest, length=length, depth=depth,
+                               trials=cfg.trials, seed=cfg.seed, cache_dir=cache_dir)
+            grid[(length, depth)] = score_samples(step, tokenizer, s, batch_size=cfg.batch_size)
+            accs.append(grid[(length, depth)])
+        if not stopped and cfg.stop_below is not None and float(np.mean(accs)) < cfg.stop_below:
+            stopped = True
+    return grid
+
+
+def niah_records(grid: dict[tuple[int, float], float | None], cfg: NiahConfig) -> list:
+    """``niah_acc`` per attempted cell (n = trials); ``niah_not_attempted`` per skipped length."""
+    from phaselab.catalog.tracking import MetricRecord
+
+    out, skipped = [], set()
+    for (length, depth), acc in sorted(grid.items()):
+        if acc is None:
+            skipped.add(length)
+            continue
+        out.append(MetricRecord(name="niah_acc", value=float(acc), unit="fraction", context_len=length,
+                                depth=float(depth), task="niah", n=cfg.trials))
+    for length in sorted(skipped):
+        out.append(MetricRecord(name="niah_not_attempted", value=1.0, unit="flag", context_len=length,
+                                task="niah", n=0))
+    return out
