@@ -1,0 +1,141 @@
+"""Engine and migration helpers for the catalog (DESIGN §5.1).
+
+- URL: explicit, else ``PHASELAB_CATALOG_URL``, else ``sqlite:///<cwd>/.phaselab/catalog.db``.
+- SQLite: WAL journal (readers never block the writer), ``busy_timeout`` (writers wait instead of
+  failing), foreign keys on, and every transaction opened with ``BEGIN IMMEDIATE``. A deferred
+  transaction that reads and then writes can fail at once with SQLITE_BUSY when another writer
+  holds the lock (the busy handler is not consulted for that lock upgrade); taking the write lock
+  at BEGIN makes concurrent writers queue on the busy timeout instead.
+- PostgreSQL: ``postgresql://`` is read as ``postgresql+psycopg://`` (psycopg 3 is the driver we
+  pin); ``pool_pre_ping`` so a restarted server does not leave dead pooled connections.
+- Migrations: Alembic, ``upgrade`` runs once from the controller or an init job, never from
+  workers (parallel migrations race: langflow-ai/langflow#14389).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+CATALOG_URL_ENV = "PHASELAB_CATALOG_URL"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+_HERE = Path(__file__).resolve().parent
+
+
+def default_url(cwd: Path | None = None) -> str:
+    """``PHASELAB_CATALOG_URL`` if set, else a SQLite file under ``<cwd>/.phaselab/``."""
+    env = os.environ.get(CATALOG_URL_ENV)
+    if env:
+        return env
+    base = Path.cwd() if cwd is None else Path(cwd)
+    return f"sqlite:///{(base / '.phaselab' / 'catalog.db').resolve()}"
+
+
+def normalize_url(url: str) -> str:
+    """Validate a catalog URL and pick our drivers. Raises ValueError naming a bad URL."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"catalog URL must be a non-empty string, got {url!r}")
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
+        raise ValueError(f"unparseable catalog URL {url!r}: {exc}") from exc
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise ValueError(f"catalog URL {url!r}: backend {backend!r} is not sqlite or postgresql")
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a SQLite URL (None for in-memory or non-SQLite URLs)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Take transaction control away from pysqlite so the "begin" hook decides (SQLAlchemy docs,
+    # "Serializable isolation / Savepoints / Transactional DDL" for pysqlite).
+    dbapi_connection.isolation_level = None
+    cur = dbapi_connection.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def _sqlite_on_begin(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str | None = None) -> Engine:
+    """Create the engine for ``url`` (see the module docstring for the per-backend settings)."""
+    url = normalize_url(default_url() if url is None else url)
+    path = sqlite_path(url)
+    if make_url(url).get_backend_name() == "sqlite":
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # timeout= is pysqlite's own busy wait, used before our PRAGMA runs on a new connection.
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                                                  "check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_on_begin)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def alembic_config(url: str | None = None) -> Any:
+    """An Alembic ``Config`` for the packaged ``alembic.ini`` (bound to ``url`` when given)."""
+    from alembic.config import Config
+
+    cfg = Config(str(_HERE / "alembic.ini"))
+    cfg.set_main_option("script_location", str(_HERE / "migrations"))
+    if url is not None:
+        # '%' must be escaped for ConfigParser interpolation (passwords, URL-encoded options).
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def _run_command(engine: Engine, name: str, revision: str) -> None:
+    from alembic import command
+
+    cfg = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        getattr(command, name)(cfg, revision)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """``alembic upgrade <revision>`` on ``engine`` (run once, from the controller)."""
+    _run_command(engine, "upgrade", revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """``alembic downgrade <revision>`` (``"base"`` drops every catalog table)."""
+    _run_command(engine, "downgrade", revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The Alembic revision the database is at (None before the first upgrade)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this version of phaselab."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    head = script.get_current_head()
+    if head is None:
+        raise RuntimeError("no Alembic revisions shipped in phaselab.catalog.migrations")
+    return head
