@@ -46,7 +46,8 @@ def apply_rotary(x_BTHD: Tensor, pos_BT: Tensor, inv_freq_R2: Tensor, *, pairing
         conjugate: rotate by -theta (the inverse rotation, and the backward of the forward one).
         max_position: if given, positions outside [0, max_position) raise ValueError (MATH §1.5).
 
-    Returns: x's dtype and shape; rotation computed in fp32, tail features bit-identical.
+    Returns: x's dtype and shape; rotation computed in fp32 (float64 for float64 x), tail
+        features bit-identical.
 
     Example:
         >>> q = apply_rotary(q_BTHD, torch.arange(T)[None], default_inv_freq(D, 10_000.0))
@@ -64,11 +65,14 @@ def apply_rotary(x_BTHD: Tensor, pos_BT: Tensor, inv_freq_R2: Tensor, *, pairing
     if R > D:
         raise ValueError(f"2*len(inv_freq)={R} rotated features exceed head_dim D={D}")
     _check_positions(pos_BT, B, T, max_position)
-    angles_B1T1R2 = rotary_angles(pos_BT, inv_freq_R2)[:, :, None, :]
-    cos, sin = torch.cos(angles_B1T1R2), torch.sin(angles_B1T1R2)
+    # fp32 for every input dtype up to fp32 (MATH §7.1); float64 inputs (gradcheck) rotate in
+    # float64, still from the fp32 angle.
+    dtype = torch.float64 if x_BTHD.dtype == torch.float64 else torch.float32
+    angles_BT1R2 = rotary_angles(pos_BT, inv_freq_R2)[:, :, None, :].to(dtype)
+    cos, sin = torch.cos(angles_BT1R2), torch.sin(angles_BT1R2)
     if conjugate:
         sin = -sin
-    x_rot = x_BTHD[..., :R].to(torch.float32)
+    x_rot = x_BTHD[..., :R].to(dtype)
     if pairing == "interleaved":
         a, c = x_rot[..., 0::2], x_rot[..., 1::2]
     else:

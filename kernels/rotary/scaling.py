@@ -192,6 +192,10 @@ def yarn_correction_range(dim: int, base: float, original_max_seq_len: int, beta
     low, high = max(float(low), 0.0), min(float(high), float(dim - 1))
     if low == high:
         high += 0.001  # avoid a zero-width ramp (reference code)
+    if high < low:
+        # Only when L < 2 pi beta_slow: the reference code would ramp over a negative range.
+        raise ValueError(f"YaRN correction range low={low} > high={high} for original_max_seq_len="
+                         f"{original_max_seq_len}, beta_fast={beta_fast}, beta_slow={beta_slow}")
     return low, high
 
 
