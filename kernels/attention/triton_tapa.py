@@ -1,0 +1,438 @@
+"""Fused TAPA flash attention (forward and backward) in Triton; spec: `reference.attention` with a
+tapa `ScoreMod` (MATH §4, issue 3).
+
+Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny
+shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/test_triton_tapa.py; other
+GPUs and Triton versions are unverified.
+
+Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(theta D):
+    A   = <q_A, k_A> / sqrt(D_A)
+    Phi = <q_P, k_P> / sqrt(D_P)              (quadratic)  |  (sum q_P + sum k_P) / sqrt(D_P) (linear)
+    w   = phase_scale * |m - n|^alpha          fp32, exp2(alpha log2 d) with d = 0 -> 0 (MATH §7.5)
+    logit = scale * A * cos(w Phi)                                                   (MATH §4.2)
+w Phi is unbounded: it is reduced to [-pi, pi] in fp32 before the cosine (MATH §7.4). The
+softmax is online in the exp2 domain, lse saved in log2 units (+inf for an empty row).
+
+Backward (MATH §4.4; FA2 style, no atomics, deterministic): with g = d loss / d logit,
+    dA = g scale cos(w Phi),  dPhi = -g scale A w sin(w Phi);
+    dq_A = sum_n dA k_A / sqrt(D_A),  dq_P = sum_n dPhi k_P / sqrt(D_P) (linear: sum_n dPhi / sqrt(D_P)
+    on every phase feature); dk symmetric. One kernel per key block (dK, dV over the GQA group),
+    one per query block (dQ), as in triton_pope.py, whose jit helpers and host conventions we share.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from phaselab.kernels.attention.triton_pope import (LOG2E, _bisect_iters, _bwd_configs, _cos_sin,
+                                                    _count_le, _dot_precision, _fwd_configs, _log2,
+                                                    _pos_stride, _sorted_flags, block_d, interpreting,
+                                                    prune_configs)
+
+_TUNE = dict(key=["BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"], prune_configs_by={"early_config_prune": prune_configs})
+
+
+@triton.jit
+def _tapa_phase_weight(b_pq, b_pk, alpha, phase_scale, FAST: tl.constexpr):
+    """w [BM, BN] = phase_scale * |m - n|^alpha in fp32; 0 on the diagonal (0^alpha = 0)."""
+    d = tl.abs(b_pq[:, None] - b_pk[None, :]).to(tl.float32)  # exact integer difference first
+    pw = tl.exp2(alpha * _log2(tl.maximum(d, 1.0), FAST))
+    return phase_scale * tl.where(d > 0.0, pw, 0.0)
+
+
+@triton.jit
+def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
+                LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """(A, w, cos(w Phi), sin(w Phi)), all [BM, BN] fp32."""
+    # [BM, BA] @ [BA, BN] -> [BM, BN]
+    b_a = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC) * c_a
+    if LINEAR:
+        b_phi = (sq[:, None] + sk[None, :]) * c_p
+    else:
+        # [BM, BP] @ [BP, BN] -> [BM, BN]
+        b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC) * c_p
+    w = _tapa_phase_weight(b_pq, b_pk, alpha, phase_scale, FAST)
+    c, s = _cos_sin(w * b_phi, FAST)
+    return b_a, w, c, s
+
+
+@triton.jit
+def _load_split(p_base, o_r, m_r, s_r, o_a, o_p, DA: tl.constexpr, DP: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """Rows o_r of a [*, D] head, split into the amplitude [R, BA] and phase [R, BP] parts."""
+    m_a = o_a[None, :] < DA
+    m_p = o_p[None, :] < DP
+    if MASK_ROWS:
+        m_a = m_a & m_r[:, None]
+        m_p = m_p & m_r[:, None]
+    p_row = p_base + o_r.to(tl.int64)[:, None] * s_r
+    b_a = tl.load(p_row + o_a[None, :], mask=m_a, other=0.0)
+    b_p = tl.load(p_row + DA + o_p[None, :], mask=m_p, other=0.0)
+    return b_a, b_p
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
+                    s_ks, s_vs, S, lo, hi, c_a, c_p, alpha, phase_scale, qk_scale,
+                    D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
+                    MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
+                    DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+    for i_n in range(lo, hi):
+        o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_n = o_n < S
+        b_ka, b_kp = _load_split(p_kbase, o_n, m_n, s_ks, o_a, o_p, DA, DP, MASKED)
+        m_v = o_v[None, :] < D
+        if MASKED:
+            m_v = m_v & m_n[:, None]
+        b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
+        b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
+        sk = tl.sum(b_kp.to(tl.float32), 1)
+        b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
+                                   LINEAR, FAST, DOT_PREC)
+        b_s = b_a * c * qk_scale
+        if MASKED:
+            vis = m_n[None, :]
+            if CAUSAL:
+                vis = vis & (b_pk[None, :] <= b_pq[:, None])
+            b_s = tl.where(vis, b_s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_p = tl.exp2(b_s - m_use[:, None])
+        alpha_r = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha_r + tl.sum(b_p, 1)
+        # [BM, BN] @ [BN, BV] -> [BM, BV]
+        acc = acc * alpha_r[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(mid, hi): key blocks [0, mid) are fully visible to this query block, [mid, hi) partly."""
+    first = tl.load(p_posq + i_m * BLOCK_M)
+    srt = tl.load(k_sorted + i_b * s_srt) != 0
+    n_lo = _count_le(p_posk, S, tl.min(tl.where(m_m, b_pq, first), 0), n_iter_s)
+    n_hi = _count_le(p_posk, S, tl.max(tl.where(m_m, b_pq, first), 0), n_iter_s)
+    mid = tl.where(srt, n_lo // BLOCK_N, 0)
+    hi = tl.where(srt, tl.cdiv(n_hi, BLOCK_N), tl.cdiv(S, BLOCK_N))
+    return mid, hi
+
+
+@triton.autotune(configs=_fwd_configs(), **_TUNE)
+@triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
+def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
+                    s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
+                    s_pqb, s_pkb, s_srt, T, S, H, GROUP, c_a, c_p, alpha, phase_scale, qk_scale, n_iter_s,
+                    D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, LINEAR: tl.constexpr,
+                    FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // GROUP
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_a, o_p, o_v = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_V)
+    m_m = o_m < T
+    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
+    p_posk = pos_k + i_b.to(tl.int64) * s_pkb
+    p_kbase = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
+    p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
+    b_qa, b_qp = _load_split(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, o_m, m_m, s_qt, o_a, o_p,
+                             DA, DP, True)
+    sq = tl.sum(b_qp.to(tl.float32), 1)
+    b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+    if CAUSAL:
+        mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                                    BLOCK_M, BLOCK_N)
+    else:
+        mid = S // BLOCK_N
+        hi = tl.cdiv(S, BLOCK_N)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
+                                    s_ks, s_vs, S, 0, mid, c_a, c_p, alpha, phase_scale, qk_scale, D, DA, DP,
+                                    CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_N)
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
+                                    s_ks, s_vs, S, mid, hi, c_a, c_p, alpha, phase_scale, qk_scale, D, DA, DP,
+                                    CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_N)
+    empty = l_i == 0.0
+    b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    b_lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    p_o = o + i_b.to(tl.int64) * s_ob + i_h.to(tl.int64) * s_oh
+    tl.store(p_o + o_m.to(tl.int64)[:, None] * s_ot + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_m[:, None] & (o_v[None, :] < D))
+    tl.store(lse + i_bh.to(tl.int64) * T + o_m, b_lse, mask=m_m)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@triton.jit
+def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis, c_a, c_p, alpha,
+                phase_scale, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
+                FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Recompute P [BM, BN] and return (P, gA, gP): d loss / d <q_A,k_A> and / d <q_P,k_P> (or the
+    linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
+    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
+                               LINEAR, FAST, DOT_PREC)
+    b_p = tl.exp2(b_a * c * qk_scale - b_lse[:, None])
+    if MASKED:
+        b_p = tl.where(vis, b_p, 0.0)
+    # [BM, BV] @ [BV, BN] -> [BM, BN]
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    b_ds = b_p * (b_dp - b_dlt[:, None]) * sm_scale  # d loss / d (A cos(w Phi))
+    g_a = b_ds * c * c_a
+    g_p = -b_ds * b_a * w * s * c_p
+    return b_p, g_a, g_p
+
+
+@triton.jit
+def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
+                         p_posq, o_a, o_p, o_v, s_qt, s_dot, T, lo, hi, c_a, c_p, alpha, phase_scale, sm_scale,
+                         qk_scale, D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
+                         MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
+                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+    for i_m in range(lo, hi):
+        o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_m = o_m < T
+        b_qa, b_qp = _load_split(p_qbase, o_m, m_m, s_qt, o_a, o_p, DA, DP, MASKED)
+        m_do = o_v[None, :] < D
+        if MASKED:
+            m_do = m_do & m_m[:, None]
+        b_do = tl.load(p_dobase + o_m.to(tl.int64)[:, None] * s_dot + o_v[None, :], mask=m_do, other=0.0)
+        b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+        b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
+        b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
+        vis = m_m[:, None] & m_n[None, :]
+        if CAUSAL:
+            vis = vis & (b_pk[None, :] <= b_pq[:, None])
+        sq = tl.sum(b_qp.to(tl.float32), 1)
+        b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
+                                    c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, LINEAR, MASKED, FAST,
+                                    DOT_PREC)
+        # [BN, BM] @ [BM, BV] -> [BN, BV]
+        dv += tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+        # [BN, BM] @ [BM, BA] -> [BN, BA]
+        dka += tl.dot(tl.trans(g_a).to(b_qa.dtype), b_qa, input_precision=DOT_PREC)
+        if LINEAR:
+            dks += tl.sum(g_p, 0)
+        else:
+            # [BN, BM] @ [BM, BP] -> [BN, BP]
+            dkp += tl.dot(tl.trans(g_p).to(b_qp.dtype), b_qp, input_precision=DOT_PREC)
+    return dka, dkp, dks, dv
+
+
+@triton.autotune(configs=_bwd_configs(), **_TUNE)
+@triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
+def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
+                         s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
+                         s_dkb, s_dkh, s_dks, s_pqb, s_pkb, s_srt,
+                         T, S, H, GROUP, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, n_iter_t,
+                         D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
+                         BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
+                         LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    i_n, i_bg = tl.program_id(0), tl.program_id(1)
+    G = H // GROUP
+    i_b, i_g = i_bg // G, i_bg % G
+    o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    o_a, o_p, o_v = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_V)
+    m_n = o_n < S
+    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
+    p_kbase = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
+    b_ka, b_kp = _load_split(p_kbase, o_n, m_n, s_ks, o_a, o_p, DA, DP, True)
+    sk = tl.sum(b_kp.to(tl.float32), 1)
+    m_v = m_n[:, None] & (o_v[None, :] < D)
+    b_v = tl.load(v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh + o_n.to(tl.int64)[:, None] * s_vs
+                  + o_v[None, :], mask=m_v, other=0.0)
+    b_pk = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + o_n, mask=m_n, other=0)
+    n_qb = tl.cdiv(T, BLOCK_M)
+    n_full = T // BLOCK_M
+    if CAUSAL:
+        first = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + i_n * BLOCK_N)
+        srt = tl.load(q_sorted + i_b * s_srt) != 0
+        r_lo = _count_le(p_posq, T, tl.min(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
+        r_full = _count_le(p_posq, T, tl.max(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
+        lo = tl.where(srt, r_lo // BLOCK_M, 0)
+        mid = tl.where(srt, tl.cdiv(r_full, BLOCK_M), n_qb)
+    else:
+        lo = 0
+        mid = 0
+    dka = tl.zeros([BLOCK_N, BLOCK_A], dtype=tl.float32)
+    dkp = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
+    dks = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dvacc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for i_hg in range(GROUP):  # every query head of the GQA group: no atomics (MATH §7.8)
+        i_h = i_g * GROUP + i_hg
+        p_qbase = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh
+        p_dobase = do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh
+        p_lse = lse + (i_b * H + i_h).to(tl.int64) * T
+        p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
+        dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+            D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
+        dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+            D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M)
+        dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, c_p, alpha, phase_scale,
+            sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
+    if LINEAR:
+        dkp = dkp + dks[:, None]
+    p_dk = dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks
+    tl.store(p_dk + o_a[None, :], dka.to(dk.dtype.element_ty), mask=m_n[:, None] & (o_a[None, :] < DA))
+    tl.store(p_dk + DA + o_p[None, :], dkp.to(dk.dtype.element_ty), mask=m_n[:, None] & (o_p[None, :] < DP))
+    p_dv = dv + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks
+    tl.store(p_dv + o_v[None, :], dvacc.to(dv.dtype.element_ty), mask=m_v)
+
+
+@triton.jit
+def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase, p_vbase, p_posk,
+                       o_a, o_p, o_v, s_ks, s_vs, S, lo, hi, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+                       D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
+                       MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
+                       DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+    for i_n in range(lo, hi):
+        o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_n = o_n < S
+        b_ka, b_kp = _load_split(p_kbase, o_n, m_n, s_ks, o_a, o_p, DA, DP, MASKED)
+        m_v = o_v[None, :] < D
+        if MASKED:
+            m_v = m_v & m_n[:, None]
+        b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
+        b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
+        vis = m_m[:, None] & m_n[None, :]
+        if CAUSAL:
+            vis = vis & (b_pk[None, :] <= b_pq[:, None])
+        sk = tl.sum(b_kp.to(tl.float32), 1)
+        b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
+                                    c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, LINEAR, MASKED, FAST,
+                                    DOT_PREC)
+        # [BM, BN] @ [BN, BA] -> [BM, BA]
+        dqa += tl.dot(g_a.to(b_ka.dtype), b_ka, input_precision=DOT_PREC)
+        if LINEAR:
+            dqs += tl.sum(g_p, 1)
+        else:
+            # [BM, BN] @ [BN, BP] -> [BM, BP]
+            dqp += tl.dot(g_p.to(b_kp.dtype), b_kp, input_precision=DOT_PREC)
+    return dqa, dqp, dqs
+
+
+@triton.autotune(configs=_bwd_configs(), **_TUNE)
+@triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
+def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
+                       s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
+                       s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_srt,
+                       T, S, H, GROUP, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, n_iter_s,
+                       D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
+                       BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
+                       LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    i_g = i_h // GROUP
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_a, o_p, o_v = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_V)
+    m_m = o_m < T
+    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
+    p_posk = pos_k + i_b.to(tl.int64) * s_pkb
+    p_kbase = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
+    p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
+    b_qa, b_qp = _load_split(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, o_m, m_m, s_qt, o_a, o_p,
+                             DA, DP, True)
+    sq = tl.sum(b_qp.to(tl.float32), 1)
+    b_do = tl.load(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh + o_m.to(tl.int64)[:, None] * s_dot
+                   + o_v[None, :], mask=m_m[:, None] & (o_v[None, :] < D), other=0.0)
+    b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
+    b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
+    b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+    if CAUSAL:
+        mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                                    BLOCK_M, BLOCK_N)
+    else:
+        mid = S // BLOCK_N
+        hi = tl.cdiv(S, BLOCK_N)
+    dqa = tl.zeros([BLOCK_M, BLOCK_A], dtype=tl.float32)
+    dqp = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+    dqs = tl.zeros([BLOCK_M], dtype=tl.float32)
+    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
+                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, 0, mid, c_a, c_p, alpha,
+                                       phase_scale, sm_scale, qk_scale, D, DA, DP, CAUSAL, False, LINEAR, FAST,
+                                       DOT_PREC, BLOCK_N)
+    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
+                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, mid, hi, c_a, c_p, alpha,
+                                       phase_scale, sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST,
+                                       DOT_PREC, BLOCK_N)
+    if LINEAR:
+        dqp = dqp + dqs[:, None]
+    p_dq = dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh + o_m.to(tl.int64)[:, None] * s_dqt
+    tl.store(p_dq + o_a[None, :], dqa.to(dq.dtype.element_ty), mask=m_m[:, None] & (o_a[None, :] < DA))
+    tl.store(p_dq + DA + o_p[None, :], dqp.to(dq.dtype.element_ty), mask=m_m[:, None] & (o_p[None, :] < DP))
+
+
+# ----------------------------------------------------------------------------- host functions
+
+
+def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype) -> tuple:
+    d_phase = D - d_amp
+    args = (1.0 / math.sqrt(d_amp), 1.0 / math.sqrt(d_phase), float(alpha), float(phase_scale))
+    meta = dict(D=D, DA=d_amp, DP=d_phase, BLOCK_A=block_d(d_amp), BLOCK_P=block_d(d_phase), BLOCK_V=block_d(D),
+                LINEAR=linear, FAST=not interpreting(), DOT_PREC=_dot_precision(dtype))
+    return args, meta
+
+
+def tapa_fwd(q, k, v, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: float, linear: bool,
+             scale: float, causal: bool):
+    """Forward launch. q [B,H,T,D], k/v [B,G,S,D] (last dim contiguous); pos int64 [B|1, T|S].
+    Returns out [B,H,T,D] (q's dtype) and lse [B,H,T] fp32 in log2 units."""
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
+    k_sorted = _sorted_flags(pos_k)
+    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype)
+    tapa_fwd_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
+        q, k, v, out, lse, pos_q, pos_k, k_sorted,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        _pos_stride(pos_q), _pos_stride(pos_k), 0 if k_sorted.shape[0] == 1 else 1,
+        T, S, H, H // G, *args, scale * LOG2E, _bisect_iters(S), CAUSAL=causal, **meta)
+    return out, lse
+
+
+def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: float,
+             linear: bool, scale: float, causal: bool):
+    """Backward launches; returns dq, dk, dv in the input dtypes."""
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    do = do.contiguous()
+    dlt = (do.float() * out.float()).sum(-1)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    k_sorted, q_sorted = _sorted_flags(pos_k), _sorted_flags(pos_q)
+    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    assert dk.stride() == dv.stride()  # dk and dv share the stride arguments below
+    tapa_bwd_kernel_dkdv[lambda m: (triton.cdiv(S, m["BLOCK_N"]), B * G)](
+        q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
+        0 if q_sorted.shape[0] == 1 else 1, T, S, H, H // G, *args, scale, scale * LOG2E, _bisect_iters(T),
+        CAUSAL=causal, **meta)
+    tapa_bwd_kernel_dq[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, *strides,
+        dq.stride(0), dq.stride(1), dq.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
+        0 if k_sorted.shape[0] == 1 else 1, T, S, H, H // G, *args, scale, scale * LOG2E, _bisect_iters(S),
+        CAUSAL=causal, **meta)
+    return dq, dk, dv
