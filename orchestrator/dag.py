@@ -1,0 +1,183 @@
+"""The stage DAG of a grid: one node per distinct content hash (DESIGN §3.3, §5.4).
+
+``load_grid`` reads a grid (a path or a shipped name) with overrides and validates it;
+``build_dag`` expands the cells, converts every stage's sections into typed configs, computes
+the Merkle cache keys and collapses identical stages across cells (and, through the catalog,
+across grids) into one node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from phaselab.orchestrator.grid import Cell, ResolvedStage, expand_cells, map_config_error, resolve_cell
+from phaselab.orchestrator.hashing import (
+    CacheKey, CodeVersion, canonical_json, code_version, make_key, package_root, sha256_hex)
+from phaselab.orchestrator.overrides import apply_overrides
+from phaselab.orchestrator.spec import TRAINING_KINDS, GridSpec, validate_spec
+from phaselab.orchestrator.stages import RELATION, STAGES, Resources, data_digest
+from phaselab.orchestrator.stages.base import SectionError
+from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, load_yaml
+
+
+@dataclass(frozen=True)
+class StageNode:
+    """One distinct stage. ``members`` lists every (cell key, stage name) it stands for."""
+
+    hash: str
+    kind: str
+    name: str
+    config: Mapping[str, Any]
+    key: CacheKey
+    upstream: Mapping[str, str]              # input name -> upstream hash
+    resources: Resources
+    launcher: str
+    max_retries: int
+    members: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        cell, name = self.members[0]
+        more = f" (+{len(self.members) - 1} cells)" if len(self.members) > 1 else ""
+        return f"{name}[{cell}]{more}"
+
+
+@dataclass
+class Dag:
+    spec: GridSpec
+    cells: list[Cell]
+    nodes: dict[str, StageNode]                # topological order
+    code: CodeVersion
+    yaml_submitted: str
+    yaml_resolved: str
+    cell_stages: dict[str, dict[str, str]] = field(default_factory=dict)   # cell key -> name -> hash
+
+    @property
+    def grid_hash(self) -> str:
+        return sha256_hex(canonical_json({"grid": self.spec.grid, "stages": sorted(self.nodes),
+                                          "cells": [c.key for c in self.cells]}))
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        return [(up, n.hash, RELATION[n.kind]) for n in self.nodes.values() for up in n.upstream.values()]
+
+    def downstream(self, stage_hash: str) -> list[str]:
+        return [n.hash for n in self.nodes.values() if stage_hash in n.upstream.values()]
+
+
+def load_grid(source: str | Path, overrides: Sequence[str] = ()) -> tuple[GridSpec, Marks, str, str]:
+    """(spec, marks, submitted text, resolved YAML) for a grid path or shipped name."""
+    from phaselab.orchestrator.grids import resolve_grid_path
+
+    path = resolve_grid_path(source)
+    text = path.read_text(encoding="utf-8")
+    doc, marks = load_yaml(text, file=str(path))
+    if overrides:
+        if not isinstance(doc, dict):
+            raise GridError([Issue(marks.at(()), "", "a grid must be a mapping")])
+        doc = apply_overrides(doc, marks, overrides)
+    spec = validate_spec(doc, marks)
+    resolved = yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    return spec, marks, text, resolved
+
+
+def _template_order(spec: GridSpec) -> list[str]:
+    order: list[str] = []
+    pending = list(spec.stages)
+    while pending:
+        for name in pending:
+            if all(n in order for n in spec.stages[name].needs):
+                order.append(name)
+                pending.remove(name)
+                break
+    return order
+
+
+def _typed(rs: ResolvedStage, marks: Marks, cache: dict[str, Any]) -> dict[str, Any]:
+    memo = rs.template.kind + canonical_json(rs.sections)
+    if memo in cache:
+        return cache[memo]
+    try:
+        cache[memo] = STAGES[rs.template.kind].normalize(rs.sections)
+    except SectionError as err:
+        path = map_config_error(rs, err.key, marks)
+        where = dotted(path) if path != ("stages", rs.name) else f"stages.{rs.name}.{err.key}"
+        raise GridError([Issue(marks.at(path), where, f"{err.message} (stage {rs.name!r}, cell "
+                               f"{rs.cell.key})", err.suggestion)]) from None
+    return cache[memo]
+
+
+def _data_parts(rs: ResolvedStage, config: Mapping[str, Any], marks: Marks) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, cfg in STAGES[rs.template.kind].data_inputs(config).items():
+        try:
+            out[name] = data_digest(cfg)
+        except (OSError, ValueError) as err:
+            path = ("stages", rs.name, "data")
+            raise GridError([Issue(marks.at(map_config_error(rs, "data", marks)), dotted(path),
+                                   f"cannot read the dataset: {err}")]) from None
+    if config.get("eval", {}).get("suite") == "lm-eval":
+        tasks = package_root("phaselab.workloads.evals") / "tasks"
+        files = sorted(p for p in tasks.rglob("*") if p.is_file()) if tasks.is_dir() else []
+        out["eval_tasks"] = sha256_hex(canonical_json(
+            {str(p.relative_to(tasks)): sha256_hex(p.read_bytes()) for p in files}))
+    return out
+
+
+def _inputs(rs: ResolvedStage, spec: GridSpec, hashes: Mapping[str, str]) -> dict[str, str]:
+    inputs: dict[str, str] = {}
+    others = []
+    for need in rs.template.needs:
+        kind = spec.stages[need].kind
+        if kind in TRAINING_KINDS:
+            inputs["checkpoint"] = hashes[need]
+        elif kind == "dataset":
+            inputs["dataset"] = hashes[need]
+        else:
+            others.append((kind, hashes[need]))
+    for i, (kind, h) in enumerate(sorted(others)):
+        inputs[f"{kind}{i}"] = h
+    return inputs
+
+
+def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
+              yaml_submitted: str = "", yaml_resolved: str = "") -> Dag:
+    """Expand, convert, hash and deduplicate (see the module docstring)."""
+    code = code or code_version()
+    order = _template_order(spec)
+    nodes: dict[str, StageNode] = {}
+    cache: dict[str, Any] = {}
+    cells = expand_cells(spec)
+    cell_stages: dict[str, dict[str, str]] = {}
+    for cell in cells:
+        resolved = {rs.name: rs for rs in resolve_cell(spec, cell, marks)}
+        hashes: dict[str, str] = {}
+        for name in (n for n in order if n in resolved):
+            rs = resolved[name]
+            config = _typed(rs, marks, cache)
+            upstream = _inputs(rs, spec, hashes)
+            salt = "/".join(s for s in (spec.salt, rs.template.salt) if s)
+            key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code,
+                           data=_data_parts(rs, config, marks), salt=salt)
+            hashes[name] = key.digest
+            if key.digest not in nodes:
+                nodes[key.digest] = StageNode(
+                    hash=key.digest, kind=rs.template.kind, name=name, config=config, key=key,
+                    upstream=upstream, resources=STAGES[rs.template.kind].resources(rs.resources),
+                    launcher=rs.launcher, max_retries=rs.template.max_retries)
+            nodes[key.digest].members.append((cell.key, name))
+        cell_stages[cell.key] = hashes
+    if not nodes:
+        raise GridError([Issue(marks.at(("stages",)), "stages", "no stage matches any cell")])
+    return Dag(spec=spec, cells=cells, nodes=nodes, code=code, yaml_submitted=yaml_submitted,
+               yaml_resolved=yaml_resolved, cell_stages=cell_stages)
+
+
+def plan_grid(source: str | Path, overrides: Iterable[str] = ()) -> Dag:
+    """load_grid + build_dag: the whole offline planning step (no catalog, no Ray)."""
+    spec, marks, text, resolved = load_grid(source, list(overrides))
+    return build_dag(spec, marks, yaml_submitted=text, yaml_resolved=resolved)

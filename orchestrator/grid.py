@@ -1,0 +1,188 @@
+"""Grid expansion: axes (product, zip, exclude) x seeds -> cells; per cell, the stage templates
+that apply, with ``defaults`` merged under each stage's sections and ``${axis}`` interpolated.
+
+The typed conversion of each section (model preset + overrides, data, train, extend, eval) into
+the workloads' frozen configs is done by ``phaselab.orchestrator.stages`` and its errors come
+back here to be mapped onto the YAML line that set the offending key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from phaselab.orchestrator.spec import GridSpec, StageTemplate
+from phaselab.orchestrator.yamlio import GridError, Issue, Marks, YamlPath, dotted, suggest
+
+_INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
+
+def kind_sections(kind: str) -> tuple[str, ...]:
+    """Which config sections a stage kind reads (DESIGN §3.3: a stage receives only its own
+    config); e.g. cpt/finetune take their model from the upstream checkpoint."""
+    from phaselab.orchestrator.stages import STAGES
+
+    return STAGES[kind].sections
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One point of the grid: axis name -> value (``seed`` included). ``key`` is canonical."""
+
+    axes: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return ",".join(f"{k}={json.dumps(v, sort_keys=True)}" if not isinstance(v, str) else f"{k}={v}"
+                        for k, v in self.axes.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedStage:
+    """A stage template instantiated for one cell: merged, interpolated sections (still raw
+    mappings; typed conversion happens in ``stages``) plus where each leaf came from."""
+
+    name: str
+    cell: Cell
+    template: StageTemplate
+    sections: Mapping[str, Any]
+    origins: Mapping[str, YamlPath] = field(repr=False)   # "train.lr" -> ("defaults", "train", "lr")
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    launcher: str = "ray_task"
+
+
+def _matches(axes: Mapping[str, Any], rule: Mapping[str, Any]) -> bool:
+    for k, want in rule.items():
+        allowed = want if isinstance(want, list) else [want]
+        if axes.get(k) not in allowed:
+            return False
+    return True
+
+
+def expand_cells(spec: GridSpec) -> list[Cell]:
+    """All cells in a stable order: product axes (in file order) x zip groups x seeds, minus
+    ``exclude`` matches. Example: product {pe: [rope, pope]}, seeds [0, 1] -> 4 cells."""
+    prod_names = list(spec.axes.product)
+    prod = [dict(zip(prod_names, combo)) for combo in itertools.product(*spec.axes.product.values())]
+    zips = [[dict(zip(g, vals)) for vals in zip(*g.values())] for g in spec.axes.zip]
+    cells: list[Cell] = []
+    for p in prod:
+        for combo in itertools.product(*zips) if zips else [()]:
+            for seed in spec.seeds:
+                axes = dict(p)
+                for z in combo:
+                    axes.update(z)
+                axes["seed"] = seed
+                if not any(_matches(axes, rule) for rule in spec.axes.exclude):
+                    cells.append(Cell(axes=axes))
+    return cells
+
+
+def deep_merge(base: Any, over: Any, base_path: YamlPath, over_path: YamlPath,
+               origins: dict[str, YamlPath], prefix: str) -> Any:
+    """Merge ``over`` onto ``base`` (mappings recursively, anything else replaced), recording for
+    each leaf's dotted name the YAML path it came from."""
+    if isinstance(base, Mapping) and isinstance(over, Mapping):
+        out = {}
+        for k in list(base) + [k for k in over if k not in base]:
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if k in over and k in base:
+                out[k] = deep_merge(base[k], over[k], (*base_path, k), (*over_path, k), origins, name)
+            elif k in over:
+                out[k] = _record(over[k], (*over_path, k), origins, name)
+            else:
+                out[k] = _record(base[k], (*base_path, k), origins, name)
+        return out
+    return _record(over, over_path, origins, prefix)
+
+
+def _record(value: Any, path: YamlPath, origins: dict[str, YamlPath], prefix: str) -> Any:
+    origins[prefix] = path
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _record(v, (*path, k), origins, f"{prefix}.{k}")
+    return value
+
+
+def interpolate(value: Any, axes: Mapping[str, Any], path: YamlPath, marks: Marks) -> Any:
+    """Replace ``${axis}`` with the cell's value: a whole-string reference keeps the value's type
+    (``"${lr}"`` -> 0.001), a reference inside a longer string is formatted into it."""
+    if isinstance(value, Mapping):
+        return {k: interpolate(v, axes, (*path, k), marks) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, axes, (*path, i), marks) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+    for name in _INTERP.findall(value):
+        if name not in axes:
+            raise GridError([Issue(marks.at(path), dotted(path), f"unknown axis '${{{name}}}' in "
+                                   f"{value!r}", suggest(name, axes))])
+    whole = _INTERP.fullmatch(value)
+    if whole:
+        return axes[whole.group(1)]
+    return _INTERP.sub(lambda m: str(axes[m.group(1)]), value)
+
+
+def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage]:
+    """The stages of one cell in file order; checks that every ``needs`` target is present."""
+    present = {n for n, st in spec.stages.items() if _matches(cell.axes, st.when)}
+    out: list[ResolvedStage] = []
+    for name, st in spec.stages.items():
+        if name not in present:
+            continue
+        for need in st.needs:
+            if need not in present:
+                path = ("stages", name, "needs")
+                raise GridError([Issue(marks.at(path), dotted(path), f"in cell {cell.key}, stage "
+                                       f"{name!r} needs {need!r}, which its 'when' excludes")])
+        origins: dict[str, YamlPath] = {}
+        sections: dict[str, Any] = {}
+        for sec in kind_sections(st.kind):
+            base, over = getattr(spec.defaults, sec), getattr(st, sec)
+            if base is None and over is None:
+                continue
+            merged = deep_merge(base or {}, over or {}, ("defaults", sec), ("stages", name, sec),
+                                origins, sec)
+            sections[sec] = interpolate(merged, cell.axes, ("stages", name, sec), marks)
+        if st.kind in ("pretrain", "cpt", "finetune"):
+            train = sections.setdefault("train", {})
+            if "seed" not in train:   # the grid's seed axis drives the training seed
+                train["seed"] = cell.axes["seed"]
+                origins["train.seed"] = ("seeds",)
+        res = {**(spec.defaults.resources.model_dump(exclude_unset=True) if spec.defaults.resources else {}),
+               **(st.resources.model_dump(exclude_unset=True) if st.resources else {})}
+        launcher = st.launcher or spec.defaults.launcher or (
+            "ray_train" if st.kind in ("pretrain", "cpt", "finetune") else "ray_task")
+        out.append(ResolvedStage(name=name, cell=cell, template=st, sections=sections,
+                                 origins=origins, resources=res, launcher=launcher))
+    return out
+
+
+def map_config_error(stage: ResolvedStage, dotted_key: str, marks: Marks) -> YamlPath:
+    """YAML path for a dotted config key reported by the workloads' converter (``train.lr_max``):
+    the leaf's origin if known, else the nearest recorded ancestor, else the stage itself."""
+    key = dotted_key
+    while key:
+        if key in stage.origins:
+            return stage.origins[key]
+        parent, _, last = key.rpartition(".")
+        if parent in stage.origins:   # an unknown key sits inside a section set by this path
+            origin = stage.origins[parent]
+            return (*origin, last) if (*origin, last) in marks.by_path else origin
+        key = parent
+    return ("stages", stage.name)
+
+
+def resolve_grid(spec: GridSpec, marks: Marks,
+                 normalize: Callable[[ResolvedStage], Any] | None = None) -> list[tuple[ResolvedStage, Any]]:
+    """Every (resolved stage, typed config) of the grid; ``normalize`` converts a stage's sections
+    into its typed config (raising GridError with positions). Without it the raw sections pass."""
+    out = []
+    for cell in expand_cells(spec):
+        for rs in resolve_cell(spec, cell, marks):
+            out.append((rs, normalize(rs) if normalize else dict(rs.sections)))
+    return out
+

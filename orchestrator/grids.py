@@ -1,0 +1,38 @@
+"""Resolve a grid by path or by name. Named grids ship as package data in
+``phaselab/orchestrator/grids/*.yaml`` (the canonical copies; ``experiments/*.yaml`` in the
+repository are symlinks to them), so ``phaselab run quickstart`` works from an installed wheel."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from phaselab.orchestrator.yamlio import suggest
+
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+
+def grids_dir() -> Path:
+    return Path(__file__).resolve().parent / "grids"
+
+
+def shipped_grids() -> list[str]:
+    return sorted(p.stem for p in grids_dir().glob("*.yaml"))
+
+
+def resolve_grid_path(source: str | Path) -> Path:
+    """An existing file path, or the name of a shipped grid (``quickstart``)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path
+    text = str(source)
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        raise FileNotFoundError(f"grid file {text!r} does not exist")
+    if not _NAME_RE.match(text):
+        raise ValueError(f"grid name {text!r} must match {_NAME_RE.pattern}")
+    shipped = grids_dir() / f"{text}.yaml"
+    if shipped.is_file():
+        return shipped
+    hint = suggest(text, shipped_grids())
+    raise FileNotFoundError(f"no grid named {text!r}; shipped grids: {', '.join(shipped_grids())}"
+                            + (f" (did you mean {hint!r}?)" if hint else ""))

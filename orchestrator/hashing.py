@@ -1,0 +1,181 @@
+"""Content-hash cache keys (DESIGN §5.4): Flyte-like, with an explanation of every miss.
+
+key = sha256(canonical JSON of {kind, cache_schema, config - ignored keys, upstream keys (Merkle),
+code hash, data digests, salt}). Canonical JSON: sorted keys, no whitespace, floats normalised
+(1.0 == 1, -0.0 == 0, shortest repr), tuples as lists, NaN/Inf as strings.
+
+The code hash is an AST-normalised hash of every module of ``phaselab.workloads`` and
+``phaselab.kernels``: comments, docstrings and formatting do not count (flyteorg/flyte#2899 is
+the stale hit this prevents). Per-module hashes are kept beside the key so ``why`` can name the
+changed files.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CACHE_SCHEMA = 1
+
+# Keys that do not change what a stage computes (DESIGN §5.4): logging cadence, checkpoint
+# cadence (resume is bitwise exact), the micro-batch / accumulation split (the global batch
+# train.batch_size stays in the key), dataloader workers and tags.
+IGNORED_KEYS: frozenset[str] = frozenset({
+    "train.log_every", "train.grad_accum", "train.micro_batch_size", "train.ckpt_every",
+    "data.num_workers", "tags",
+})
+
+CODE_PACKAGES = ("phaselab.workloads", "phaselab.kernels")
+
+
+def normalize(obj: Any) -> Any:
+    """JSON-safe canonical form (see module docstring)."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        if obj.is_integer() and abs(obj) < 2**53:
+            return int(obj)
+        return float(repr(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): normalize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [normalize(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"cannot hash a value of type {type(obj).__name__}: {obj!r}")
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(normalize(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay leaves."""
+    if isinstance(obj, Mapping) and obj:
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: obj}
+
+
+def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS) -> dict:
+    def walk(node: Any, prefix: str) -> Any:
+        if not isinstance(node, Mapping):
+            return node
+        return {k: walk(v, f"{prefix}.{k}" if prefix else k) for k, v in node.items()
+                if (f"{prefix}.{k}" if prefix else k) not in ignored}
+    return walk(config, "")
+
+
+# ---------------------------------------------------------------------------------- code hash
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def ast_hash(source: str, filename: str = "<source>") -> str:
+    """sha256 of the AST dump without docstrings, comments or positions."""
+    tree = _strip_docstrings(ast.parse(source, filename=filename))
+    return sha256_hex(ast.dump(tree, annotate_fields=True, include_attributes=False))
+
+
+@dataclass(frozen=True, slots=True)
+class CodeVersion:
+    digest: str
+    modules: Mapping[str, str]   # "phaselab.workloads.train.loop" -> ast hash
+
+
+def package_root(package: str) -> Path:
+    """Source folder of a package without importing it (find_spec imports only its parents)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"package {package!r} is not importable")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def code_version(packages: tuple[str, ...] = CODE_PACKAGES, roots: Mapping[str, Path] | None = None) -> CodeVersion:
+    """AST hash of every ``*.py`` under the packages (``roots`` overrides where to look: tests)."""
+    modules: dict[str, str] = {}
+    for pkg in packages:
+        root = Path(roots[pkg]) if roots and pkg in roots else package_root(pkg)
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            modules[".".join([pkg, *parts])] = ast_hash(path.read_text(encoding="utf-8"), str(path))
+    return CodeVersion(digest=sha256_hex(canonical_json(modules)), modules=modules)
+
+
+# ------------------------------------------------------------------------------------ the key
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """``digest`` = sha256(canonical_json(parts)); ``code_modules`` is kept beside it (not hashed
+    again: ``parts["code"]`` already is their digest) so a miss can name changed files."""
+
+    digest: str
+    parts: Mapping[str, Any]
+    code_modules: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def explain(self, other: "CacheKey | Mapping[str, Any]", other_modules: Mapping[str, str] | None = None) -> list[str]:
+        """Human-readable differences between this key and ``other`` (a key or stored parts)."""
+        o_parts = other.parts if isinstance(other, CacheKey) else other
+        o_mods = other.code_modules if isinstance(other, CacheKey) else (other_modules or {})
+        return explain_parts(self.parts, o_parts, self.code_modules, o_mods)
+
+
+def make_key(*, kind: str, config: Mapping[str, Any], upstream: Mapping[str, str],
+             code: CodeVersion, data: Mapping[str, str], salt: str = "",
+             ignored: frozenset[str] = IGNORED_KEYS) -> CacheKey:
+    """Build the key of one stage. ``upstream`` maps input name -> upstream digest."""
+    parts = normalize({
+        "kind": kind, "cache_schema": CACHE_SCHEMA, "config": strip_ignored(config, ignored),
+        "upstream": dict(upstream), "code": code.digest, "data": dict(data), "salt": salt,
+    })
+    return CacheKey(digest=sha256_hex(canonical_json(parts)), parts=parts, code_modules=dict(code.modules))
+
+
+def explain_parts(new: Mapping[str, Any], old: Mapping[str, Any], new_mods: Mapping[str, str],
+                  old_mods: Mapping[str, str]) -> list[str]:
+    lines: list[str] = []
+    for part in ("kind", "cache_schema", "salt"):
+        if new.get(part) != old.get(part):
+            lines.append(f"{part}: {old.get(part)!r} -> {new.get(part)!r}")
+    fa, fb = flatten(old.get("config", {})), flatten(new.get("config", {}))
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k, "<absent>") != fb.get(k, "<absent>"):
+            lines.append(f"config.{k}: {fa.get(k, '<absent>')!r} -> {fb.get(k, '<absent>')!r}")
+    ua, ub = old.get("upstream", {}), new.get("upstream", {})
+    for k in sorted(set(ua) | set(ub)):
+        if ua.get(k) != ub.get(k):
+            lines.append(f"upstream {k}: {str(ua.get(k))[:12]} -> {str(ub.get(k))[:12]}")
+    if old.get("code") != new.get("code"):
+        changed = sorted(m for m in set(old_mods) | set(new_mods) if old_mods.get(m) != new_mods.get(m))
+        lines.append("code: " + (", ".join(f"{m} ({'added' if m not in old_mods else 'removed' if m not in new_mods else 'changed'})"
+                                          for m in changed) if changed else "changed (module list not stored)"))
+    da, db = old.get("data", {}), new.get("data", {})
+    for k in sorted(set(da) | set(db)):
+        if da.get(k) != db.get(k):
+            lines.append(f"data {k}: {str(da.get(k))[:12]} -> {str(db.get(k))[:12]}")
+    return lines

@@ -1,0 +1,171 @@
+"""Command-line overrides in Hydra's grammar, applied to the raw grid document before validation.
+
+=====================  ==========================================================================
+``key=v``              set an existing key (error, with the nearest key, if it does not exist)
+``+key=v``             add a new key (error if it exists: Hydra's "use ++ to force")
+``++key=v``            set, adding it if missing
+``~key``               delete a key (error if missing)
+``key=a,b``            sweep: a new product axis named ``key`` (Hydra multirun, here a grid axis)
+``key=range(0,3)``     sweep over ``range(0, 3)``; ``choice(a,b)`` is an explicit list sweep
+=====================  ==========================================================================
+
+Values are parsed with ``yaml.safe_load`` (``1e-3`` -> float, ``[1,2]`` -> list, ``true`` -> bool).
+Keys are dotted paths into the grid document, e.g. ``defaults.train.lr=3e-4`` or
+``stages.pretrain.train.steps=100``. A sweep binds the key to ``${key}`` and adds the axis, so
+sweeps are allowed only under ``defaults`` and ``stages`` (where interpolation applies).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
+
+_KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
+_CALL_RE = re.compile(r"^(range|choice)\((.*)\)$", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One parsed override. ``op`` is ``set | add | force | delete``; ``sweep`` holds the values of
+    a sweep (then ``value`` is None)."""
+
+    text: str
+    op: str
+    path: tuple[str | int, ...]
+    value: Any = None
+    sweep: tuple[Any, ...] | None = None
+
+
+def _fail(text: str, msg: str, key: str = "", suggestion: str | None = None) -> GridError:
+    return GridError([Issue(Mark(f"<override {text!r}>", 0, 0), key, msg, suggestion)])
+
+
+def _split_top(value: str) -> list[str]:
+    """Split on commas outside brackets and quotes: ``a,[1,2],'x,y'`` -> 3 items."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in value:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _scalar(text: str, raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise _fail(text, f"cannot parse value {raw!r}: {err}") from None
+
+
+def _sweep(text: str, raw: str) -> tuple[Any, ...] | None:
+    call = _CALL_RE.match(raw.strip())
+    if call and call.group(1) == "range":
+        args = [_scalar(text, a) for a in _split_top(call.group(2))]
+        if not (1 <= len(args) <= 3) or not all(isinstance(a, int) for a in args):
+            raise _fail(text, f"range() takes 1 to 3 integers, got {call.group(2)!r}")
+        values = tuple(range(*args))
+        if not values:
+            raise _fail(text, f"range({call.group(2)}) is empty")
+        return values
+    if call:  # choice(a,b,...)
+        return tuple(_scalar(text, a) for a in _split_top(call.group(2)))
+    parts = _split_top(raw)
+    return tuple(_scalar(text, p) for p in parts) if len(parts) > 1 else None
+
+
+def parse_override(text: str) -> Override:
+    """Parse one ``key=value`` string (see the module docstring)."""
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"an override must be a non-empty string, got {text!r}")
+    if text.startswith("~"):
+        key, _, _ = text[1:].partition("=")
+        op = "delete"
+    else:
+        if "=" not in text:
+            raise _fail(text, "expected key=value, +key=value, ++key=value or ~key")
+        key, _, raw = text.partition("=")
+        op = "force" if key.startswith("++") else "add" if key.startswith("+") else "set"
+        key = key.lstrip("+")
+    if not _KEY_RE.match(key):
+        raise _fail(text, f"invalid key {key!r} (dotted names of letters, digits, _ and -)", key)
+    path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+    if op == "delete":
+        return Override(text=text, op=op, path=path)
+    sweep = _sweep(text, raw)
+    if sweep is not None:
+        if path[0] not in ("defaults", "stages"):
+            raise _fail(text, "sweeps are allowed only under 'defaults.' and 'stages.'", key)
+        return Override(text=text, op=op, path=path, sweep=sweep)
+    return Override(text=text, op=op, path=path, value=_scalar(text, raw))
+
+
+def _parent(doc: Any, ov: Override, *, create: bool) -> Any:
+    node = doc
+    for i, p in enumerate(ov.path[:-1]):
+        if isinstance(node, Mapping) and p not in node and create:
+            node[p] = {}
+        if isinstance(node, Mapping) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+            node = node[p]
+        else:
+            raise _missing(doc, ov, ov.path[: i + 1])
+    return node
+
+
+def _missing(doc: Any, ov: Override, path: tuple) -> GridError:
+    near = suggest(dotted(path), [dotted(p) for p in all_paths(doc)])
+    hint = "" if ov.op in ("add", "force") else " (use +key=value to add a new key)"
+    return _fail(ov.text, f"key {dotted(path)!r} is not in the grid{hint}", dotted(path), near)
+
+
+def apply_overrides(doc: Mapping[str, Any], marks: Marks, overrides: Sequence[str]) -> dict:
+    """Return a deep copy of ``doc`` with the overrides applied; ``marks`` records each override
+    as the source of the paths it sets, so later validation errors point at the override."""
+    out = copy.deepcopy(dict(doc))
+    for text in overrides:
+        ov = parse_override(text)
+        mark = Mark(f"<override {text!r}>", 0, 0)
+        parent = _parent(out, ov, create=ov.op in ("add", "force"))
+        last = ov.path[-1]
+        exists = (isinstance(parent, Mapping) and last in parent) or (
+            isinstance(parent, list) and isinstance(last, int) and last < len(parent))
+        if ov.op in ("set", "delete") and not exists:
+            raise _missing(out, ov, ov.path)
+        if ov.op == "add" and exists:
+            raise _fail(text, f"key {dotted(ov.path)!r} already exists (use ++key=value to force)",
+                        dotted(ov.path))
+        if ov.op == "delete":
+            del parent[last]
+            continue
+        if ov.sweep is not None:
+            axis = dotted(ov.path)
+            axes = out.setdefault("axes", {}) or {}
+            out["axes"] = axes
+            product = axes.setdefault("product", {}) or {}
+            axes["product"] = product
+            product[axis] = list(ov.sweep)
+            parent[last] = "${" + axis + "}"
+            marks.set(("axes", "product", axis), mark)
+        else:
+            parent[last] = ov.value
+        marks.set(ov.path, mark)
+    return out
