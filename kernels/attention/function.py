@@ -1,0 +1,231 @@
+"""Autograd functions, validated public wrappers and the registry's `triton` backend for the fused
+PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3).
+
+Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
+integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
+bottom-right when T < S, MATH §7.6). Their backward never uses atomics, so it is deterministic
+(MATH §7.8) and `deterministic=True` calls are supported.
+
+Example:
+    >>> inv_freq = pope_inv_freq(64)
+    >>> out = pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=inv_freq.cuda())
+    >>> out = tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from phaselab.kernels.attention import triton_pope, triton_tapa
+from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+
+
+class PopeAttentionFunction(torch.autograd.Function):
+    """out = PoPE attention; gradients for q, k, v and delta (fp32, [H, D])."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude):
+        out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
+                                        amplitude=amplitude)
+        ctx.save_for_backward(q, k, v, delta, pos_q, pos_k, inv_freq, out, lse)
+        ctx.cfg = dict(scale=scale, causal=causal, amplitude=amplitude)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, delta, pos_q, pos_k, inv_freq, out, lse = ctx.saved_tensors
+        dq, dk, dv, ddelta = triton_pope.pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, **ctx.cfg)
+        if ddelta is not None:
+            ddelta = ddelta.to(delta.dtype)
+        return dq, dk, dv, ddelta, None, None, None, None, None, None
+
+
+class TapaAttentionFunction(torch.autograd.Function):
+    """out = TAPA attention; gradients for q, k, v (TAPA has no parameters, MATH §4.2)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal):
+        cfg = dict(d_amp=d_amp, alpha=alpha, phase_scale=phase_scale, linear=linear, scale=scale, causal=causal)
+        out, lse = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **cfg)
+        ctx.save_for_backward(q, k, v, pos_q, pos_k, out, lse)
+        ctx.cfg = cfg
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, pos_q, pos_k, out, lse = ctx.saved_tensors
+        dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, **ctx.cfg)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_device(name: str, t: Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q is on {device}")
+
+
+def _check_qkv(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    for name, t in (("q_BHTD", q_BHTD), ("k_BGSD", k_BGSD), ("v_BGSD", v_BGSD)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D (BHTD layout), got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the Triton kernels take {_DTYPES}")
+        _check_device(name, t, q_BHTD.device)
+    B, H, T, D = q_BHTD.shape
+    if k_BGSD.shape[0] != B or k_BGSD.shape[3] != D or v_BGSD.shape != k_BGSD.shape:
+        raise ValueError(f"k {tuple(k_BGSD.shape)} and v {tuple(v_BGSD.shape)} must be [B={B}, G, S, D={D}] "
+                         f"(raw D-wide q/k/v; q is {tuple(q_BHTD.shape)})")
+    if k_BGSD.dtype != q_BHTD.dtype or v_BGSD.dtype != q_BHTD.dtype:
+        raise TypeError(f"q, k, v dtypes differ: {q_BHTD.dtype}, {k_BGSD.dtype}, {v_BGSD.dtype}")
+    G = k_BGSD.shape[1]
+    if G == 0 or H % G:
+        raise ValueError(f"query heads H={H} must be divisible by kv heads G={G}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} must be in [1, {MAX_HEAD_DIM}] (register-resident heads)")
+    if T == 0 or k_BGSD.shape[2] == 0:
+        raise ValueError(f"empty sequence: T={T}, S={k_BGSD.shape[2]}")
+    # the kernels need a contiguous last dim; any other strides are passed through
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q_BHTD, k_BGSD, v_BGSD))
+
+
+def _check_pos(name: str, pos: Tensor, batch: int, length: int, device: torch.device) -> Tensor:
+    if not isinstance(pos, Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(pos).__name__}")
+    if pos.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be int64 (or int32), got {pos.dtype} (MATH §7.2: never float)")
+    if pos.ndim != 2 or pos.shape[0] not in (1, batch) or pos.shape[1] != length:
+        raise ValueError(f"{name} has shape {tuple(pos.shape)}, expected ({batch} or 1, {length})")
+    _check_device(name, pos, device)
+    return pos.to(torch.int64).contiguous()
+
+
+def _check_scale(scale: float) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r} must be a finite number")
+    return float(scale)
+
+
+# ----------------------------------------------------------------------------- public wrappers
+
+
+def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
+                   inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
+                   causal: bool = True, amplitude: str = "softplus") -> Tensor:
+    """Fused PoPE attention (MATH §3), differentiable in q, k, v and delta.
+
+    Args:
+        q_BHTD: raw queries [B, H, T, D] (pre-softplus), fp16 / bf16 / fp32, D <= 128.
+        k_BGSD, v_BGSD: raw keys and values [B, G, S, D], G divides H, q's dtype.
+        pos_q_BT, pos_k_BS: int64 absolute positions [B or 1, T] / [B or 1, S], q's device.
+        inv_freq_D: fp32 [D], theta_c = base**(-c/D) (`score_mod.pope_inv_freq`).
+        delta_HD: fp32 [H, D] phase bias on the key side, or None (the "without delta" ablation).
+        scale: softmax scale, default 1/sqrt(D) (MATH §3.4).
+        causal: mask by positions (default True). amplitude: "softplus" (default), "relu", "identity".
+    Returns:
+        out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
+    """
+    q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
+    B, H, T, D = q.shape
+    pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
+    pos_k = _check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
+    if not isinstance(inv_freq_D, Tensor) or inv_freq_D.shape != (D,) or inv_freq_D.dtype != torch.float32:
+        raise ValueError(f"inv_freq_D must be an fp32 tensor of shape ({D},), got "
+                         f"{getattr(inv_freq_D, 'dtype', type(inv_freq_D).__name__)} "
+                         f"{tuple(getattr(inv_freq_D, 'shape', ()))}")
+    _check_device("inv_freq_D", inv_freq_D, q.device)
+    if delta_HD is not None:
+        if not isinstance(delta_HD, Tensor) or delta_HD.shape != (H, D) or delta_HD.dtype != torch.float32:
+            raise ValueError(f"delta_HD must be None or an fp32 tensor of shape ({H}, {D}), got "
+                             f"{getattr(delta_HD, 'dtype', type(delta_HD).__name__)} "
+                             f"{tuple(getattr(delta_HD, 'shape', ()))}")
+        _check_device("delta_HD", delta_HD, q.device)
+        delta_HD = delta_HD.contiguous()
+    if amplitude not in POPE_AMPLITUDES:
+        raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
+    scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
+    return PopeAttentionFunction.apply(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale,
+                                       bool(causal), amplitude)
+
+
+def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
+                   alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
+                   phase: str = "quadratic", scale: float = 1.0, causal: bool = True) -> Tensor:
+    """Fused TAPA attention (MATH §4.2), differentiable in q, k, v.
+
+    Args:
+        q_BHTD: raw queries [B, H, T, D], amplitude part first (D_A = int(theta*D)), D <= 128.
+        k_BGSD, v_BGSD: [B, G, S, D], G divides H, q's dtype. pos_*: int64 [B or 1, T | S].
+        alpha: exponent on |m - n| (> 0, default 0.1). theta: amplitude fraction (default 0.5;
+            1 <= int(theta*D) <= D-1). phase_scale: default 2 pi (the paper; 1.0 = released code).
+        phase: "quadratic" (Eq. 12, default) or "linear" (Eq. 16).
+        scale: multiplies the score; TAPA's logit is the score itself, so the default is 1.0.
+        causal: mask by positions (default True).
+    Returns:
+        out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
+    """
+    q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
+    B, H, T, D = q.shape
+    pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
+    pos_k = _check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
+    ScoreMod(kind="tapa", params=dict(alpha=alpha, theta=theta, phase_scale=phase_scale, phase=phase))
+    d_amp, _ = tapa_split(D, theta)
+    return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(alpha), float(phase_scale),
+                                       phase == "linear", _check_scale(scale), bool(causal))
+
+
+# ----------------------------------------------------------------------------- registry backend
+
+
+class TritonBackend:
+    """Registry backend "triton": the fused PoPE and TAPA kernels (and nothing else)."""
+
+    name: ClassVar[str] = "triton"
+
+    def unsupported_reason(self, call: Any) -> str | None:
+        if call.score_mod not in ("pope", "tapa"):
+            return (f"score_mod={call.score_mod!r}: the triton backend has fused kernels for pope and "
+                    f"tapa only; use sdpa for plain/RoPE/ALiBi attention")
+        if call.device_type != "cuda" and not triton_pope.interpreting():
+            return f"device {call.device_type!r}: Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
+        if call.varlen:
+            return "packed documents (cu_seqlens) are not implemented in the fused kernels"
+        if call.dtype not in _DTYPES:
+            return f"dtype {call.dtype} not supported (fp16, bf16, fp32)"
+        if call.qk_width != call.head_dim:
+            return (f"q/k width {call.qk_width} != v width {call.head_dim}: the kernels take RAW D-wide "
+                    f"q/k (PoPE expands in registers), not a pre-expanded 2D-wide q/k")
+        if call.head_dim > MAX_HEAD_DIM:
+            return f"head_dim {call.head_dim} > {MAX_HEAD_DIM}"
+        return None  # causal / non-causal, T < S, GQA, deterministic (no atomics) all supported
+
+    def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
+                 scale: float, causal: bool, score_mod: ScoreMod | None,
+                 cu_seqlens: Tensor | None = None) -> Tensor:
+        if cu_seqlens is not None:
+            raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
+        if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa"):
+            raise ValueError(f"the triton backend needs a pope or tapa ScoreMod, got {score_mod!r}")
+        p = score_mod.params
+        if score_mod.kind == "pope":
+            device = q_BHTD.device
+            delta = p["delta"]
+            return pope_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,
+                                  inv_freq_D=p["inv_freq"].to(device=device, dtype=torch.float32),
+                                  delta_HD=None if delta is None else delta.to(device=device),
+                                  scale=scale, causal=causal, amplitude=p["amplitude"])
+        if p["phase"] not in TAPA_PHASES:
+            raise ValueError(f"tapa phase={p['phase']!r}")
+        return tapa_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, alpha=p["alpha"],
+                              theta=p["theta"], phase_scale=p["phase_scale"], phase=p["phase"], scale=scale,
+                              causal=causal)

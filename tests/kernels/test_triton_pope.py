@@ -1,0 +1,233 @@
+"""Fused PoPE attention (kernels/attention/triton_pope.py) against the float64 reference (issue 3).
+
+CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
+GPU (`gpu`): shape x dtype x causal x T<S sweep with the 2x calibrated rule (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from phaselab.kernels import registry
+from phaselab.kernels.attention import reference
+from phaselab.kernels.attention.function import TritonBackend, pope_attention
+from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
+
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
+                                       reason="CPU interpreter test; the gpu tests cover CUDA")
+
+
+def make_inputs(B, H, G, T, S, D, dtype, device, *, delta=True, offset=0, seed=42):
+    gen = generator(seed, device)
+    q = torch.randn(B, H, T, D, generator=gen, device=device).to(dtype)
+    k = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
+    v = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
+    pos_k = (torch.arange(S, device=device) + offset)[None].expand(B, S).contiguous()
+    pos_q = pos_k[:, S - T:].contiguous()  # bottom-right: the queries are the last T keys
+    d = (-2 * math.pi * torch.rand(H, D, generator=gen, device=device)) if delta else None
+    return q, k, v, pos_q, pos_k, pope_inv_freq(D).to(device), d
+
+
+def reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus",
+                    dtype=torch.float64):
+    """(out, dq, dk, dv, ddelta) of the reference in `dtype` (float64: the spec)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    d = None if delta is None else delta.detach().to(dtype).requires_grad_()
+    mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": d, "amplitude": amplitude})
+    out = reference.attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=q.shape[-1] ** -0.5,
+                              causal=causal, score_mod=mod, compute_dtype=dtype)
+    out.backward(do.to(dtype))
+    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
+
+
+def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus"):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    d = None if delta is None else delta.detach().clone().requires_grad_()
+    out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d,
+                         causal=causal, amplitude=amplitude)
+    out.backward(do)
+    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
+
+
+NAMES = ("out", "dq", "dk", "dv", "ddelta")
+
+# (B, H, G, T, S, D, causal): N=37 D=32; T<S; GQA with D=48 padded to 64 in registers
+CPU_CASES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 7, 45, 32, True), (2, 4, 2, 20, 20, 48, False),
+             (1, 2, 1, 19, 33, 16, False)]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("B,H,G,T,S,D,causal", CPU_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6]) for c in CPU_CASES])
+def test_pope_interpreter_matches_float64_reference(B, H, G, T, S, D, causal):
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, torch.float32, "cpu", offset=5)
+    do = torch.randn(B, H, T, D, generator=generator(7))
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"pope-{name}", r, o, 1e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("amplitude", ["relu", "identity"])
+def test_pope_interpreter_amplitude_ablations(amplitude):
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 21, 21, 32, torch.float32, "cpu", delta=False)
+    do = torch.randn_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
+    for name, r, o in zip(NAMES[:4], ref, out):
+        assert_close(f"pope-{amplitude}-{name}", r, o, 1e-5)
+
+
+@needs_interpreter
+def test_pope_interpreter_decode_unsorted_and_empty_rows():
+    """T=1 decode at pos S-1 (MATH §7.6); shuffled key positions (no block skipping); a query
+    before every key sees nothing and outputs exactly 0 with zero gradients."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 1, 40, 32, torch.float32, "cpu")
+    do = torch.randn_like(q)
+    for name, r, o in zip(NAMES, reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True),
+                          triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)):
+        assert_close(f"decode-{name}", r, o, 1e-5)
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 24, 24, 32, torch.float32, "cpu")
+    perm = torch.randperm(24, generator=generator(3))
+    pos_k = pos_k[:, perm].contiguous()
+    pos_q = pos_q.clone()
+    pos_q[0, :3] = -1  # three queries placed before every key
+    do = torch.randn_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"unsorted-{name}", r, o, 1e-5)
+    assert torch.equal(out[0][0, :, :3], torch.zeros_like(out[0][0, :, :3]))
+    assert torch.equal(out[1][0, :, :3], torch.zeros_like(out[1][0, :, :3]))
+
+
+@needs_interpreter
+def test_pope_interpreter_large_positions_range_reduction():
+    """Positions near 2**17 (MATH §7.4): fp32 angles reduced to [-pi, pi] before cos/sin."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 1, 1, 17, 17, 32, torch.float32, "cpu",
+                                                         offset=2**17 - 17)
+    mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
+    out = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta)
+    ref32 = reference.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=32**-0.5, score_mod=mod)
+    ref64 = reference.attention(q.double(), k.double(), v.double(), pos_q_BT=pos_q, pos_k_BS=pos_k,
+                                scale=32**-0.5, score_mod=mod, compute_dtype=torch.float64)
+    # fp32 m*theta carries ~1e-2 rad of rounding at 1.3e5 (MATH §7.4): same order as the fp32 reference
+    # (fp32 ulp is 2**-6 rad there): the kernel must be as close to float64 as the fp32 reference
+    err_kernel = assert_close("large-pos-vs-fp64", ref64, out, 5e-2)
+    assert err_kernel <= 2 * reference_err(ref64, ref32) + 1e-5
+
+
+def reference_err(ref64, other):
+    return ((other.double() - ref64).norm() / ref64.norm()).item()
+
+
+@needs_interpreter
+def test_pope_interpreter_backward_is_deterministic_and_registry_resolves():
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 18, 18, 32, torch.float32, "cpu")
+    do = torch.randn_like(q)
+    first = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    second = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
+    call = registry.AttnCall.describe(q, k, v, causal=True, score_mod=mod, deterministic=True)
+    backend = registry.resolve("triton", call)
+    out = backend(q, k, v, pos_q=pos_q, pos_k=pos_k, scale=32**-0.5, causal=True, score_mod=mod)
+    assert torch.equal(out, first[0])
+
+
+def test_pope_backend_refusals_and_validation():
+    backend = TritonBackend()
+    base = dict(dtype=torch.bfloat16, device_type="cuda", head_dim=64, qk_width=64, causal=True,
+                q_shorter_than_k=False, varlen=False, score_mod="pope", needs_grad=True, deterministic=True)
+    assert backend.unsupported_reason(registry.AttnCall(**base)) is None
+    assert "pope and tapa only" in backend.unsupported_reason(registry.AttnCall(**{**base, "score_mod": None}))
+    assert "cu_seqlens" in backend.unsupported_reason(registry.AttnCall(**{**base, "varlen": True}))
+    assert "RAW D-wide" in backend.unsupported_reason(registry.AttnCall(**{**base, "qk_width": 128}))
+    assert "head_dim 256" in backend.unsupported_reason(registry.AttnCall(**{**base, "head_dim": 256, "qk_width": 256}))
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 8, 8, 32, torch.float32, "cpu")
+    with pytest.raises(TypeError, match="float16"):
+        pope_attention(q.double(), k.double(), v.double(), pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq)
+    with pytest.raises(TypeError, match="pos_q_BT must be int64"):
+        pope_attention(q, k, v, pos_q_BT=pos_q.float(), pos_k_BS=pos_k, inv_freq_D=inv_freq)
+    with pytest.raises(ValueError, match=r"inv_freq_D must be an fp32 tensor of shape \(32,\)"):
+        pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq[:16])
+    with pytest.raises(ValueError, match=r"delta_HD must be None or an fp32 tensor of shape \(2, 32\)"):
+        pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta[:1])
+    with pytest.raises(ValueError, match="amplitude='gelu'"):
+        pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, amplitude="gelu")
+    with pytest.raises(ValueError, match="H=2 must be divisible by kv heads G=3"):
+        pope_attention(q, k.expand(1, 3, 8, 32), v.expand(1, 3, 8, 32), pos_q_BT=pos_q, pos_k_BS=pos_k,
+                       inv_freq_D=inv_freq)
+    with pytest.raises(ValueError, match="must be 4-D"):
+        pope_attention(q[0], k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq)
+
+
+# ----------------------------------------------------------------------------- GPU sweep
+
+
+def torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
+    """PyTorch's own low-precision computation: pope_expand (fp32 trig, cast to q's dtype), then
+    logits and P@V in q's dtype with an fp32 softmax (flash-attention's `upcast=False` reference)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    d = None if delta is None else delta.detach().clone().requires_grad_()
+    qh, kh = reference.pope_expand(leaves[0], leaves[1], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq,
+                                   delta_HD=d)
+    kh = reference.repeat_kv(kh, q.shape[1])
+    vv = reference.repeat_kv(leaves[2], q.shape[1])
+    logits = (qh @ kh.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    vis = reference.visibility(pos_q, pos_k) if causal else None
+    p = reference.masked_softmax(logits.float(), vis).to(q.dtype)
+    out = p @ vv
+    out.backward(do)
+    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
+
+
+GPU_CASES = [  # (B, H, G, T, S, D, causal)
+    (2, 4, 4, 63, 63, 32, True), (2, 4, 2, 217, 217, 48, True), (1, 4, 4, 500, 500, 64, False),
+    (2, 4, 1, 256, 256, 128, True), (1, 4, 4, 100, 733, 64, True), (1, 2, 2, 1, 1024, 128, True),
+    (1, 8, 2, 1000, 1000, 64, True), (1, 4, 4, 77, 300, 48, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal", GPU_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6]) for c in GPU_CASES])
+def test_pope_gpu_calibrated(B, H, G, T, S, D, causal, dtype):
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
+    do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    for name, r, lo, o in zip(NAMES, ref, low, out):
+        calibrated_close(f"pope-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+
+
+@pytest.mark.gpu
+def test_pope_gpu_fp32_and_large_positions():
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.float32, "cuda",
+                                                         offset=2**17 - 300)
+    do = torch.randn_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True, dtype=torch.float32)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"pope-fp32-{name}", r, o, 5e-4)
+
+
+@pytest.mark.gpu
+def test_pope_gpu_deterministic_long():
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 4, 4096, 4096, 64, torch.bfloat16, "cuda")
+    do = torch.randn_like(q)
+    first = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    second = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
+    ref = reference.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=0.125, score_mod=mod)
+    assert_close("pope-4k-out", ref.float(), first[0].float(), 2e-2)
