@@ -94,12 +94,16 @@ class MaestroConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RealScaleConfig:
-    """Network-backed corpora (OpenWebText, PG-19, human genome) and pre-tokenised shards."""
+    """Network-backed corpora (OpenWebText, PG-19, human genome) and pre-tokenised shards
+    (real_scale.py). Prepared shards are reused whenever their meta.json matches."""
 
-    shards_dir: str | None = None  # nanoGPT-style <split>.bin + meta.json; None -> cache_dir/<kind>
-    hf_name: str | None = None  # override the Hugging Face dataset id
+    shards_dir: str | None = None  # nanoGPT-style <split>.bin + meta.json; None -> cache_dir/<kind>-<tok>
+    hf_name: str | None = None  # override the Hugging Face dataset id (e.g. a mirror)
     hf_config: str | None = None
+    splits: tuple[str, ...] = ()  # () -> the kind's default (pg19: test only)
     fasta: str | None = None  # human genome: an explicit hg38 FASTA instead of Hugging Face
+    valid_records: tuple[str, ...] = ("chr21",)  # FASTA records held out (phaselab's choice)
+    test_records: tuple[str, ...] = ("chr22",)
     val_fraction: float = 0.0005  # OpenWebText held-out fraction (nanoGPT's prepare.py)
     num_proc: int = 8
 
