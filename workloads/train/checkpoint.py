@@ -1,0 +1,180 @@
+"""Atomic, resumable checkpoints for the reference (single-process / DDP) path.
+
+Layout under a run's ``checkpoints/`` folder::
+
+    step_0000400/            one complete checkpoint (never half-written, see below)
+        model.pt             weights + model config (models.checkpoint_io.save_model), what evals load
+        train_state.pt       optimiser, step, data position, RNG states, metrics (torch.save)
+        spec.json            the resolved stage spec (model/data/train/extend)
+    step_0000800/
+    latest                   text file: "step_0000800"
+    .tmp-step_0001200-...    a save in progress or one that crashed: ignored, removed later
+
+Why this is crash-safe: a checkpoint is written into a temporary folder, every file and the folder
+are fsync'ed, and only then is the folder renamed to ``step_XXXXXXX`` with ``os.replace`` (atomic on
+POSIX). ``latest`` is updated afterwards by writing ``latest.tmp`` and renaming it over ``latest``.
+A kill at any point leaves either the previous state or the new one: a temp folder is never read
+(its name does not match ``step_\\d{7}``), and if the kill falls between the folder rename and the
+pointer update, :meth:`CheckpointDir.latest` still finds the newest complete ``step_`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_STEP_RE = re.compile(r"^step_(\d{7})$")
+LATEST = "latest"
+
+
+def step_name(step: int) -> str:
+    if step < 0 or step > 9_999_999:
+        raise ValueError(f"checkpoint step must be in [0, 9999999], got {step!r}")
+    return f"step_{step:07d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a fsync'ed temp file and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class CheckpointDir:
+    """A folder of atomic ``step_XXXXXXX`` checkpoints with a ``latest`` pointer.
+
+    Args:
+        root: the folder (created if missing).
+        keep: how many complete checkpoints to keep (>= 1); older ones are deleted after a
+            successful save, never the one ``latest`` names.
+    """
+
+    def __init__(self, root: Path, *, keep: int = 2) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep!r}")
+        self.root = Path(root)
+        self.keep = keep
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints, ascending."""
+        if not self.root.is_dir():
+            return []
+        found = (_STEP_RE.match(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint folder, or None. Temp folders are never returned."""
+        pointer = self.root / LATEST
+        if pointer.is_file():
+            name = pointer.read_text().strip()
+            if _STEP_RE.match(name) and (self.root / name).is_dir():
+                newest = self.steps()[-1]
+                # A kill between the folder rename and the pointer update leaves the pointer one
+                # checkpoint behind; the renamed folder is complete, so prefer the newest.
+                return self.root / step_name(max(newest, int(name[5:])))
+        steps = self.steps()
+        return self.root / step_name(steps[-1]) if steps else None
+
+    def save(self, step: int, write: Callable[[Path], None]) -> Path:
+        """Write a checkpoint for ``step``: ``write(tmp_dir)`` fills a temp folder, which is then
+        fsync'ed and atomically renamed. Returns the final folder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / step_name(step)
+        tmp = self.root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            write(tmp)
+            _fsync_tree(tmp)
+            if final.exists():  # re-saving a step (e.g. a preempted save is repeated)
+                trash = self.root / f".tmp-old-{final.name}-{uuid.uuid4().hex[:8]}"
+                os.replace(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        atomic_write_text(self.root / LATEST, final.name + "\n")
+        self._prune(keep_name=final.name)
+        return final
+
+    def _prune(self, *, keep_name: str) -> None:
+        for step in self.steps()[:-self.keep]:
+            if step_name(step) != keep_name:
+                shutil.rmtree(self.root / step_name(step), ignore_errors=True)
+        for p in self.root.iterdir():  # leftovers of crashed saves (single writer per run)
+            if p.name.startswith(".tmp-") and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG states: stored as plain tensors / ints so torch.load(weights_only=True) can read them.
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy, torch (CPU) and CUDA RNG states of this process."""
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_kind, torch.from_numpy(np_keys.astype(np.int64)), int(np_pos),
+                  int(np_has_gauss), float(np_gauss)],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`rng_state`."""
+    py_version, py_state, py_gauss = state["python"]
+    random.setstate((py_version, tuple(py_state), py_gauss))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a ``train_state.pt`` written by the loop (tensors and plain containers only)."""
+    return torch.load(path, map_location=map_location, weights_only=True)

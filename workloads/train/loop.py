@@ -1,0 +1,315 @@
+"""The single training loop used by every stage that changes weights (pretrain, CPT, fine-tunes).
+
+One function, :func:`train`, drives an *engine* — :class:`TorchEngine` (one process, or DDP) or
+``deepspeed_engine.DeepSpeedEngine`` (ZeRO 0-3) — through the same steps:
+
+    for step in [start, steps):
+        lr = schedule.lookup(step)
+        for micro in range(grad_accum):             # gradient accumulation
+            batch = dataset.get_batch("train", index(step, micro, rank), micro_batch, seed=seed)
+            engine.micro_step(batch)                # forward (+autocast), NaN/Inf check, backward
+        grad_norm = engine.optimizer_step(lr)       # clip, NaN/Inf check, AdamW, PoPE projection
+        log / eval / checkpoint / SIGTERM check
+
+Batches are a pure function of their global index (CONTRACTS §3.3), so the data position is just
+the step number and resume is exact: on CPU, a run killed at any step and resumed reproduces the
+uninterrupted run's losses bit for bit (tests/workloads/test_resume.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from phaselab.catalog.tracking import Tracker
+from phaselab.workloads.train.optim import OptimConfig, set_lr
+from phaselab.workloads.train.schedule import Schedule
+from phaselab.workloads.train.signals import StopFlag, TrainingPreempted
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Training settings (CONTRACTS §3.4; defaults: EXPERIMENTS §1).
+
+    ``batch_size`` is the global number of sequences per optimiser step; each of ``world`` ranks
+    runs ``grad_accum`` micro-batches of ``batch_size // (grad_accum * world)`` sequences.
+    ``decay_steps`` None means ``steps``. ``eval_every``/``ckpt_every`` 0 disable the periodic
+    event (the last step always evaluates and checkpoints). ``eval_batches`` 0 means the whole
+    split; ``final_eval_batches`` is the same for the end-of-run evaluation on
+    ``final_eval_splits`` (empty = every split of the dataset but "train"). ``precision`` "auto"
+    is bf16 autocast on CUDA, fp32 on CPU.
+    """
+
+    steps: int = 1000
+    batch_size: int = 64
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    warmup: int = 100
+    decay_steps: int | None = None
+    schedule: Literal["cosine", "constant"] = "cosine"
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    delta_lr_mult: float = 1.0
+    delta_weight_decay: bool = False
+    decay_embeddings: bool = True
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    eval_batches: int = 20
+    eval_batch_size: int | None = None
+    final_eval_batches: int = 0
+    final_eval_splits: tuple[str, ...] = ()
+    ckpt_every: int = 500
+    keep_checkpoints: int = 2
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    compile: bool = False
+    seed: int = 0
+    log_every: int = 10
+    device: str = "auto"
+    zero_stage: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("eval_every", "eval_batches", "final_eval_batches", "ckpt_every", "warmup"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.grad_clip < 0:
+            raise ValueError(f"train.grad_clip must be >= 0 (0 = no clipping), got {self.grad_clip!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"train.precision must be auto|fp32|bf16, got {self.precision!r}")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"train.zero_stage must be None or 0-3, got {self.zero_stage!r}")
+        self.schedule_obj()  # validates lr/min_lr/warmup/decay_steps
+        self.optim()
+
+    def schedule_obj(self) -> Schedule:
+        decay = self.steps if self.decay_steps is None else self.decay_steps
+        return Schedule(lr=self.lr, min_lr=self.min_lr, warmup=self.warmup,
+                        decay_steps=max(decay, self.warmup), kind=self.schedule)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                           weight_decay=self.weight_decay, delta_lr_mult=self.delta_lr_mult,
+                           delta_weight_decay=self.delta_weight_decay,
+                           decay_embeddings=self.decay_embeddings)
+
+    def micro_batch(self, world: int) -> int:
+        per = self.grad_accum * world
+        if self.batch_size % per:
+            raise ValueError(f"train.batch_size={self.batch_size} is not divisible by "
+                             f"grad_accum * world = {self.grad_accum} * {world}")
+        return self.batch_size // per
+
+
+class TrainingDiverged(RuntimeError):
+    """NaN/Inf in the loss or the gradient norm; ``step`` is the 0-based optimiser step."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"training diverged at step {step}: {reason}")
+        self.step = step
+        self.reason = reason
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_for(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    """bf16 autocast on CUDA for "auto"; fp32 (no autocast) on CPU. Master weights stay fp32."""
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def check_finite(value: torch.Tensor | float, *, step: int, what: str) -> float:
+    v = float(value)
+    if not math.isfinite(v):
+        raise TrainingDiverged(step, f"{what} is {v}")
+    return v
+
+
+class Engine(Protocol):
+    """What :func:`train` needs from an execution backend."""
+
+    module: nn.Module        # the unwrapped model (for eval and after_optimizer_step)
+    device: torch.device
+    autocast: Callable[[], contextlib.AbstractContextManager]
+
+    def micro_step(self, batch: Any, *, step: int, last: bool) -> float: ...
+    def optimizer_step(self, lr: float, *, step: int) -> float: ...
+
+
+class TorchEngine:
+    """Plain PyTorch (optionally DDP-wrapped) engine: autocast, clip, AdamW, PoPE projection.
+
+    Args:
+        model: the Transformer (already on ``device``); wrapped in DDP when ``ddp``.
+        optimizer: from ``optim.build_optimizer``.
+        grad_clip: max global grad norm (0 = measure only).
+        grad_accum: micro-batches per step (the loss is divided by it before backward).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
+                 precision: str, grad_clip: float, grad_accum: int, compile: bool = False,
+                 ddp: bool = False) -> None:
+        self.module = model
+        self.optimizer = optimizer
+        self.device = device
+        self.grad_clip = grad_clip
+        self.grad_accum = grad_accum
+        self.autocast = autocast_for(precision, device)
+        runner: nn.Module = model
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel
+            runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.runner = torch.compile(runner) if compile else runner
+        self._ddp = ddp
+
+    def micro_step(self, batch: Any, *, step: int, last: bool) -> float:
+        x, y, m = (t.to(self.device, non_blocking=True) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
+        sync = contextlib.nullcontext() if (last or not self._ddp) else self.runner.no_sync()
+        with sync:
+            with self.autocast():
+                _, loss = self.runner(x, targets_BT=y, loss_mask_BT=m)
+            value = check_finite(loss.detach(), step=step, what="loss")
+            (loss / self.grad_accum).backward()
+        return value
+
+    def optimizer_step(self, lr: float, *, step: int) -> float:
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+        grad_norm = check_finite(norm, step=step, what="grad_norm")
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.after_optimizer_step()  # PoPE δ projection to [-2π, 0] (MATH §3.2)
+        return grad_norm
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, dataset: Any, split: str, *, batch_size: int, max_batches: int,
+             device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager]
+             ) -> dict[str, float]:
+    """Token-weighted loss and argmax accuracy over the loss-masked tokens of ``split``.
+
+    For Indirect Indexing the mask covers only the target token, so ``acc`` is the task's
+    exact-match target accuracy (EXPERIMENTS §2.1); for LM data it is next-token accuracy.
+    ``max_batches`` 0 evaluates the whole split. Returns {"loss", "acc", "tokens"}.
+    """
+    was_training = module.training
+    module.eval()
+    nll_sum, correct, count = 0.0, 0.0, 0.0
+    batches = dataset.eval_batches(split, batch_size)
+    for batch in (islice(batches, max_batches) if max_batches else batches):
+        x, y, m = (t.to(device) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
+        with autocast():
+            logits_BTV, _ = module(x)
+        logits_BTV = logits_BTV.float()
+        nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), y, reduction="none")
+        m = m.float()
+        nll_sum += float((nll_BT * m).sum())
+        correct += float(((logits_BTV.argmax(-1) == y).float() * m).sum())
+        count += float(m.sum())
+    module.train(was_training)
+    if count == 0:
+        raise ValueError(f"evaluation split {split!r} of {getattr(dataset, 'name', dataset)} has no "
+                         "loss-masked tokens")
+    return {"loss": nll_sum / count, "acc": correct / count, "tokens": count}
+
+
+@dataclass
+class LoopResult:
+    """What :func:`train` returns: losses by 0-based step (this call only), last metrics."""
+
+    step: int
+    losses: dict[int, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    stopped: Literal["done", "stop_after"] = "done"
+
+
+SaveFn = Callable[[int, Mapping[str, float]], str | None]
+
+
+def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, start_step: int,
+          save: SaveFn, rank: int = 0, world: int = 1, stop_after: int | None = None,
+          stop_flag: StopFlag | None = None, reduce: Callable[[float], float] = float) -> LoopResult:
+    """Run optimiser steps ``start_step .. cfg.steps - 1``.
+
+    Args:
+        engine: TorchEngine or DeepSpeedEngine.
+        dataset: CONTRACTS §3.3 Dataset (``get_batch``, ``eval_batches``).
+        save: ``save(step, metrics) -> checkpoint path`` called every ``ckpt_every`` steps, at the
+            end, and on SIGTERM (every rank calls it; the callee decides who writes).
+        rank, world: data-parallel coordinates (micro-batch index = (step*accum+micro)*world+rank).
+        stop_after: stop once ``stop_after`` steps are done, without a final checkpoint — a
+            simulated kill for tests and ``debug_steps``.
+        stop_flag: set by the SIGTERM handler (signals.py); checkpoint, then TrainingPreempted.
+        reduce: averages a float over ranks for logging (identity on one process).
+    Raises:
+        TrainingDiverged: NaN/Inf loss or grad norm, with the step.
+    """
+    schedule = cfg.schedule_obj()
+    micro = cfg.micro_batch(world)
+    eval_bs = cfg.eval_batch_size or micro
+    result = LoopResult(step=start_step)
+    window_t, window_steps, window_tokens = None, 0, 0
+    step = start_step
+    while step < cfg.steps:
+        if stop_after is not None and step >= stop_after:
+            result.stopped = "stop_after"
+            break
+        lr = schedule.lookup(step)
+        loss_sum, tokens = 0.0, 0
+        for k in range(cfg.grad_accum):
+            index = (step * cfg.grad_accum + k) * world + rank
+            batch = dataset.get_batch("train", index, micro, seed=cfg.seed)
+            loss_sum += engine.micro_step(batch, step=step, last=k == cfg.grad_accum - 1)
+            tokens += batch.x_BT.numel() * world
+        grad_norm = engine.optimizer_step(lr, step=step)
+        loss = reduce(loss_sum / cfg.grad_accum)
+        result.losses[step] = loss
+        step += 1
+        result.step = step
+        # Throughput excludes the first step of this call (compilation, allocator warm-up).
+        if window_t is None:
+            window_t = time.perf_counter()
+        else:
+            window_steps, window_tokens = window_steps + 1, window_tokens + tokens
+        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            elapsed = time.perf_counter() - window_t
+            if window_steps and elapsed > 0:
+                metrics |= {"train/steps_per_s": window_steps / elapsed,
+                            "train/tokens_per_s": window_tokens / elapsed}
+            window_t, window_steps, window_tokens = time.perf_counter(), 0, 0
+            if rank == 0:
+                tracker.log_metrics(metrics, step=step)
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            ev = evaluate(engine.module, dataset, "valid", batch_size=eval_bs,
+                          max_batches=cfg.eval_batches, device=engine.device, autocast=engine.autocast)
+            metrics |= {"valid/loss": ev["loss"], "valid/acc": ev["acc"]}
+            if rank == 0:
+                tracker.log_metrics({"valid/loss": ev["loss"], "valid/acc": ev["acc"]}, step=step)
+        result.metrics = metrics
+        preempted = stop_flag is not None and stop_flag.requested
+        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or preempted:
+            path = save(step, metrics)
+            if preempted:
+                raise TrainingPreempted(step, path)
+    return result

@@ -1,0 +1,270 @@
+"""Ray Train V2 entry: ``fit()`` on the driver, ``train_loop_per_worker(cfg)`` on every rank.
+
+DESIGN §5.3 / §7 example 12: the worker is a plain function that rebuilds the typed config from a
+JSON-safe dict, owns its setup and reports through Ray; cluster shape stays in ``fit``'s
+ScalingConfig. The run is named by the stage content hash (``run_name``), so re-running ``fit``
+with the same ``(storage_path, run_name)`` resumes from the run's latest reported checkpoint —
+Ray Train V2 has no ``resume_from_checkpoint`` (STACK.md).
+
+Two engines, one loop (loop.py):
+- ``train.zero_stage`` set: DeepSpeed ZeRO 0-3 (deepspeed_engine.py). Checkpoint contract
+  (DESIGN §5.7): every rank ``engine.save_checkpoint(tmp, tag)``; barrier; every rank
+  ``ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))`` — Ray merges the rank
+  folders. Load: ``ray.train.get_checkpoint().as_directory()`` → ``engine.load_checkpoint``.
+- ``zero_stage`` None: plain torch, DDP when world > 1; rank 0 writes model.pt/train_state.pt,
+  every rank its RNG state.
+Either way the merged checkpoint folder holds a consolidated ``model.pt`` (what evals and
+fine-tunes load), ``spec.json`` and one ``rng_rank{r}.pt`` per rank.
+
+Per-step metrics of rank 0 go to ``out_dir/metrics.jsonl`` (``out_dir`` must be on storage every
+worker can reach; the orchestrator replays it into MLflow), the final MetricRecords to
+``out_dir/records.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from phaselab.catalog.tracking import MetricRecord
+
+CKPT_STATE = "train_state.pt"
+
+
+class JsonlTracker:
+    """Appends ``{"step": s, **metrics}`` lines to a file; the other Tracker calls are no-ops
+    (params and records travel through fit's return value)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        pass
+
+    def log_records(self, records: list[MetricRecord]) -> None:
+        pass
+
+    def log_artifact(self, path: Path, *, name: str) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """The lines a JsonlTracker wrote, in order."""
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _allreduce_mean(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _report(step: int, metrics: Mapping[str, float], write) -> str:
+    """Write this rank's part of a checkpoint into a temp folder, barrier, report (DESIGN §5.7)."""
+    import ray.train
+    from ray.train import Checkpoint, CheckpointUploadMode
+
+    from phaselab.workloads.train.checkpoint import step_name
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"phaselab-{step_name(step)}-"))
+    write(tmp)
+    _barrier()  # every shard is on local disk before any upload starts
+    ray.train.report({"step": step, **metrics}, checkpoint=Checkpoint.from_directory(str(tmp)),
+                     checkpoint_dir_name=step_name(step),
+                     checkpoint_upload_mode=CheckpointUploadMode.ASYNC)  # ray-project/ray#48801
+    return step_name(step)
+
+
+def _build(cfg: Mapping[str, Any]):
+    """Typed spec, dataset and model, identical on every rank (seeded before the init)."""
+    from phaselab.workloads.data import build_dataset
+    from phaselab.workloads.train.api import build_model, parse_spec
+    from phaselab.workloads.train.checkpoint import seed_everything
+
+    parsed = parse_spec(cfg["spec"])
+    if cfg.get("debug_steps"):  # CI: the first N steps of the real schedule, then finish normally
+        t = parsed.train
+        parsed = dataclasses.replace(parsed, train=dataclasses.replace(
+            t, steps=min(t.steps, int(cfg["debug_steps"])),
+            decay_steps=t.decay_steps if t.decay_steps is not None else t.steps))
+    seed_everything(parsed.train.seed)
+    dataset = build_dataset(parsed.data)
+    init_from = Path(cfg["init_from"]) if cfg.get("init_from") else None
+    return parsed, dataset, build_model(parsed, dataset, init_from)
+
+
+def train_loop_per_worker(cfg: dict) -> None:
+    """Ray Train worker: ``cfg = {"spec", "out_dir", "init_from", "debug_steps", "stop_after"}``."""
+    from phaselab.workloads.train.deepspeed_engine import configure_environment
+
+    configure_environment()  # before anything imports deepspeed
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from phaselab.workloads.train.api import final_evaluation
+    from phaselab.workloads.train.checkpoint import (
+        load_train_state, rng_state, set_rng_state, write_json)
+    from phaselab.workloads.train.loop import TorchEngine, train
+    from phaselab.workloads.train.optim import build_optimizer
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    parsed, dataset, model = _build(cfg)
+    tc = parsed.train
+    resolved = _resolved(parsed)
+    ckpt = ray.train.get_checkpoint()
+    if tc.zero_stage is not None:
+        from phaselab.workloads.train.deepspeed_engine import DeepSpeedEngine
+        engine = DeepSpeedEngine(model, tc, world=world, device=device)
+    else:
+        model.to(device)
+        optimizer = build_optimizer(model, tc.optim())
+        engine = TorchEngine(model, optimizer, device=device, precision=tc.precision,
+                             grad_clip=tc.grad_clip, grad_accum=tc.grad_accum, compile=tc.compile,
+                             ddp=world > 1)
+    start = 0
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            d = Path(d)
+            if tc.zero_stage is not None:
+                start = int(engine.load(d)["step"])
+            else:
+                from phaselab.workloads.models.checkpoint_io import load_model
+                model.load_state_dict(load_model(d / "model.pt").state_dict(), strict=True)
+                state = load_train_state(d / CKPT_STATE)
+                optimizer.load_state_dict(state["optimizer"])
+                start = int(state["step"])
+            set_rng_state(torch.load(d / f"rng_rank{rank}.pt", weights_only=True))
+
+    def write(tmp: Path, step: int, metrics: Mapping[str, float]) -> None:
+        from phaselab.workloads.models.checkpoint_io import save_model
+        if tc.zero_stage is not None:
+            engine.save(tmp, tag=f"step_{step:07d}", client_state={"step": step})
+            with engine.full_weights() as module:
+                if rank == 0:
+                    save_model(module, tmp / "model.pt")
+        elif rank == 0:
+            save_model(model, tmp / "model.pt")
+            torch.save({"step": step, "data_index": step * tc.grad_accum * world,
+                        "optimizer": optimizer.state_dict(), "metrics": dict(metrics)}, tmp / CKPT_STATE)
+        if rank == 0:
+            write_json(tmp / "spec.json", resolved)
+        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
+
+    out_dir = Path(cfg["out_dir"])
+    tracker = JsonlTracker(out_dir / "metrics.jsonl")
+    result = train(engine, dataset, tc, tracker=tracker, start_step=start, rank=rank, world=world,
+                   save=lambda step, m: _report(step, m, lambda tmp: write(tmp, step, m)),
+                   stop_after=cfg.get("stop_after"), reduce=_allreduce_mean)
+    if result.stopped == "stop_after":
+        return
+    with engine.full_weights() as module:  # every rank evaluates: ZeRO-3 forwards are collective
+        metrics, records = final_evaluation(module, dataset, tc, step=result.step,
+                                            device=engine.device, autocast=engine.autocast)
+    final = {"step": float(result.step), **result.metrics, **metrics}
+    if rank == 0:
+        (out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records], indent=1))
+        (out_dir / "metrics.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    ray.train.report(final)
+
+
+def _resolved(parsed) -> dict[str, Any]:
+    from phaselab.workloads.config import to_dict
+    return to_dict(parsed)
+
+
+def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: Path,
+        num_workers: int = 1, use_gpu: bool = False, init_from: Path | None = None,
+        debug_steps: int | None = None, max_failures: int = 3, stop_after: int | None = None):
+    """Run one training stage on Ray Train V2 and return a ``TrainOutcome``.
+
+    Args:
+        spec: the training spec of ``api.run_training`` (validated here, on the driver).
+        out_dir: shared folder for ``metrics.jsonl``, ``metrics.json`` and ``records.json``.
+        run_name: the stage content hash; the same name under the same ``storage_path`` resumes.
+        storage_path: Ray Train's run root (checkpoints live in ``storage_path/run_name``).
+        num_workers, use_gpu: data-parallel ranks and whether each gets a GPU.
+        init_from: pretrained ``model.pt`` or checkpoint folder (CPT / fine-tunes).
+        debug_steps: run only the first N steps of the schedule (CI smoke of the real entry).
+        max_failures: Ray FailureConfig retries for real errors (DESIGN §5.3).
+        stop_after: tests only — every rank stops after N steps without checkpointing (a kill).
+    Raises:
+        TrainingDiverged / any worker error (re-raised from the Ray result).
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from phaselab.workloads.train.api import TrainOutcome, parse_spec
+
+    parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {"spec": json.loads(json.dumps(dict(spec))), "out_dir": str(out_dir),
+              "init_from": str(Path(init_from).resolve()) if init_from else None,
+              "debug_steps": debug_steps, "stop_after": stop_after}
+    trainer = TorchTrainer(
+        train_loop_per_worker, train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
+        run_config=ray.train.RunConfig(
+            name=run_name, storage_path=str(Path(storage_path).resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures)))
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    if result.checkpoint is None:
+        raise RuntimeError(f"Ray Train run {run_name!r} finished without a checkpoint")
+    records_path = out_dir / "records.json"
+    records = ([MetricRecord(**r) for r in json.loads(records_path.read_text())]
+               if records_path.exists() and stop_after is None else [])
+    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    return TrainOutcome(metrics=metrics, checkpoint=Path(result.checkpoint.path) / "model.pt",
+                        records=records)
+
+
+if __name__ == "__main__":  # `python -m phaselab.workloads.train.ray_entry SPEC.json OUT --debug-steps N`
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--run-name", default="debug")
+    parser.add_argument("--num-workers", type=int, default=1)
+    parser.add_argument("--use-gpu", action="store_true")
+    parser.add_argument("--debug-steps", type=int, default=None)
+    args = parser.parse_args()
+    outcome = fit(json.loads(args.spec.read_text()), out_dir=args.out_dir, run_name=args.run_name,
+                  storage_path=args.out_dir / "ray", num_workers=args.num_workers,
+                  use_gpu=args.use_gpu, debug_steps=args.debug_steps)
+    print(json.dumps({"metrics": outcome.metrics, "checkpoint": str(outcome.checkpoint)}, indent=2))
