@@ -1,0 +1,193 @@
+"""MlflowTracker against a real MLflow SQLite tracking store (and a real server for the outage
+test): nested runs, flattened params, resume, rank-0 only, spool and replay (DESIGN §5.5)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from phaselab.catalog import mlflow_server
+from phaselab.catalog.mlflow_tracker import MlflowTracker, flatten_params, metric_key
+from phaselab.catalog.tracking import MetricRecord
+
+STAGE = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow SQLite store with its schema created once (creating it costs seconds)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def tracking(mlflow_template: Path, tmp_path: Path) -> tuple[str, str]:
+    """(tracking URI, artifact root) of a fresh copy of the template store."""
+    db = tmp_path / "mlflow.db"
+    shutil.copy(mlflow_template, db)
+    return f"sqlite:///{db}", (tmp_path / "mlartifacts").as_uri()
+
+
+def _stage_tracker(uri: str, root: str | None, tmp_path: Path, stage_hash: str = STAGE, **kw) -> MlflowTracker:
+    kw.setdefault("axes", {"pe": "pope", "size": "124M", "seed": 1})
+    return MlflowTracker.for_stage(tracking_uri=uri, grid="owt", grid_id=3, cell_id=7,
+                                   cell_key="pe=pope,seed=1,size=124M", stage_hash=stage_hash,
+                                   stage_kind="eval", upstream=["cd" * 32], attn_backend="sdpa",
+                                   git_commit="f" * 40, spool_dir=tmp_path / "spool",
+                                   artifact_root=root, **kw)
+
+
+def test_metric_key_and_flatten() -> None:
+    assert metric_key(MetricRecord(name="ppl", value=1.0, context_len=4096)) == "ppl/ctx_4096"
+    assert metric_key(MetricRecord(name="niah_acc", value=1.0, context_len=65536, depth=0.5)) == \
+        "niah_acc/ctx_65536/depth_0.5"
+    assert flatten_params({"model": {"pe": {"kind": "rope", "base": 1e4}, "layers": [1, 2]}, "lr": 3e-4}) == \
+        {"model.pe.kind": "rope", "model.pe.base": "10000.0", "model.layers": "[1, 2]", "lr": "0.0003"}
+
+
+def test_nested_runs_params_metrics_artifacts(tracking: tuple[str, str], tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri, root = tracking
+    t = _stage_tracker(uri, root, tmp_path)
+    t.log_params({"model": {"pe": {"kind": "pope"}, "n_layer": 12}, "blob": "x" * 7000})
+    t.log_metrics({"train/loss": 2.5}, step=10)
+    t.log_metrics({"train/loss": 2.25}, step=20)
+    t.log_records([MetricRecord(name="ppl", value=21.33, context_len=4096, split="valid")])
+    t.log_config("model:\n  pe: pope\n")
+    t.log_env({"git_sha": "f" * 40, "world_size": 1})
+    t.end()
+    second = _stage_tracker(uri, root, tmp_path, stage_hash="ef" * 32)
+    second.end()
+    assert t.pending == 0 and t.run_id is not None
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("owt")
+    assert exp.artifact_location == f"{root}/owt"
+    parents = client.search_runs([exp.experiment_id], "tags.`phaselab.run_level` = 'cell'")
+    assert len(parents) == 1                                 # both stages share the cell's run
+    parent = parents[0]
+    assert parent.data.params == {"axis.pe": "pope", "axis.size": "124M", "axis.seed": "1"}
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.info.run_id for c in children} == {t.run_id, second.run_id}
+    run = client.get_run(t.run_id)
+    tags = run.data.tags
+    assert (tags["phaselab.stage_hash"], tags["phaselab.grid_id"], tags["phaselab.cell_id"],
+            tags["phaselab.stage_kind"], tags["phaselab.upstream"], tags["phaselab.attn.backend"],
+            tags["mlflow.source.git.commit"]) == (STAGE, "3", "7", "eval", "cd" * 32, "sdpa", "f" * 40)
+    assert run.data.params["model.pe.kind"] == "pope" and run.data.params["model.n_layer"] == "12"
+    assert len(run.data.params["blob"]) == 6000 and run.data.params["blob"].endswith("artifact]")
+    assert tags["phaselab.truncated_params"] == "blob"
+    assert run.data.metrics == {"train/loss": 2.25, "ppl/split_valid/ctx_4096": 21.33}
+    assert [(m.step, m.value) for m in client.get_metric_history(t.run_id, "train/loss")] == \
+        [(10, 2.5), (20, 2.25)]
+    arts = {a.path for a in client.list_artifacts(t.run_id, "config")} | \
+        {a.path for a in client.list_artifacts(t.run_id, "env")}
+    assert arts == {"config/resolved.yaml", "env/fingerprint.json"}
+    assert run.info.status == "FINISHED"
+
+
+def test_resume_reattaches_and_never_relogs_params(tracking: tuple[str, str], tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri, root = tracking
+    first = _stage_tracker(uri, root, tmp_path)
+    first.log_params({"optim": {"lr": 6e-4}})
+    first.log_metrics({"loss": 3.0}, step=1)
+    first.end("FAILED")                                      # the attempt crashed
+    again = _stage_tracker(uri, root, tmp_path, run_id=first.run_id)
+    assert again.run_id == first.run_id
+    again.log_params({"optim": {"lr": 6e-4}, "resume_count": 1})
+    again.log_params({"optim": {"lr": 1e-3}})               # must not overwrite
+    again.log_metrics({"loss": 2.0}, step=2)
+    # Without a stored id the stage hash tag finds the run too.
+    by_tag = _stage_tracker(uri, root, tmp_path)
+    assert by_tag.run_id == first.run_id and again.pending == 0
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(first.run_id)
+    assert run.data.params == {"optim.lr": "0.0006", "resume_count": "1"}
+    assert run.data.tags["phaselab.param_conflicts"] == "optim.lr"
+    assert run.info.status == "RUNNING"
+    assert [m.value for m in client.get_metric_history(first.run_id, "loss")] == [3.0, 2.0]
+    exp = client.get_experiment_by_name("owt")
+    assert len(client.search_runs([exp.experiment_id], "tags.`phaselab.run_level` = 'stage'")) == 1
+
+
+def test_non_zero_rank_is_inert(tracking: tuple[str, str], tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri, root = tracking
+    t = _stage_tracker(uri, root, tmp_path, rank=1)
+    t.log_params({"a": 1})
+    t.log_metrics({"loss": 1.0}, step=1)
+    assert t.run_id is None and t.pending == 0
+    assert MlflowClient(tracking_uri=uri).get_experiment_by_name("owt") is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_unreachable_server_spools_then_flush_backfills(mlflow_template: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    t = _stage_tracker(uri, None, tmp_path)
+    t.log_params({"optim": {"lr": 6e-4}})
+    for step in range(3):
+        t.log_metrics({"loss": 3.0 - step}, step=step)
+    ckpt_note = tmp_path / "note.txt"
+    ckpt_note.write_text("resolved config")
+    t.log_artifact(ckpt_note, name="notes")
+    ckpt_note.unlink()                                      # the replay must not need the original
+    t.log_records([MetricRecord(name="ppl", value=20.5, context_len=1024)])
+    t.end()
+    assert time.monotonic() - started < 30                  # training was not held up
+    assert t.run_id is None and t.pending == 8
+    assert t.flush() is False and t.pending == 8            # still down: nothing lost
+
+    backend = tmp_path / "server.db"
+    shutil.copy(mlflow_template, backend)
+    proc = mlflow_server.serve(port=port, backend_uri=f"sqlite:///{backend}", block=False,
+                               artifact_root=str(tmp_path / "server-artifacts"),
+                               log_path=tmp_path / "server.log")
+    try:
+        assert t.flush() is True and t.pending == 0
+        client = MlflowClient(tracking_uri=uri)
+        run = client.get_run(t.run_id)
+        assert run.data.params == {"optim.lr": "0.0006"}
+        assert [m.value for m in client.get_metric_history(t.run_id, "loss")] == [3.0, 2.0, 1.0]
+        assert run.data.metrics["ppl/ctx_1024"] == 20.5 and run.info.status == "FINISHED"
+        assert [a.path for a in client.list_artifacts(t.run_id, "notes")] == ["notes/note.txt"]
+        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+        assert parent.data.tags["phaselab.cell_key"] == "pe=pope,seed=1,size=124M"
+    finally:
+        mlflow_server.stop(proc)
+
+
+def test_server_command_refuses_file_store_and_public_bind(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="file store"):
+        mlflow_server.server_command(host="127.0.0.1", port=5000, backend_uri="./mlruns",
+                                     artifact_root=str(tmp_path))
+    with pytest.raises(ValueError, match="loopback"):
+        mlflow_server.server_command(host="0.0.0.0", port=5000, backend_uri="sqlite:///x.db",
+                                     artifact_root=str(tmp_path))
+    cmd = mlflow_server.server_command(host="127.0.0.1", port=5001, backend_uri="sqlite:///x.db",
+                                       artifact_root=str(tmp_path))
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--workers") + 1] == "1"
