@@ -20,9 +20,22 @@ from phaselab.workloads.models.config import (
 )
 from phaselab.workloads.models.presets import PRESET_NAMES, preset
 
-__all__ = ["AlibiConfig", "AttentionConfig", "ContextExtension", "KVCache", "ModelConfig", "PEConfig",
-           "PRESET_NAMES", "PopeConfig", "RopePEConfig", "TapaConfig", "Transformer", "load_model",
-           "preset", "save_model"]
+__all__ = [
+    "PRESET_NAMES",
+    "AlibiConfig",
+    "AttentionConfig",
+    "ContextExtension",
+    "KVCache",
+    "ModelConfig",
+    "PEConfig",
+    "PopeConfig",
+    "RopePEConfig",
+    "TapaConfig",
+    "Transformer",
+    "load_model",
+    "preset",
+    "save_model",
+]
 
 _LAZY = {"Transformer": "transformer", "KVCache": "transformer",
          "save_model": "checkpoint_io", "load_model": "checkpoint_io"}

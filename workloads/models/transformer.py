@@ -12,7 +12,7 @@ device) is re-checked against the SAME backend, and its refusal raises `BackendU
 nothing ever falls back to another backend.
 
 Positions: `pos_BT` defaults to 0..T-1 (or continues the KV cache). When given, positions that
-restart (pos[t] != pos[t-1] + 1) start a new document; the batch is then attended as packed
+restart (pos[t] <= pos[t-1]) start a new document; the batch is then attended as packed
 documents (cu_seqlens), so no token sees another document (MATH §0, §7.6).
 
 Dropout is applied to the embeddings and to each residual branch; the attention backends have
@@ -26,12 +26,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, resolve
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.models.positional import build_input_pe, build_pe
 from phaselab.workloads.models.positional.base import check_positions
+from torch import Tensor, nn
 
 
 class RMSNorm(nn.Module):
@@ -127,7 +126,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x_BTC: Tensor, pos_BT: Tensor, *, cache: LayerCache | None = None,
                 cu_seqlens: Tensor | None = None) -> Tensor:
-        B, T, C = x_BTC.shape
+        B, T, _ = x_BTC.shape
         q_BTHD, k_BSGD, v_BSGD = self.project_qkv(x_BTC)
         pos_k_BS = pos_BT
         if cache is not None:
@@ -198,9 +197,10 @@ def masked_cross_entropy(logits_BTV: Tensor, targets_BT: Tensor, mask_BT: Tensor
 
 def document_segments(pos_BT: Tensor) -> Tensor | None:
     """cu_seqlens [N+1] int32 over the flattened B*T tokens when positions restart inside a row
-    (packed documents; every row also starts a document), else None (plain causal rows)."""
+    (pos[t] <= pos[t-1]: packed documents; every row also starts a document), else None (rows
+    of increasing positions, strided ones included, are plain causal rows)."""
     starts_BT = torch.ones_like(pos_BT, dtype=torch.bool)
-    starts_BT[:, 1:] = pos_BT[:, 1:] != pos_BT[:, :-1] + 1
+    starts_BT[:, 1:] = pos_BT[:, 1:] <= pos_BT[:, :-1]
     if not bool(starts_BT[:, 1:].any()):
         return None
     idx = starts_BT.flatten().nonzero().flatten()
@@ -259,7 +259,6 @@ class Transformer(nn.Module):
         Returns:
             (logits_BTV with V = vocab_size (padding rows dropped), loss fp32 scalar or None).
         """
-        B, T = idx_BT.shape
         start = 0 if kv_cache is None else kv_cache.length
         pos_BT = self.positions(idx_BT, pos_BT, start)
         cu_seqlens = None if kv_cache is not None else document_segments(pos_BT)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.positional.absolute import LearnedPE, SinusoidalPE
 from phaselab.workloads.models.positional.alibi import ALiBi
@@ -12,9 +10,21 @@ from phaselab.workloads.models.positional.base import NoPE, PositionalEncoding, 
 from phaselab.workloads.models.positional.pope import PoPE
 from phaselab.workloads.models.positional.rope import RoPE
 from phaselab.workloads.models.positional.tapa import TAPA
+from torch import nn
 
-__all__ = ["ALiBi", "LearnedPE", "NoPE", "PoPE", "PositionalEncoding", "RoPE", "SinusoidalPE", "TAPA",
-           "build_input_pe", "build_pe", "with_extension"]
+__all__ = [
+    "TAPA",
+    "ALiBi",
+    "LearnedPE",
+    "NoPE",
+    "PoPE",
+    "PositionalEncoding",
+    "RoPE",
+    "SinusoidalPE",
+    "build_input_pe",
+    "build_pe",
+    "with_extension",
+]
 
 _ATTENTION_PE: dict[str, type[PositionalEncoding]] = {
     "none": NoPE, "sinusoidal": NoPE, "learned": NoPE,

@@ -19,9 +19,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from torch import Tensor, nn
-
 from phaselab.workloads.models.config import ContextExtension, PEConfig
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from phaselab.kernels.attention.score_mod import ScoreMod
