@@ -1,0 +1,425 @@
+"""The ``phaselab`` command line (DESIGN §5.9). Heavy imports (ray, torch, mlflow, sqlalchemy)
+happen inside the commands, so ``phaselab --help`` stays fast.
+
+Every verb takes ``--json`` and exits 0 on success, 1 otherwise. Environment:
+``PHASELAB_CATALOG_URL`` (default ``sqlite:///<cwd>/.phaselab/catalog.db``), ``MLFLOW_TRACKING_URI``
+(default: SQLite ``mlflow.db`` beside the catalog), ``RAY_ADDRESS`` (default: a local cluster).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="phaselab: positional-encoding experiment grids on Ray, reproducibly.")
+db_app = typer.Typer(no_args_is_help=True, help="Catalog database maintenance.")
+app.add_typer(db_app, name="db")
+
+JSON = typer.Option(False, "--json", help="Machine-readable output.")
+CATALOG = typer.Option(None, "--catalog", help="Catalog URL (default: $PHASELAB_CATALOG_URL or "
+                       "sqlite:///<cwd>/.phaselab/catalog.db).")
+RUNS = typer.Option(None, "--runs-root", help="Stage outputs root (default ./.phaselab/runs).")
+ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
+OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _emit(as_json: bool, obj: Any) -> None:
+    from phaselab.orchestrator.views import dumps
+
+    if as_json:
+        sys.stdout.write(dumps(obj) + "\n")
+
+
+def _fail(as_json: bool, message: str) -> None:
+    if as_json:
+        _emit(True, {"ok": False, "error": message})
+    else:
+        _console().print(f"[red]error:[/] {message}", markup=True)
+    raise typer.Exit(1)
+
+
+def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
+    from phaselab.orchestrator.dag import plan_grid
+    from phaselab.orchestrator.yamlio import GridError
+
+    try:
+        return plan_grid(grid, overrides or [])
+    except (GridError, FileNotFoundError, ValueError) as err:
+        _fail(as_json, str(err))
+
+
+def _store(catalog: str | None, *, create: bool) -> Any:
+    """The catalog; ``create=False`` returns None when the default SQLite file does not exist
+    (``plan`` has no side effects)."""
+    from phaselab.catalog import db
+    from phaselab.catalog.store import CatalogStore
+
+    url = db.normalize_url(catalog or db.default_url())
+    path = db.sqlite_path(url)
+    if not create and path is not None and not path.exists():
+        return None
+    store = CatalogStore(url)
+    if create:
+        store.upgrade()   # once, from the controller process (DESIGN §5.1), never from workers
+    return store
+
+
+def _grid_id(store: Any, name: str, as_json: bool) -> int:
+    grid = store.get_grid(name) if store is not None else None
+    if grid is None:
+        _fail(as_json, f"grid {name!r} is not in the catalog (run `phaselab run {name}` first)")
+    return grid["id"]
+
+
+def _mlflow_settings(catalog: str | None, enabled: bool) -> dict[str, str] | None:
+    if not enabled:
+        return None
+    from phaselab.catalog.mlflow_tracker import default_artifact_root, default_tracking_uri
+
+    return {"tracking_uri": default_tracking_uri(catalog), "artifact_root": default_artifact_root(catalog)}
+
+
+def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: str | None,
+             num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool) -> Any:
+    from phaselab.orchestrator.controller import Controller, init_ray
+
+    console = _console()
+    store = _store(catalog, create=True)
+    ml = _mlflow_settings(catalog, mlflow)
+    env_vars = {k: v for k, v in {"PHASELAB_CATALOG_URL": catalog or os.environ.get("PHASELAB_CATALOG_URL"),
+                                  "MLFLOW_TRACKING_URI": ml["tracking_uri"] if ml else None,
+                                  "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+                                  }.items() if v}
+
+    def event(kind: str, node: Any, detail: str) -> None:
+        if not as_json:
+            from rich.markup import escape
+
+            style = {"succeeded": "green", "failed": "red", "retrying": "yellow"}.get(kind, "cyan")
+            console.print(f"[{style}]{kind:<9}[/] {node.kind:<8} {escape(node.label)} [dim]{node.hash[:12]}[/] "
+                          f"{escape(detail)}")
+
+    controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event)
+    controller.submit(requeue=requeue)
+    url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars)
+    if url and not as_json:
+        console.print(f"Ray dashboard: http://{url}")
+    return store, controller.run()
+
+
+def _results(store: Any, grid: str, as_json: bool) -> dict[str, Any]:
+    from phaselab.orchestrator.views import render_results, results_table
+
+    cols, rows = results_table(store.metrics_frame(grid=grid))
+    if not as_json:
+        render_results(_console(), grid, cols, rows)
+    return {"columns": cols, "rows": rows}
+
+
+@app.command()
+def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.g. quickstart)."),
+        overrides: list[str] = OVERRIDES, catalog: str = CATALOG, runs_root: Path = RUNS,
+        address: str = ADDRESS, num_cpus: int = typer.Option(None, help="CPUs of the local Ray cluster."),
+        mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Track stages in MLflow."),
+        dashboard: bool = typer.Option(False, help="Start the Ray dashboard (127.0.0.1)."),
+        as_json: bool = JSON) -> None:
+    """Plan, submit and execute a grid to completion (idempotent: finished stages are cache hits)."""
+    start = time.monotonic()
+    dag = _plan(grid, overrides, as_json)
+    store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
+                              mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)
+    results = _results(store, dag.spec.grid, as_json)
+    out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
+           "failed": summary.failed, "seconds": time.monotonic() - start, "results": results}
+    _finish_run(out, as_json)
+
+
+def _finish_run(out: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        _emit(True, out)
+    else:
+        console = _console()
+        console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
+                      f"{out['seconds']:.1f} s")
+        for h, (cls, msg) in out["failed"].items():
+            console.print(f"[red]{h[:12]}[/] {cls}: {msg.splitlines()[0] if msg else ''}")
+    raise typer.Exit(0 if out["ok"] else 1)
+
+
+@app.command()
+def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
+         as_json: bool = JSON) -> None:
+    """Show the stage DAG: cached / will run / running / failed, with GPU-hour estimates. No side effects."""
+    from phaselab.orchestrator.views import plan_rows, render_plan
+
+    dag = _plan(grid, overrides, as_json)
+    store = _store(catalog, create=False)
+    rows, all_rows = {}, []
+    if store is not None and store.revision() is not None:
+        rows = {h: r for h in dag.nodes if (r := store.get_stage(h)) is not None}
+        all_rows = [r for r in store.stages_in_state({"SUCCEEDED"})]
+    prow = plan_rows(dag, rows, all_rows)
+    if as_json:
+        _emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
+                     "cells": [c.key for c in dag.cells], "stages": prow})
+    else:
+        render_plan(_console(), dag, prow)
+
+
+@app.command()
+def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
+           address: str = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send "
+                                       "the controller there as a Ray job; without it, only register."),
+           as_json: bool = JSON) -> None:
+    """Register the grid in the catalog (idempotent); with --address, launch or attach its controller
+    as a Ray job with the deterministic id phaselab-<grid hash>-v<version>."""
+    from phaselab.orchestrator.controller import Controller
+
+    dag = _plan(grid, overrides, as_json)
+    store = _store(catalog, create=True)
+    grid_id = Controller(store, dag).submit(requeue=True)
+    version = next(v["version"] for v in store.get_grid(dag.spec.grid)["versions"] if v["grid_hash"] == dag.grid_hash)
+    out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
+                           "stages": len(dag.nodes)}
+    if address:
+        from ray.job_submission import JobSubmissionClient
+
+        client = JobSubmissionClient(address)
+        job_id = f"phaselab-{dag.grid_hash[:16]}-v{version}"
+        try:
+            out["job"] = {"id": job_id, "status": str(client.get_job_status(job_id)), "attached": True}
+        except RuntimeError:   # no such job yet
+            client.submit_job(entrypoint=f"phaselab resume {dag.spec.grid}", submission_id=job_id,
+                              runtime_env={"env_vars": {k: v for k in ("PHASELAB_CATALOG_URL", "MLFLOW_TRACKING_URI")
+                                                        if (v := os.environ.get(k))}})
+            out["job"] = {"id": job_id, "status": "SUBMITTED", "attached": False}
+    _emit(as_json, out)
+    if not as_json:
+        _console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
+                         + (f"; Ray job {out['job']['id']} ({out['job']['status']})" if address else
+                            f"; run `phaselab resume {dag.spec.grid}` to execute"))
+
+
+def _stored_dag(store: Any, name: str, as_json: bool) -> Any:
+    """The DAG of the grid's latest submitted version, rebuilt from its resolved YAML."""
+    from phaselab.orchestrator.dag import build_dag
+    from phaselab.orchestrator.spec import validate_spec
+    from phaselab.orchestrator.yamlio import GridError, load_yaml
+
+    grid = store.get_grid(name) if store is not None else None
+    if grid is None or not grid["versions"]:
+        _fail(as_json, f"grid {name!r} is not in the catalog")
+    latest = grid["versions"][-1]
+    try:
+        doc, marks = load_yaml(latest["yaml_resolved"], file=f"<catalog grid {name} v{latest['version']}>")
+        dag = build_dag(validate_spec(doc, marks), marks, yaml_submitted=latest["yaml_submitted"],
+                        yaml_resolved=latest["yaml_resolved"])
+    except GridError as err:
+        _fail(as_json, str(err))
+    if dag.grid_hash != latest["grid_hash"] and not as_json:
+        _console().print("[yellow]warning:[/] the code or data changed since this grid was submitted; "
+                         "changed stages get new keys and run anew")
+    return dag
+
+
+@app.command()
+def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a grid file)."),
+           overrides: list[str] = OVERRIDES, catalog: str = CATALOG, runs_root: Path = RUNS,
+           address: str = ADDRESS, num_cpus: int = typer.Option(None), mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow"),
+           as_json: bool = JSON) -> None:
+    """Re-attach a controller to a grid: reclaim stages of a dead controller, finish the rest."""
+    start = time.monotonic()
+    if Path(grid).is_file() or overrides:
+        dag = _plan(grid, overrides, as_json)
+    else:
+        dag = _stored_dag(_store(catalog, create=False), grid, as_json)
+    store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
+                              mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
+    results = _results(store, dag.spec.grid, as_json)
+    _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
+                 "launched": summary.launched, "failed": summary.failed,
+                 "seconds": time.monotonic() - start, "results": results}, as_json)
+
+
+@app.command()
+def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
+           watch: bool = typer.Option(False, "--watch", help="Refresh until nothing is pending."),
+           as_json: bool = JSON) -> None:
+    """Per-stage state of a grid, from the catalog."""
+    from phaselab.orchestrator.views import render_status, status_rows
+
+    store = _store(catalog, create=False)
+    grid_id = _grid_id(store, grid, as_json)
+    if as_json:
+        srows = status_rows(None, store.stages_for_grid(grid_id))
+        _emit(True, {"ok": True, "grid": grid, "stages": srows})
+        return
+    console = _console()
+    while True:
+        srows = status_rows(None, store.stages_for_grid(grid_id))
+        if watch:
+            console.clear()
+        render_status(console, grid, srows)
+        if not watch or not any(r["state"] in ("PLANNED", "READY", "RUNNING") for r in srows):
+            break
+        time.sleep(2.0)
+
+
+@app.command()
+def cancel(grid: str = typer.Argument(...), catalog: str = CATALOG, as_json: bool = JSON) -> None:
+    """Cancel every pending stage of a grid (a running controller stops their Ray tasks). Never
+    deletes artifacts."""
+    store = _store(catalog, create=False)
+    grid_id = _grid_id(store, grid, as_json)
+    moved = [r.stage_hash for r in store.stages_for_grid(grid_id)
+             if store.transition(r.stage_hash, "CANCELLED", expected={"PLANNED", "READY", "RUNNING", "BLOCKED"},
+                                 failure_class="cancelled", message="cancelled from the CLI")]
+    _emit(as_json, {"ok": True, "grid": grid, "cancelled": moved})
+    if not as_json:
+        _console().print(f"cancelled {len(moved)} stage(s) of {grid}")
+
+
+@app.command()
+def retry(grid: str = typer.Argument(...), failed: bool = typer.Option(False, "--failed", help="Re-queue FAILED stages."),
+          failure_class: str = typer.Option(None, "--class", help="Only this failure class (oom, code, ...)."),
+          catalog: str = CATALOG, as_json: bool = JSON) -> None:
+    """Re-queue failed stages (then `phaselab resume GRID` runs them)."""
+    from phaselab.orchestrator.failures import CLASSES
+
+    if not failed:
+        _fail(as_json, "nothing to retry: pass --failed")
+    if failure_class is not None and failure_class not in CLASSES:
+        _fail(as_json, f"unknown failure class {failure_class!r}; expected one of {', '.join(CLASSES)}")
+    store = _store(catalog, create=False)
+    grid_id = _grid_id(store, grid, as_json)
+    moved = []
+    for r in store.stages_for_grid(grid_id):
+        if r.state == "FAILED" and failure_class in (None, r.failure_class):
+            if store.transition(r.stage_hash, "PLANNED", expected={"FAILED"}):
+                moved.append(r.stage_hash)
+        elif r.state == "BLOCKED":
+            store.transition(r.stage_hash, "PLANNED", expected={"BLOCKED"})
+    _emit(as_json, {"ok": True, "grid": grid, "requeued": moved})
+    if not as_json:
+        _console().print(f"re-queued {len(moved)} stage(s); run `phaselab resume {grid}`")
+
+
+@app.command()
+def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --grid a stage label/name."),
+        grid: str = typer.Option(None, "--grid", help="Explain a stage of this (unsubmitted) grid."),
+        overrides: list[str] = OVERRIDES, catalog: str = CATALOG, as_json: bool = JSON) -> None:
+    """Explain a cache hit or miss: what differs from the closest stored stage of the same kind."""
+    from phaselab.catalog.schema import STATES
+    from phaselab.orchestrator.views import explain
+
+    store = _store(catalog, create=False)
+    stored = store.stages_in_state(STATES) if store is not None else []
+    if grid is not None:
+        dag = _plan(grid, overrides, as_json)
+        nodes = [n for n in dag.nodes.values() if n.hash.startswith(stage) or stage in (n.name, n.label)]
+        if not nodes:
+            _fail(as_json, f"no stage {stage!r} in grid {dag.spec.grid}")
+        node = nodes[0]
+        h, kind, name, parts, mods = node.hash, node.kind, node.name, node.key.parts, node.key.code_modules
+    else:
+        rows = [r for r in stored if r.stage_hash.startswith(stage)]
+        if len(rows) != 1:
+            _fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix or --grid")
+        r = rows[0]
+        h, kind, name = r.stage_hash, r.kind, r.name
+        parts, mods = r.cache_key_parts.get("parts", {}), r.cache_key_parts.get("code_modules", {})
+    own = next((r for r in stored if r.stage_hash == h), None)
+    hit = own is not None and own.state == "SUCCEEDED"
+    result = explain(parts, mods, [r for r in stored if r.kind == kind and r.stage_hash != h], role=name)
+    out = {"ok": True, "stage": h, "kind": kind, "name": name, "hit": hit,
+           "state": own.state if own is not None else None, **result}
+    if as_json:
+        _emit(True, out)
+        return
+    console = _console()
+    if hit:
+        console.print(f"[green]HIT[/] {kind} {name} {h[:12]}: a SUCCEEDED stage with this exact key exists "
+                      f"(finished {own.finished_at}); nothing will run.")
+    else:
+        console.print(f"[yellow]MISS[/] {kind} {name} {h[:12]}: no SUCCEEDED stage has this key "
+                      f"(state: {out['state'] or 'not submitted'}).")
+    if result["closest"]:
+        c = result["closest"]
+        console.print(f"closest stored {kind}: {c['name']} {c['hash'][:12]} ({c['state']}); differences:")
+        for line in result["differences"] or ["(none besides identity)"]:
+            console.print(f"  - {line}")
+    else:
+        console.print(f"no other stored {kind} stage to compare with")
+
+
+@app.command("eval")
+def eval_(checkpoint: Path = typer.Argument(..., help="model.pt or a checkpoint folder."),
+          suite: str = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq"),
+          options: list[str] = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128])."),
+          out_dir: Path = typer.Option(Path(".phaselab/eval"), "--out"), as_json: bool = JSON) -> None:
+    """Evaluate one checkpoint outside any grid (workloads.evals.api.run_eval)."""
+    from phaselab.catalog.tracking import RecordingTracker
+    from phaselab.orchestrator.overrides import apply_overrides
+    from phaselab.orchestrator.yamlio import GridError, Marks
+
+    try:
+        spec = apply_overrides({"suite": suite}, Marks("<eval>"), [f"++{o}" for o in options or []])
+    except GridError as err:
+        _fail(as_json, str(err))
+    from phaselab.workloads.evals.api import run_eval
+
+    try:
+        records = run_eval(spec, checkpoint=checkpoint, out_dir=out_dir, tracker=RecordingTracker())
+    except ValueError as err:
+        _fail(as_json, str(err))
+    _emit(as_json, {"ok": True, "records": [r.to_dict() for r in records]})
+    if not as_json:
+        for r in records:
+            _console().print(f"{r.key():<40} {r.value:.6g} {r.unit}")
+
+
+@db_app.command("upgrade")
+def db_upgrade(catalog: str = CATALOG, as_json: bool = JSON) -> None:
+    """Apply the catalog's Alembic migrations (alembic upgrade head)."""
+    store = _store(catalog, create=True)
+    _emit(as_json, {"ok": True, "revision": store.revision()})
+    if not as_json:
+        _console().print(f"catalog at revision {store.revision()}")
+
+
+@app.command()
+def gc(catalog: str = CATALOG, runs_root: Path = RUNS,
+       dry_run: bool = typer.Option(False, "--dry-run", help="List what would be deleted."),
+       as_json: bool = JSON) -> None:
+    """Delete checkpoints nothing references: folders of stages unknown to the catalog and
+    intermediate checkpoints of SUCCEEDED stages (never a stage's committed artifacts, never
+    outputs of stages that may resume)."""
+    from phaselab.orchestrator.gc import collect, delete
+
+    store = _store(catalog, create=False)
+    victims = collect(store, runs_root)
+    freed = sum(v["bytes"] for v in victims)
+    if not dry_run:
+        delete(victims)
+    _emit(as_json, {"ok": True, "dry_run": dry_run, "paths": victims, "bytes": freed})
+    if not as_json:
+        for v in victims:
+            _console().print(f"{'would delete' if dry_run else 'deleted'} {v['path']} ({v['bytes']} B): {v['why']}")
+        _console().print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MiB")
+
+
+from phaselab.orchestrator import cli_catalog as _cli_catalog  # noqa: E402  (registers export/tables/mlflow)
+
+_cli_catalog.register(app)

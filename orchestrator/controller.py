@@ -1,0 +1,408 @@
+"""The controller: catalog state -> Ray work -> catalog state (DESIGN §5.1, §5.2).
+
+The SQL catalog is the only durable state. One loop:
+
+1. promote: PLANNED/BLOCKED stages whose upstreams all SUCCEEDED become READY; stages with a
+   FAILED/CANCELLED/BLOCKED upstream become BLOCKED;
+2. claim READY stages (compare-and-set READY -> RUNNING) while the cluster has room, and launch
+   each as a Ray task with its resources (training under Ray Train when its launcher says so);
+3. wait on Ray, heartbeat the RUNNING rows, and finalise: success only through
+   ``CatalogStore.finalize_success`` (metrics + artifact digests + env in one transaction),
+   failures classified and retried by class (``failures.POLICIES``).
+
+A killed controller leaves RUNNING rows behind; the next controller (``phaselab resume``)
+reclaims those whose owner process is gone (same host) or whose heartbeat expired, and relaunches
+them into the same out_dir, where the training workloads resume from their newest checkpoint.
+SUCCEEDED stages are never launched again: the claim only takes READY rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from phaselab.orchestrator.dag import Dag, StageNode
+from phaselab.orchestrator.failures import POLICIES, classify, message_of
+
+PENDING = ("PLANNED", "READY", "RUNNING")
+DEAD_UPSTREAM = ("FAILED", "CANCELLED", "BLOCKED")
+
+
+def default_runs_root() -> Path:
+    return Path(os.environ.get("PHASELAB_RUNS_ROOT", Path.cwd() / ".phaselab" / "runs")).resolve()
+
+
+def new_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists."""
+    if not owner or owner.count(":") < 2:
+        return False
+    host, pid, _ = owner.rsplit(":", 2)
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,
+             env_vars: Mapping[str, str] | None = None) -> str | None:
+    """Connect to ``address`` / RAY_ADDRESS, or start a local cluster bound to 127.0.0.1.
+    Returns the dashboard URL when one runs. Reuses an initialised Ray (tests, notebooks)."""
+    import ray
+
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+        if address:
+            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        else:
+            ctx = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                           runtime_env=runtime_env, log_to_driver=True)
+        return getattr(ctx, "dashboard_url", None) or None
+    return None
+
+
+@dataclass
+class Summary:
+    grid: str
+    states: dict[str, str] = field(default_factory=dict)          # hash -> state
+    launched: list[str] = field(default_factory=list)
+    failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # hash -> (class, message)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(s == "SUCCEEDED" for s in self.states.values())
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.states.values():
+            out[s] = out.get(s, 0) + 1
+        return out
+
+
+class Controller:
+    """Drives one grid's DAG to completion (see the module docstring)."""
+
+    def __init__(self, store: Any, dag: Dag, *, runs_root: Path | None = None, owner: str | None = None,
+                 heartbeat_s: float = 5.0, stale_after_s: float = 60.0, poll_s: float = 0.25,
+                 env_vars: Mapping[str, str] | None = None, mlflow: Mapping[str, Any] | None = None,
+                 on_event: Callable[[str, StageNode, str], None] | None = None) -> None:
+        self.store, self.dag = store, dag
+        self.runs_root = Path(runs_root or default_runs_root()).resolve()
+        self.owner = owner or new_owner()
+        self.heartbeat_s, self.stale_after_s, self.poll_s = heartbeat_s, stale_after_s, poll_s
+        self.env_vars = dict(env_vars or {})
+        self.mlflow = dict(mlflow) if mlflow else None   # {"tracking_uri", "artifact_root"}
+        self._cell_runs: dict[str, tuple[int, str | None]] = {}
+        self.on_event = on_event or (lambda kind, node, detail: None)
+        self.grid_id: int | None = None
+        self._inflight: dict[Any, str] = {}
+        self._not_before: dict[str, float] = {}
+        self._remote = None
+
+    # -- submission ---------------------------------------------------------------------------
+    def submit(self, *, requeue: bool = True) -> int:
+        """Upsert grid, cells, stages, memberships and edges (all idempotent). With ``requeue``,
+        FAILED/CANCELLED/BLOCKED stages go back to PLANNED (DESIGN §5.1 grid semantics)."""
+        from phaselab.catalog.store import StageSpec
+
+        dag, store = self.dag, self.store
+        self.grid_id = store.upsert_grid(name=dag.spec.grid, grid_hash=dag.grid_hash,
+                                         yaml_submitted=dag.yaml_submitted, yaml_resolved=dag.yaml_resolved)
+        cell_ids = {c.key: store.upsert_cell(grid_id=self.grid_id, cell_key=c.key, axes=dict(c.axes))
+                    for c in dag.cells}
+        for node in dag.nodes.values():
+            store.upsert_stage(StageSpec(
+                stage_hash=node.hash, kind=node.kind, name=node.name, config=dict(node.config),
+                cache_key_parts={"parts": dict(node.key.parts), "code_modules": dict(node.key.code_modules)},
+                ray_run_name=node.hash if node.launcher == "ray_train" else None,
+                storage_uri=str(self.out_dir(node.hash))))
+        for cell_key, stages in dag.cell_stages.items():
+            for name, h in stages.items():
+                store.link_cell_stage(cell_ids[cell_key], h, role=name)
+        for up, down, rel in dag.edges():
+            store.add_edge(up, down, rel)
+        if requeue:
+            for h in dag.nodes:
+                store.transition(h, "PLANNED", expected={"FAILED", "CANCELLED", "BLOCKED"})
+        return self.grid_id
+
+    def out_dir(self, stage_hash: str) -> Path:
+        if not all(c in "0123456789abcdef" for c in stage_hash):   # only hashes become paths
+            raise ValueError(f"stage hash {stage_hash!r} is not hex")
+        return self.runs_root / stage_hash
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, *, timeout_s: float | None = None) -> Summary:
+        """Run until no stage of the grid is PLANNED/READY/RUNNING. Returns the final states."""
+        import ray
+
+        if self.grid_id is None:
+            self.submit()
+        self.prepare_mlflow()
+        self._remote = ray.remote(_execute_remote)
+        start, last_hb = time.monotonic(), 0.0
+        summary = Summary(grid=self.dag.spec.grid)
+        while True:
+            rows = self._rows()
+            if self._promote(rows):
+                rows = self._rows()
+            now = time.monotonic()
+            if now - last_hb >= self.heartbeat_s:
+                self._heartbeat()
+                self._reclaim(rows)
+                last_hb = now
+                rows = self._rows()
+            summary.launched += self._launch(rows)
+            if not self._inflight:
+                if not any(r.state in PENDING for r in rows.values()):
+                    break
+                time.sleep(self.poll_s)   # stages RUNNING under another live controller, or backoff
+            else:
+                self._collect()
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"grid {self.dag.spec.grid} not done after {timeout_s} s")
+        rows = self._rows()
+        summary.states = {h: rows[h].state for h in self.dag.nodes}
+        summary.failed = {h: (r.failure_class or "", r.message or "") for h, r in rows.items()
+                          if r.state in ("FAILED", "BLOCKED", "CANCELLED")}
+        summary.seconds = time.monotonic() - start
+        return summary
+
+    def _rows(self) -> dict[str, Any]:
+        rows = {r.stage_hash: r for r in self.store.stages_for_grid(self.grid_id)}
+        return {h: rows[h] for h in self.dag.nodes}
+
+    def _promote(self, rows: Mapping[str, Any]) -> bool:
+        changed = False
+        for h, node in self.dag.nodes.items():
+            state = rows[h].state
+            if state not in ("PLANNED", "BLOCKED", "READY"):
+                continue
+            ups = [rows[u] for u in node.upstream.values()]
+            dead = [u for u in ups if u.state in DEAD_UPSTREAM]
+            if dead:
+                if state != "BLOCKED":
+                    changed |= self.store.transition(h, "BLOCKED", expected={"PLANNED", "READY"},
+                                                     message=f"upstream {dead[0].name} "
+                                                             f"{dead[0].stage_hash[:12]} is {dead[0].state}")
+            elif state != "READY" and all(u.state == "SUCCEEDED" for u in ups):
+                changed |= self.store.transition(h, "READY", expected={"PLANNED", "BLOCKED"})
+        return changed
+
+    def _capacity(self) -> tuple[float, float]:
+        import ray
+
+        total = ray.cluster_resources()
+        used_cpu = sum(self._demand(self.dag.nodes[h])[0] for h in self._inflight.values())
+        used_gpu = sum(self._demand(self.dag.nodes[h])[1] for h in self._inflight.values())
+        return total.get("CPU", 0.0) - used_cpu, total.get("GPU", 0.0) - used_gpu
+
+    @staticmethod
+    def _demand(node: StageNode) -> tuple[float, float]:
+        r = node.resources
+        return r.cpus * r.num_workers, r.gpus * r.num_workers
+
+    def _launch(self, rows: Mapping[str, Any]) -> list[str]:
+        import ray
+
+        launched = []
+        free_cpu, free_gpu = self._capacity()
+        total = ray.cluster_resources()
+        for h, node in self.dag.nodes.items():
+            if rows[h].state != "READY" or h in self._inflight.values():
+                continue
+            if self._not_before.get(h, 0.0) > time.monotonic():
+                continue
+            cpu, gpu = self._demand(node)
+            if cpu > total.get("CPU", 0.0) or gpu > total.get("GPU", 0.0):
+                if not os.environ.get("RAY_ADDRESS"):   # a fixed local cluster can never fit it
+                    self.store.record_failure(h, failure_class="config", message=(
+                        f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
+                        f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}"))
+                    self.on_event("failed", node, "unschedulable")
+                continue
+            if cpu > free_cpu + 1e-9 or gpu > free_gpu + 1e-9:
+                continue
+            if not self.store.claim(h, self.owner):
+                continue
+            free_cpu, free_gpu = free_cpu - cpu, free_gpu - gpu
+            ref = self._remote.options(**self._options(node)).remote(self._payload(node, rows))
+            self._inflight[ref] = h
+            launched.append(h)
+            self.on_event("started", node, f"attempt {rows[h].attempts + 1}")
+        return launched
+
+    def _options(self, node: StageNode) -> dict[str, Any]:
+        r = node.resources
+        opts: dict[str, Any] = {"max_retries": 0, "name": f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"}
+        if node.launcher == "ray_train" and node.kind in ("pretrain", "cpt", "finetune"):
+            opts.update(num_cpus=0, num_gpus=0)   # the driver only; Ray Train schedules the workers
+        else:
+            opts.update(num_cpus=r.cpus, num_gpus=r.gpus, memory=int(r.memory_gb * 2**30))
+            if r.accelerator:
+                opts["accelerator_type"] = r.accelerator
+        if self.env_vars:
+            opts["runtime_env"] = {"env_vars": self.env_vars}
+        return opts
+
+    def _payload(self, node: StageNode, rows: Mapping[str, Any]) -> dict[str, Any]:
+        upstream = {}
+        for name, h in node.upstream.items():
+            arts = {a.name: a.uri for a in self.store.artifacts_for_stage(h)}
+            upstream[name] = {"hash": h, "kind": rows[h].kind, "artifacts": arts}
+        r = node.resources
+        return {"stage_hash": node.hash, "kind": node.kind, "name": node.name, "config": dict(node.config),
+                "launcher": node.launcher, "out_dir": str(self.out_dir(node.hash)),
+                "runs_root": str(self.runs_root), "upstream": upstream,
+                "resources": {"cpus": r.cpus, "gpus": r.gpus, "memory_gb": r.memory_gb,
+                              "accelerator": r.accelerator, "num_workers": r.num_workers},
+                "mlflow": self._mlflow_for(node)}
+
+    def _mlflow_for(self, node: StageNode) -> dict[str, Any] | None:
+        """Arguments of ``MlflowTracker.for_stage`` for the node's first cell (DESIGN §5.5)."""
+        if not self.mlflow:
+            return None
+        cell_key = node.members[0][0]
+        cell_id, parent = self._cell_runs[cell_key]
+        row = self.store.get_stage(node.hash)
+        return {"tracking_uri": self.mlflow["tracking_uri"], "artifact_root": self.mlflow.get("artifact_root"),
+                "grid": self.dag.spec.grid, "grid_id": self.grid_id, "cell_id": cell_id, "cell_key": cell_key,
+                "stage_hash": node.hash, "stage_kind": node.kind, "spool_dir": str(self.runs_root / "_mlflow_spool"),
+                "axes": dict(next(c.axes for c in self.dag.cells if c.key == cell_key)),
+                "upstream": list(node.upstream.values()), "parent_run_id": parent,
+                "run_id": row.mlflow_run_id if row is not None else None,
+                "run_name": f"{node.name}-{node.hash[:12]}"}
+
+    def prepare_mlflow(self) -> None:
+        """Create the grid's experiment and one parent run per cell here, once, so Ray workers
+        only attach child runs (no concurrent store migrations or parent-run races)."""
+        self._cell_runs: dict[str, tuple[int, str | None]] = {}
+        cells = {c["cell_key"]: c for c in self.store.cells_for_grid(self.grid_id)}
+        if not self.mlflow:
+            return
+        import mlflow
+
+        from phaselab.catalog.mlflow_tracker import ensure_cell_run
+
+        client = mlflow.MlflowClient(tracking_uri=self.mlflow["tracking_uri"])
+        exp = client.get_experiment_by_name(self.dag.spec.grid)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+            self.dag.spec.grid, artifact_location=(f"{self.mlflow['artifact_root'].rstrip('/')}/{self.dag.spec.grid}"
+                                                   if self.mlflow.get("artifact_root") else None))
+        for cell in self.dag.cells:
+            row = cells[cell.key]
+            run_id = row.get("mlflow_run_id") or ensure_cell_run(
+                client, exp_id, grid=self.dag.spec.grid, grid_id=self.grid_id, cell_id=row["id"],
+                cell_key=cell.key, axes=dict(cell.axes))
+            self._cell_runs[cell.key] = (row["id"], self.store.set_cell_mlflow_run(row["id"], run_id))
+
+    def _collect(self) -> None:
+        import ray
+
+        done, _ = ray.wait(list(self._inflight), num_returns=1, timeout=self.poll_s)
+        if done:
+            more, _ = ray.wait([r for r in self._inflight if r not in done],
+                               num_returns=len(self._inflight) - len(done), timeout=0)
+            done += more
+        for ref in done:
+            h = self._inflight.pop(ref)
+            try:
+                out = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a dead worker, classified from Ray's error
+                out = {"ok": False, "failure_class": classify(exc), "message": message_of(exc)}
+            self._finish(h, out)
+
+    def _finish(self, h: str, out: Mapping[str, Any]) -> None:
+        from phaselab.catalog.store import ArtifactSpec, StateError
+        from phaselab.catalog.tracking import MetricRecord
+
+        node = self.dag.nodes[h]
+        if not out["ok"]:
+            return self._fail(h, out)
+        records = [MetricRecord(**r) for r in out["records"] if math.isfinite(r["value"])]
+        try:
+            self.store.finalize_success(h, metrics=records, artifacts=[ArtifactSpec(**a) for a in out["artifacts"]],
+                                        env=out["env"], backend=out.get("backend"),
+                                        mlflow_run_id=out.get("mlflow_run_id"),
+                                        gpu_seconds=out.get("gpu_seconds"))
+        except StateError as err:   # cancelled while running: the outputs stay, the state too
+            self.on_event("skipped", node, str(err))
+            return None
+        self.on_event("succeeded", node, f"{out.get('seconds', 0):.1f} s")
+        return None
+
+    def _fail(self, h: str, out: Mapping[str, Any]) -> None:
+        node, cls = self.dag.nodes[h], out["failure_class"]
+        policy = POLICIES.get(cls, POLICIES["code"])
+        row = self.store.get_stage(h)
+        limit = policy.max_retries if policy.max_retries is not None else node.max_retries
+        message = out["message"]
+        if cls == "cancelled":
+            self.store.transition(h, "CANCELLED", expected={"RUNNING"}, failure_class=cls, message=message)
+        elif policy.retry and row is not None and row.attempts <= limit:
+            self.store.transition(h, "READY", expected={"RUNNING"}, failure_class=cls,
+                                  message=f"retrying after {cls}: {message}")
+            self._not_before[h] = time.monotonic() + policy.backoff_s * row.attempts
+            self.on_event("retrying", node, f"{cls}: {message}")
+            return
+        else:
+            advice = f"\nadvice: {policy.advice}" if policy.advice else ""
+            self.store.record_failure(h, failure_class=cls, message=message + advice)
+        self.on_event("failed", node, f"{cls}: {message}")
+        if policy.fail_fast:
+            self._fail_fast(node)
+
+    def _fail_fast(self, node: StageNode) -> None:
+        """Code errors: every pending stage with the same code hash fails now (DESIGN §5.9)."""
+        code = node.key.parts["code"]
+        rows = self._rows()
+        for h, other in self.dag.nodes.items():
+            if h != node.hash and other.key.parts["code"] == code and rows[h].state in ("PLANNED", "READY"):
+                self.store.transition(h, "FAILED", expected={"PLANNED", "READY"}, failure_class="code",
+                                      message=f"fail fast: stage {node.name} {node.hash[:12]} hit a code "
+                                              f"error under the same code hash {code[:12]}")
+
+    def _heartbeat(self) -> None:
+        import ray
+
+        for ref, h in list(self._inflight.items()):
+            if not self.store.heartbeat(h):   # no longer RUNNING: cancelled from the CLI
+                ray.cancel(ref, force=True)
+                self._inflight.pop(ref, None)
+                self.on_event("cancelled", self.dag.nodes[h], "state changed outside the controller")
+
+    def _reclaim(self, rows: Mapping[str, Any]) -> None:
+        """RUNNING rows of a dead controller go back to READY (relaunched into the same out_dir)."""
+        mine = set(self._inflight.values())
+        stale = {r.stage_hash for r in self.store.stale_running(self.stale_after_s)}
+        for h, row in rows.items():
+            if row.state != "RUNNING" or h in mine or row.owner == self.owner:
+                continue
+            if h in stale or owner_is_dead(row.owner):
+                if self.store.transition(h, "READY", expected={"RUNNING"}, failure_class="preemption",
+                                         message=f"reclaimed from controller {row.owner}"):
+                    self.on_event("reclaimed", self.dag.nodes[h], f"from {row.owner}")
+
+
+def _execute_remote(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Ray task body (module-level so workers import it by name)."""
+    from phaselab.orchestrator.runner import execute
+
+    return execute(payload)

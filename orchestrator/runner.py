@@ -1,0 +1,132 @@
+"""What runs inside a stage's Ray task: set up the tracker, run the stage, digest its outputs,
+fingerprint the environment, and hand everything back to the controller, which alone writes the
+catalog (one writer; a stage is SUCCEEDED only through ``CatalogStore.finalize_success``).
+
+Workload errors are classified here, where their types live (``failures.classify``); a worker
+that dies (kill -9, OOM killer, lost node) never returns and is classified by the controller from
+Ray's exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+TRACKING_ENV = ("MLFLOW_TRACKING_URI", "PHASELAB_CATALOG_URL", "PHASELAB_MLFLOW_EXPERIMENT")
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def path_digest(path: Path) -> tuple[str, int]:
+    """(sha256, bytes) of a file, or of a folder: sha256 over sorted (relative path, file sha256)."""
+    path = Path(path)
+    if path.is_file():
+        return file_sha256(path), path.stat().st_size
+    if not path.is_dir():
+        raise FileNotFoundError(f"artifact {str(path)!r} does not exist")
+    h, total = hashlib.sha256(), 0
+    for p in sorted(q for q in path.rglob("*") if q.is_file()):
+        h.update(f"{p.relative_to(path)}\0{file_sha256(p)}\n".encode())
+        total += p.stat().st_size
+    return h.hexdigest(), total
+
+
+def _tracker(payload: Mapping[str, Any]):
+    """RecordingTracker (its records go to the catalog) fanned out to MLflow when configured."""
+    from phaselab.catalog.tracking import FanoutTracker, RecordingTracker
+
+    recording = RecordingTracker()
+    mlflow_cfg = payload.get("mlflow")
+    if not mlflow_cfg:
+        return recording, recording, None
+    from phaselab.catalog.mlflow_tracker import MlflowTracker
+
+    ml = MlflowTracker.for_stage(**{**mlflow_cfg, "spool_dir": Path(mlflow_cfg["spool_dir"])})
+    ml.log_params(payload["config"])
+    return FanoutTracker(recording, ml), recording, ml
+
+
+def _write_stage_file(payload: Mapping[str, Any], out_dir: Path) -> None:
+    """The resolved config next to the stage's outputs (DESIGN §5.9)."""
+    import yaml
+
+    doc = {k: payload[k] for k in ("stage_hash", "kind", "name", "launcher", "config", "upstream")}
+    (out_dir / "stage.yaml").write_text(yaml.safe_dump(doc, sort_keys=True))
+
+
+def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one stage (``payload`` from ``Controller._payload``); never raises for workload errors:
+    returns ``{"ok": False, "failure_class", "message", "traceback"}`` instead."""
+    from phaselab.orchestrator.failures import classify, message_of
+    from phaselab.orchestrator.stages import STAGES, Resources, StageContext
+
+    start = time.monotonic()
+    out_dir = Path(payload["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ml = None
+    try:
+        _write_stage_file(payload, out_dir)
+        tracker, recording, ml = _tracker(payload)
+        ctx = StageContext(stage_hash=payload["stage_hash"], name=payload["name"], config=payload["config"],
+                           out_dir=out_dir, runs_root=Path(payload["runs_root"]), tracker=tracker,
+                           upstream=payload["upstream"], launcher=payload["launcher"],
+                           resources=Resources(**payload["resources"]))
+        result = STAGES[payload["kind"]].run(ctx)
+        artifacts = []
+        for name, path in sorted(result.artifacts.items()):
+            sha, size = path_digest(path)
+            artifacts.append(dict(name=name, uri=str(Path(path).resolve()), sha256=sha, bytes=size,
+                                  kind="checkpoint" if name == "checkpoint" else "file"))
+        env = _fingerprint(payload)
+        if ml is not None:
+            ml.log_env(env)
+            ml.end("FINISHED")
+        seconds = time.monotonic() - start
+        res = payload["resources"]
+        return {"ok": True, "records": [r.to_dict() for r in result.records], "artifacts": artifacts,
+                "env": env, "backend": _backend(env), "mlflow_run_id": getattr(ml, "run_id", None),
+                "seconds": seconds, "gpu_seconds": seconds * res.get("gpus", 0) * res.get("num_workers", 1)}
+    except BaseException as exc:  # noqa: BLE001 - classified and reported, never swallowed
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise
+        if ml is not None:
+            ml.end("FAILED")
+        return {"ok": False, "failure_class": classify(exc), "message": message_of(exc),
+                "traceback": traceback.format_exc()[-8000:], "seconds": time.monotonic() - start}
+
+
+def _fingerprint(payload: Mapping[str, Any]) -> dict[str, Any]:
+    from phaselab.catalog.fingerprint import env_fingerprint
+
+    backends = None
+    try:
+        import sys
+
+        if "phaselab.kernels.registry" in sys.modules:
+            from phaselab.kernels.registry import backends_used
+
+            backends = dict(backends_used()) or None
+    except ImportError:
+        backends = None
+    train = payload["config"].get("train", {})
+    return env_fingerprint(seeds=train.get("seed"), world_size=payload["resources"].get("num_workers", 1),
+                           attn_backend=backends, extra={"launcher": payload["launcher"],
+                                                         "pid": os.getpid()})
+
+
+def _backend(env: Mapping[str, Any]) -> str | None:
+    b = env.get("attn_backend")
+    if isinstance(b, Mapping):
+        return ",".join(sorted(set(map(str, b.values())))) or None
+    return b

@@ -1,0 +1,190 @@
+"""What the CLI shows: plan rows and tree, status, the results table and ``why`` explanations.
+Plain data first (for ``--json``), rich rendering second."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from phaselab.orchestrator.dag import Dag
+from phaselab.orchestrator.hashing import canonical_json, explain_parts
+
+TRAINING = ("pretrain", "cpt", "finetune")
+PLAN_STATUS = {"SUCCEEDED": "cached", "RUNNING": "running", "FAILED": "failed", "BLOCKED": "blocked",
+               "CANCELLED": "cancelled", "READY": "will run", "PLANNED": "will run"}
+STYLE = {"cached": "green", "succeeded": "green", "running": "yellow", "will run": "cyan",
+         "failed": "red", "blocked": "magenta", "cancelled": "dim"}
+
+
+def _tokens(config: Mapping[str, Any]) -> int | None:
+    train = config.get("train")
+    if not train:
+        return None
+    block = (config.get("extend") or {}).get("block_size") or (config.get("data") or {}).get("block_size") \
+        or (config.get("model") or {}).get("block_size")
+    return int(train["steps"] * train["batch_size"] * block) if block else None
+
+
+def _throughput_key(config: Mapping[str, Any]) -> str | None:
+    return canonical_json(config["model"]) if "model" in config else None
+
+
+def measured_throughput(rows: Iterable[Any]) -> dict[str, float]:
+    """model config -> tokens per GPU-second, from SUCCEEDED training stages with GPU time."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        tok, key = _tokens(r.config), _throughput_key(r.config)
+        if r.state == "SUCCEEDED" and r.kind in TRAINING and tok and key and r.gpu_seconds:
+            out.setdefault(key, []).append(tok / r.gpu_seconds)
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = ()) -> list[dict[str, Any]]:
+    """One dict per node: status vs the catalog (``rows``: hash -> StageRow of any grid) and a
+    GPU-hour estimate from measured throughput of the same model config where known."""
+    tput = measured_throughput(all_rows)
+    out = []
+    for h, node in dag.nodes.items():
+        row = rows.get(h)
+        status = PLAN_STATUS[row.state] if row is not None else "will run"
+        est: float | None = None
+        if node.kind in TRAINING and node.resources.gpus == 0:
+            est = 0.0
+        elif node.kind in TRAINING and _tokens(node.config) and _throughput_key(node.config) in tput:
+            est = _tokens(node.config) / tput[_throughput_key(node.config)] / 3600.0
+        out.append({"hash": h, "kind": node.kind, "name": node.name, "label": node.label, "status": status,
+                    "failure_class": row.failure_class if row is not None else None,
+                    "cells": [c for c, _ in node.members], "upstream": dict(node.upstream),
+                    "gpu_hours_est": est, "launcher": node.launcher,
+                    "resources": {"cpus": node.resources.cpus, "gpus": node.resources.gpus,
+                                  "num_workers": node.resources.num_workers}})
+    return out
+
+
+def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
+    from rich.tree import Tree
+
+    by_hash = {r["hash"]: r for r in prow}
+    children: dict[str, list[str]] = {}
+    for r in prow:
+        for up in r["upstream"].values():
+            children.setdefault(up, []).append(r["hash"])
+    tree = Tree(f"[bold]{dag.spec.grid}[/] — {len(dag.cells)} cells, {len(prow)} stages "
+                f"(code {dag.code.digest[:12]})")
+
+    def label(r: dict[str, Any]) -> str:
+        from rich.markup import escape
+
+        est = r["gpu_hours_est"]
+        est_s = "" if r["kind"] not in TRAINING else (
+            " ~? GPU-h" if est is None else " CPU" if r["resources"]["gpus"] == 0 else f" ~{est:.2f} GPU-h")
+        status = r["status"] + (f"({r['failure_class']})" if r["failure_class"] and r["status"] == "failed" else "")
+        return (f"[{STYLE.get(r['status'], 'white')}]{status:<9}[/] {r['kind']:<8} {escape(r['label'])} "
+                f"[dim]{r['hash'][:12]}{est_s}[/]")
+
+    def add(node: Any, h: str) -> None:
+        branch = node.add(label(by_hash[h]))
+        for c in children.get(h, []):
+            add(branch, c)
+
+    for r in prow:
+        if not r["upstream"]:
+            add(tree, r["hash"])
+    console.print(tree)
+    counts: dict[str, int] = {}
+    for r in prow:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    total = [r["gpu_hours_est"] for r in prow if r["kind"] in TRAINING and r["status"] != "cached"]
+    known = sum(e for e in total if e is not None)
+    unknown = sum(1 for e in total if e is None)
+    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                  + f"; to run: ~{known:.2f} GPU-h" + (f" + {unknown} stages without a throughput "
+                                                          "measurement" if unknown else ""))
+
+
+def status_rows(dag_nodes: Mapping[str, Any] | None, rows: Iterable[Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        dur = (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else None
+        out.append({"hash": r.stage_hash, "kind": r.kind, "name": r.name, "state": r.state,
+                    "failure_class": r.failure_class, "attempts": r.attempts, "seconds": dur,
+                    "heartbeat_at": r.heartbeat_at.isoformat() if r.heartbeat_at else None,
+                    "message": (r.message or "").splitlines()[0][:120] if r.message else None})
+    return out
+
+
+def render_status(console: Any, grid: str, srows: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    done = sum(1 for r in srows if r["state"] == "SUCCEEDED")
+    table = Table(title=f"{grid}: {done}/{len(srows)} stages succeeded")
+    for col in ("stage", "kind", "state", "attempts", "seconds", "hash", "message"):
+        table.add_column(col)
+    for r in srows:
+        state = r["state"] + (f"({r['failure_class']})" if r["failure_class"] and r["state"] == "FAILED" else "")
+        style = {"SUCCEEDED": "green", "RUNNING": "yellow", "FAILED": "red", "BLOCKED": "magenta"}.get(r["state"], "")
+        table.add_row(r["name"] or "", r["kind"], f"[{style}]{state}[/]" if style else state, str(r["attempts"]),
+                      "" if r["seconds"] is None else f"{r['seconds']:.1f}", r["hash"][:12], escape(r["message"] or ""))
+    console.print(table)
+    console.print(ProgressBar(total=max(len(srows), 1), completed=done, width=60))
+
+
+def results_table(frame: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Pivot the catalog's long metrics into (columns, rows): one row per (cell, stage); columns
+    ``ppl@<ctx>`` for evals and ``<split>/<name>`` for training (final values)."""
+    cols: list[str] = []
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for m in frame:
+        if m["name"] not in ("ppl", "acc", "loss") or m["stage_kind"] == "dataset":
+            continue
+        if m["stage_kind"] in ("eval", "analysis"):
+            col = m["name"] + (f"@{m['context_len']}" if m["context_len"] else "") + (
+                f"[{m['task']}]" if m["name"] == "acc" and m["task"] else "")
+        else:
+            col = f"{m['split']}/{m['name']}" if m["split"] else m["name"]
+        if col not in cols:
+            cols.append(col)
+        row = rows.setdefault((m["cell_key"], m["role"] or m["stage_name"]),
+                              {"cell": m["cell_key"], "stage": m["role"] or m["stage_name"],
+                               "kind": m["stage_kind"], "hash": m["stage_hash"]})
+        row[col] = m["value"]
+    ctx_cols = sorted((c for c in cols if "@" in c), key=lambda c: (c.split("@")[0], int(c.split("@")[1].split("[")[0])))
+    cols = [c for c in cols if "@" not in c] + ctx_cols
+    return cols, list(rows.values())
+
+
+def render_results(console: Any, grid: str, cols: list[str], rows: list[dict[str, Any]]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"{grid}: results from the catalog")
+    for c in ("cell", "stage", *cols):
+        table.add_column(c, justify="right" if c in cols else "left")
+    for r in rows:
+        table.add_row(escape(r["cell"]), r["stage"], *("" if r.get(c) is None else f"{r[c]:.4g}" for c in cols))
+    console.print(table)
+
+
+def explain(target: Mapping[str, Any], target_modules: Mapping[str, str], candidates: Iterable[Any],
+            *, role: str | None = None) -> dict[str, Any]:
+    """Compare a stage's key parts with the closest stored stage of the same kind: fewest
+    differences first, then same role (stage name), then SUCCEEDED first."""
+    best = None
+    for r in candidates:
+        stored = r.cache_key_parts or {}
+        parts, mods = stored.get("parts", stored), stored.get("code_modules", {})
+        lines = explain_parts(target, parts, target_modules, mods)
+        rank = (len(lines), r.name != role, r.state != "SUCCEEDED")
+        if best is None or rank < best[0]:
+            best = (rank, r, lines)
+    if best is None:
+        return {"closest": None, "differences": [], "note": "no stored stage of this kind"}
+    _, r, lines = best
+    return {"closest": {"hash": r.stage_hash, "name": r.name, "state": r.state}, "differences": lines}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True, default=str)
