@@ -1,0 +1,54 @@
+"""The shared test helpers fail when they should (a tolerance helper that cannot fail is useless)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from phaselab.kernels.testing import assert_close, calibrated_close, generator, rel_rms, shape_id
+
+
+def test_rel_rms_values():
+    ref = torch.tensor([3.0, 4.0])
+    assert rel_rms(ref, ref) == 0.0
+    assert math.isclose(rel_rms(ref, torch.tensor([3.0, 4.5])), 0.5 / 5.0)
+    assert math.isclose(rel_rms(torch.zeros(4), torch.full((4,), 2.0)), 2.0)  # absolute RMS for a zero ref
+
+
+def test_assert_close_passes_fails_and_logs(caplog):
+    ref = torch.randn(100, generator=generator())
+    with caplog.at_level(logging.INFO, logger="phaselab.kernels.testing"):
+        err = assert_close("ok", ref, ref * (1 + 1e-4), 2e-4)
+    assert math.isclose(err, 1e-4, rel_tol=1e-2)
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["ok"]
+    with pytest.raises(AssertionError, match="1.000e-02 > 1.0e-03"):
+        assert_close("bad", ref, ref * 1.01, 1e-3)
+    bad = ref.clone()
+    bad[3] = float("nan")
+    with pytest.raises(AssertionError, match="NaN"):
+        assert_close("nan", ref, bad, 1.0)
+    with pytest.raises(AssertionError, match="shape"):
+        assert_close("shape", ref, ref[:-1], 1.0)
+
+
+def test_calibrated_close_is_the_2x_rule():
+    ref = torch.zeros(10, dtype=torch.float64)
+    torch_err = torch.full((10,), 0.01)
+    assert calibrated_close("ok", ref, torch.full((10,), 0.019), torch_err, atol=0.0) == pytest.approx((0.019, 0.01))
+    with pytest.raises(AssertionError, match="2.0 x PyTorch"):
+        calibrated_close("bad", ref, torch.full((10,), 0.021), torch_err, atol=0.0)
+    calibrated_close("atol", ref, torch.full((10,), 0.021), torch_err, atol=0.002)
+    calibrated_close("factor", ref, torch.full((10,), 0.029), torch_err, factor=3.0, atol=0.0)
+    with pytest.raises(AssertionError):
+        calibrated_close("nan", ref, torch.full((10,), float("nan")), torch_err)
+
+
+def test_shape_id_format():
+    assert shape_id(B=2, T=63, H=4, D=60, dtype=torch.bfloat16) == "B2-T63-H4-D60-bf16"
+    assert shape_id(T=1, S=64, dtype=torch.float32, causal=True) == "T1-S64-fp32-causal"
+    assert shape_id(D=48, dtype=torch.float16, causal=False, layout="concat") == "D48-fp16-nocausal-concat"
+    with pytest.raises(TypeError, match="x="):
+        shape_id(x=[1])
