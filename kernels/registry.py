@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from phaselab.kernels.attention.score_mod import ScoreMod
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,13 @@ pos_k[s] <= pos_q[t]); softmax in the compute dtype; a row that sees no key outp
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
-
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from torch import Tensor
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
@@ -270,7 +269,7 @@ def _segments(cu_seqlens: Tensor, total: int) -> list[tuple[int, int]]:
     bounds = [int(x) for x in cu_seqlens.tolist()]
     if not bounds or bounds[0] != 0 or bounds[-1] != total or any(b > a for a, b in zip(bounds[1:], bounds)):
         raise ValueError(f"cu_seqlens={bounds} must be non-decreasing from 0 to the packed length {total}")
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 class ReferenceBackend:
@@ -288,7 +287,7 @@ class ReferenceBackend:
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None) -> Tensor:
-        kwargs = dict(scale=scale, causal=causal, score_mod=score_mod)
+        kwargs = {"scale": scale, "causal": causal, "score_mod": score_mod}
         if cu_seqlens is None:
             return attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, **kwargs)
         if q_BHTD.shape[0] != 1 or q_BHTD.shape[2] != k_BGSD.shape[2]:

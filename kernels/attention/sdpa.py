@@ -18,12 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
-from phaselab.kernels.attention.reference import (_check_qk, alibi_bias, pope_expand, repeat_kv,
-                                                  visibility)
+from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
 from phaselab.kernels.attention.score_mod import ScoreMod
 from phaselab.kernels.registry import AttnCall, BackendUnsupported
+from torch import Tensor
 
 
 def _is_arange(pos_BL: Tensor) -> bool:

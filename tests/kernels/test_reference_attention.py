@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
 from phaselab.kernels.rotary.reference import apply_rotary
@@ -85,8 +84,8 @@ def _loop_attention(q, k, v, pos_q, pos_k, scale, causal, mod):
 
 
 KINDS = ["none", "pope", "tapa", "alibi"]
-LOOP_SHAPES = [dict(B=2, H=4, G=2, T=5, S=7, D=6), dict(B=1, H=3, G=3, T=6, S=6, D=8),
-               dict(B=1, H=2, G=1, T=1, S=9, D=4)]
+LOOP_SHAPES = [{"B": 2, "H": 4, "G": 2, "T": 5, "S": 7, "D": 6}, {"B": 1, "H": 3, "G": 3, "T": 6, "S": 6, "D": 8},
+               {"B": 1, "H": 2, "G": 1, "T": 1, "S": 9, "D": 4}]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -134,7 +133,7 @@ def test_causal_bottom_right_equals_per_row_manual_masking(T, S, kind):
     pos_k = torch.arange(S)[None].expand(B, S)
     pos_q = pos_k[:, S - T:]  # decode: queries at the last T positions, never at 0 (MATH §7.6)
     mod = _mod(kind, H, D, dtype=f64)
-    kw = dict(scale=1.0 if kind == "tapa" else D**-0.5, score_mod=mod, compute_dtype=f64)
+    kw = {"scale": 1.0 if kind == "tapa" else D**-0.5, "score_mod": mod, "compute_dtype": f64}
     got = R.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, causal=True, **kw)
     for t in sorted({*range(0, T, 9), T - 1}):  # a spread of rows keeps T = 63 cheap
         n_vis = S - T + t + 1  # keys 0 .. pos_q[t]
@@ -267,7 +266,7 @@ def test_reference_backend_varlen_is_a_per_document_loop():
 def test_input_validation_names_the_value():
     q, k, v = _rand(1, 2, 3, 4), _rand(1, 2, 3, 4), _rand(1, 2, 3, 4)
     pos = torch.arange(3)[None]
-    kw = dict(scale=1.0)
+    kw = {"scale": 1.0}
     with pytest.raises(TypeError, match="bfloat16"):
         R.attention(q, k, v, pos_q_BT=pos.to(torch.bfloat16), pos_k_BS=pos, **kw)
     with pytest.raises(ValueError, match=r"\(1, 4\)"):

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 from phaselab.kernels.rotary.scaling import default_inv_freq
@@ -62,7 +61,7 @@ def test_factorisation_ratio_independent_of_content():
 
 
 @pytest.mark.parametrize("layout", ["concat", "interleaved"])
-@pytest.mark.parametrize("dims", [dict(B=2, H=4, G=2, T=63, D=60), dict(B=1, H=2, G=1, T=17, D=48)],
+@pytest.mark.parametrize("dims", [{"B": 2, "H": 4, "G": 2, "T": 63, "D": 60}, {"B": 1, "H": 2, "G": 1, "T": 17, "D": 48}],
                          ids=lambda d: shape_id(**d))
 def test_cartesian_equals_polar(layout, dims):
     B, H, G, T, D = dims.values()

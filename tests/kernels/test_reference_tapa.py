@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, generator
@@ -98,9 +97,9 @@ def test_split_sizes(D, theta, split):
 
 
 @pytest.mark.parametrize("params,match", [
-    (dict(theta=1.0), "theta=1.0"), (dict(theta=0.0), "theta=0.0"), (dict(alpha=0.0), "alpha=0.0"),
-    (dict(alpha=-0.5), "alpha=-0.5"), (dict(phase="cubic"), "'cubic'"), (dict(beta=1.0), "'beta'"),
-    (dict(phase_scale=float("inf")), "phase_scale=inf"),
+    ({"theta": 1.0}, "theta=1.0"), ({"theta": 0.0}, "theta=0.0"), ({"alpha": 0.0}, "alpha=0.0"),
+    ({"alpha": -0.5}, "alpha=-0.5"), ({"phase": "cubic"}, "'cubic'"), ({"beta": 1.0}, "'beta'"),
+    ({"phase_scale": float("inf")}, "phase_scale=inf"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_invalid_params_raise_naming_the_value(params, match):
     with pytest.raises(ValueError, match=match):

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-
 from phaselab.kernels import registry
 from phaselab.kernels.attention.reference import ReferenceBackend
 from phaselab.kernels.attention.score_mod import ScoreMod
@@ -15,8 +14,8 @@ from phaselab.kernels.attention.sdpa import SdpaBackend
 
 
 def _call(**over) -> registry.AttnCall:
-    base = dict(dtype=torch.float32, device_type="cpu", head_dim=64, qk_width=64, causal=True,
-                q_shorter_than_k=False, varlen=False, score_mod=None, needs_grad=True, deterministic=False)
+    base = {"dtype": torch.float32, "device_type": "cpu", "head_dim": 64, "qk_width": 64, "causal": True,
+                "q_shorter_than_k": False, "varlen": False, "score_mod": None, "needs_grad": True, "deterministic": False}
     return registry.AttnCall(**{**base, **over})
 
 
@@ -36,7 +35,7 @@ def test_builtin_names_and_lazy_targets():
 
 def test_importing_the_registry_does_not_import_torch():
     code = "import sys, phaselab.kernels.registry; assert 'torch' not in sys.modules, 'torch imported'"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -56,9 +55,9 @@ def test_resolve_returns_cached_instances_and_records_by_layer():
 
 
 @pytest.mark.parametrize("over,match", [
-    (dict(score_mod="tapa"), "TAPA"),
-    (dict(score_mod="alibi", dtype=torch.bfloat16), "bfloat16"),
-    (dict(deterministic=True, device_type="cuda"), "deterministic"),
+    ({"score_mod": "tapa"}, "TAPA"),
+    ({"score_mod": "alibi", "dtype": torch.bfloat16}, "bfloat16"),
+    ({"deterministic": True, "device_type": "cuda"}, "deterministic"),
 ], ids=["tapa", "alibi-bf16", "deterministic-cuda"])
 def test_sdpa_unsupported_raises_with_reason_never_falls_back(over, match):
     with pytest.raises(registry.BackendUnsupported, match=match) as info:
@@ -68,9 +67,9 @@ def test_sdpa_unsupported_raises_with_reason_never_falls_back(over, match):
 
 
 def test_sdpa_accepts_what_it_supports():
-    for over in (dict(), dict(score_mod="pope", qk_width=64), dict(q_shorter_than_k=True), dict(varlen=True),
-                 dict(score_mod="alibi"), dict(deterministic=True), dict(deterministic=True, device_type="cuda",
-                                                                       needs_grad=False)):
+    for over in ({}, {"score_mod": "pope", "qk_width": 64}, {"q_shorter_than_k": True}, {"varlen": True},
+                 {"score_mod": "alibi"}, {"deterministic": True}, {"deterministic": True, "device_type": "cuda",
+                                                                       "needs_grad": False}):
         assert SdpaBackend().unsupported_reason(_call(**over)) is None, over
 
 

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.attention.reference import attention
 from phaselab.kernels.rotary import scaling as S
 from phaselab.kernels.rotary.reference import apply_rotary
@@ -143,7 +142,7 @@ def test_dynamic_ntk_plain_below_L_continuous_and_monotone():
         S.rope_frequencies(cfg)
 
 
-@pytest.mark.parametrize("dims", [dict(B=1, T=63, H=2, D=60), dict(B=2, T=9, H=4, D=48)],
+@pytest.mark.parametrize("dims", [{"B": 1, "T": 63, "H": 2, "D": 60}, {"B": 2, "T": 9, "H": 4, "D": 48}],
                          ids=lambda d: shape_id(**d))
 def test_folding_mscale_squared_into_scale_equals_scaling_q_and_k(dims):
     B, T, H, D = dims.values()
@@ -175,21 +174,21 @@ def test_attention_factor_and_factor_survive_round_trips():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(scaling="yarn", factor=0.5, original_max_seq_len=1024), "factor=0.5"),
-    (dict(scaling="yarn", factor=4.0), "original_max_seq_len"),
-    (dict(scaling="pi", factor=2.0), "original_max_seq_len"),
-    (dict(scaling="none", factor=2.0), "factor=2.0"),
-    (dict(scaling="pi", factor=2.0, original_max_seq_len=1024, attention_factor=1.2), "attention_factor"),
-    (dict(scaling="yarn", factor=2.0, original_max_seq_len=1024, attention_factor=0.0), "attention_factor"),
-    (dict(scaling="yarn", factor=2.0, original_max_seq_len=0), "original_max_seq_len=0"),
-    (dict(scaling="linear"), "linear"),
-    (dict(ramp="wavelength"), "wavelength"),
-    (dict(pairing="neox"), "neox"),
-    (dict(rotary_fraction=0.3), "rotary_fraction=0.3"),
-    (dict(rotary_fraction=0.0), "rotary_fraction=0.0"),
-    (dict(base=1.0), "base=1.0"),
-    (dict(beta_fast=1.0, beta_slow=2.0), "beta_slow=2.0"),
-    (dict(factor=float("nan")), "factor=nan"),
+    ({"scaling": "yarn", "factor": 0.5, "original_max_seq_len": 1024}, "factor=0.5"),
+    ({"scaling": "yarn", "factor": 4.0}, "original_max_seq_len"),
+    ({"scaling": "pi", "factor": 2.0}, "original_max_seq_len"),
+    ({"scaling": "none", "factor": 2.0}, "factor=2.0"),
+    ({"scaling": "pi", "factor": 2.0, "original_max_seq_len": 1024, "attention_factor": 1.2}, "attention_factor"),
+    ({"scaling": "yarn", "factor": 2.0, "original_max_seq_len": 1024, "attention_factor": 0.0}, "attention_factor"),
+    ({"scaling": "yarn", "factor": 2.0, "original_max_seq_len": 0}, "original_max_seq_len=0"),
+    ({"scaling": "linear"}, "linear"),
+    ({"ramp": "wavelength"}, "wavelength"),
+    ({"pairing": "neox"}, "neox"),
+    ({"rotary_fraction": 0.3}, "rotary_fraction=0.3"),
+    ({"rotary_fraction": 0.0}, "rotary_fraction=0.0"),
+    ({"base": 1.0}, "base=1.0"),
+    ({"beta_fast": 1.0, "beta_slow": 2.0}, "beta_slow=2.0"),
+    ({"factor": float("nan")}, "factor=nan"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_config_validation_names_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):

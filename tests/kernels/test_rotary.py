@@ -6,12 +6,11 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.rotary.reference import apply_rotary
 from phaselab.kernels.rotary.scaling import default_inv_freq
 from phaselab.kernels.testing import assert_close, generator, shape_id
 
-SHAPES = [dict(B=2, T=63, H=4, D=60), dict(B=1, T=17, H=2, D=48), dict(B=2, T=5, H=3, D=8)]
+SHAPES = [{"B": 2, "T": 63, "H": 4, "D": 60}, {"B": 1, "T": 17, "H": 2, "D": 48}, {"B": 2, "T": 5, "H": 3, "D": 8}]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CASES = [(s, dt) for s in SHAPES for dt in DTYPES]
 IDS = [shape_id(**s, dtype=dt) for s, dt in CASES]
@@ -23,7 +22,7 @@ def _rand(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 42) -> to
 
 def _loop_rotary(x, pos, inv_freq, pairing: str):
     """Direct float64 evaluation of R(pos*theta_i) on each pair (MATH §1.1, §1.3)."""
-    B, T, H, D = x.shape
+    B, T, H, _D = x.shape
     R = 2 * inv_freq.shape[0]
     out = x.to(torch.float64).clone()
     for b in range(B):
@@ -53,7 +52,7 @@ def test_dtype_shape_and_exact_fp32_reference(dims, dtype):
 
 
 @pytest.mark.parametrize("pairing", ["interleaved", "half"])
-@pytest.mark.parametrize("dims", [dict(B=2, T=5, H=2, D=12), dict(B=1, T=7, H=1, D=10)],
+@pytest.mark.parametrize("dims", [{"B": 2, "T": 5, "H": 2, "D": 12}, {"B": 1, "T": 7, "H": 1, "D": 10}],
                          ids=lambda d: shape_id(**d))
 def test_matches_float64_loop(dims, pairing):
     B, T, H, D = dims.values()

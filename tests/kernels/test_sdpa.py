@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
 from phaselab.kernels.attention.sdpa import SdpaBackend, build_mask
@@ -56,7 +55,7 @@ def test_sdpa_equals_reference(kind, causal, case):
     B, H, G, T, S, D, positions = case
     q, k, v = _qkv(B, H, G, T, S, D)
     pos_q, pos_k = _positions(positions, B, T, S)
-    kw = dict(pos_q=pos_q, pos_k=pos_k, scale=D**-0.5, causal=causal, score_mod=_mod(kind, H, D))
+    kw = {"pos_q": pos_q, "pos_k": pos_k, "scale": D**-0.5, "causal": causal, "score_mod": _mod(kind, H, D)}
     assert_close(f"sdpa-{kind}", REF(q, k, v, **kw), SDPA(q, k, v, **kw), 2e-6)
 
 
@@ -100,7 +99,7 @@ def test_varlen_matches_reference_per_document():
     pos = torch.cat([torch.arange(n) for n in lens])[None]
     cu = torch.tensor([0, 7, 8, 20, 24])
     for kind in ("none", "pope"):
-        kw = dict(pos_q=pos, pos_k=pos, scale=D**-0.5, causal=True, score_mod=_mod(kind, H, D), cu_seqlens=cu)
+        kw = {"pos_q": pos, "pos_k": pos, "scale": D**-0.5, "causal": True, "score_mod": _mod(kind, H, D), "cu_seqlens": cu}
         assert_close(f"varlen-{kind}", REF(q, k, v, **kw), SDPA(q, k, v, **kw), 2e-6)
 
 
@@ -132,7 +131,7 @@ def test_low_precision_obeys_the_2x_rule(dtype, kind):
     q, k, v = _qkv(B, H, G, T, T, D, dtype=dtype)
     pos = torch.arange(T)[None] + 7
     mod = _mod(kind, H, D)
-    kw = dict(pos_q=pos, pos_k=pos, scale=D**-0.5, causal=True, score_mod=mod)
+    kw = {"pos_q": pos, "pos_k": pos, "scale": D**-0.5, "causal": True, "score_mod": mod}
     ref64 = R.attention(q.double(), k.double(), v.double(), pos_q_BT=pos, pos_k_BS=pos, scale=D**-0.5,
                         score_mod=None if mod is None else ScoreMod(kind="pope", params={
                             "inv_freq": mod.params["inv_freq"], "delta": mod.params["delta"].double()}),

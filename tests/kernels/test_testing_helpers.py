@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, rel_rms, shape_id
 
 
