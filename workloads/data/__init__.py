@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # torch only for annotations: importing this package must stay torch-free
     import numpy as np
@@ -48,7 +48,7 @@ class IndirectIndexingConfig:
     n_min: int = 20
     n_max: int = 40
     max_shift: int = 15
-    out_of_range: str = "resample"  # "resample" | "shift_first" (not specified in the paper)
+    out_of_range: Literal["resample", "shift_first"] = "resample"  # not specified in the paper
     allow_zero_shift: bool = True  # k = 0 written "+0" (not specified in the paper)
     include_spaces: bool = False  # paper prints ", "; phaselab drops spaces by default
     n_train: int = 1_000_000
@@ -61,7 +61,7 @@ class JsbConfig:
     """EXPERIMENTS §2.2: raster order, PAD=0, silence=1, pitch p -> p-19, no BOS."""
 
     path: str = "Jsb16thSeparated.json"  # relative to assets/, or an explicit absolute path
-    long_sequence_policy: str = "split"  # "split" (consecutive block_size//4-step windows) | "truncate"
+    long_sequence_policy: Literal["split", "truncate"] = "split"  # split: block_size//4-step windows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +69,7 @@ class TextConfig:
     """Char-level or GPT-2 BPE text from one file (default: Tiny Shakespeare, 90/10 split)."""
 
     path: str = "tinyshakespeare.txt"
-    tokenizer: str = "char"  # "char" | "gpt2"
+    tokenizer: Literal["char", "gpt2"] = "char"
     train_fraction: float = 0.9
 
 
@@ -78,7 +78,7 @@ class DnaConfig:
     """DNA stand-in for the genome task (EXPERIMENTS §2.2/§4): phage lambda shipped offline."""
 
     path: str = "lambda_virus.fa.gz"  # FASTA (.fa/.fa.gz); relative to assets/ or absolute
-    tokenizer: str = "6mer"  # "6mer" (vocab 4107, Nucleotide Transformer style) | "char"
+    tokenizer: Literal["6mer", "char"] = "6mer"  # 6mer: vocab 4107 (Nucleotide Transformer style)
     valid_fraction: float = 0.1  # the last fraction of the sequence is held out
 
 
