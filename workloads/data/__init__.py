@@ -86,7 +86,7 @@ class DnaConfig:
 class MaestroConfig:
     """MAESTRO v3.0.0 (real scale only): miditok REMI, random 90/5/5 split of pieces."""
 
-    root: str | None = None  # an extracted maestro-v3.0.0/ folder; None -> download into cache_dir
+    root: str | None = None  # extracted maestro-v3.0.0/ (absolute or under cache_dir); None -> download
     valid_fraction: float = 0.05
     test_fraction: float = 0.05
     max_transpose: int = 3  # training pieces shifted by U{-3..+3} semitones
@@ -97,6 +97,7 @@ class RealScaleConfig:
     """Network-backed corpora (OpenWebText, PG-19, human genome) and pre-tokenised shards
     (real_scale.py). Prepared shards are reused whenever their meta.json matches."""
 
+    # Paths here are absolute or relative to the cache dir (data.cache_dir).
     shards_dir: str | None = None  # nanoGPT-style <split>.bin + meta.json; None -> cache_dir/<kind>-<tok>
     hf_name: str | None = None  # override the Hugging Face dataset id (e.g. a mirror)
     hf_config: str | None = None

@@ -94,11 +94,12 @@ class StreamDataset:
 
 @functools.lru_cache(maxsize=8)
 def _tokenize_text(path: str, sha: str, tokenizer_kind: str, train_fraction: float,
-                   cache_dir: str) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
+                   cache_dir: str | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
     text = Path(path).read_bytes().decode("utf-8")
     cut = int(len(text) * train_fraction)  # nanoGPT: split the characters, then tokenise each part
     train_text, valid_text = text[:cut], text[cut:]
-    tok = build_tokenizer(tokenizer_kind, text=train_text, cache_dir=Path(cache_dir) / "tiktoken")
+    tiktoken_dir = cache_root(cache_dir) / "tiktoken" if tokenizer_kind == "gpt2" else None  # char: no cache
+    tok = build_tokenizer(tokenizer_kind, text=train_text, cache_dir=tiktoken_dir)
     dtype = token_dtype(tok.vocab_size)
     if tokenizer_kind == "char":
         enc = tok.encode_array  # type: ignore[attr-defined]
@@ -126,8 +127,7 @@ class TextDataset(StreamDataset):
         if not path.is_file():
             raise ValueError(f"text.path {path} does not exist")
         sha = file_sha256(path)
-        tok, train, valid = _tokenize_text(str(path), sha, tc.tokenizer, tc.train_fraction,
-                                           str(cache_root(cfg.cache_dir)))
+        tok, train, valid = _tokenize_text(str(path), sha, tc.tokenizer, tc.train_fraction, cfg.cache_dir)
         block = cfg.block_size or 256
         digest = make_digest(sha, {"kind": "text", "tokenizer": tok.config(),
                                    "train_fraction": tc.train_fraction, "block_size": block})
