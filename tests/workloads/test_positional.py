@@ -304,3 +304,40 @@ def test_frequency_features_pope_magnitudes_and_delta():
     assert feats[0]["freq_F"].shape == (32,)
     with pytest.raises(ValueError, match="frequency_features"):
         _model("tapa").frequency_features(idx_BT)
+
+
+@pytest.mark.parametrize("layout", ["concat", "interleaved"])
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_pope_pre_expanded_equals_fused(layout, backend):
+    """MATH §3.3: the model-side Cartesian 2D expansion gives the polar-form logits and gradients."""
+    pope = {"delta_init": "uniform"}
+    fused = _model("pope", n_kv_head=2, pe={"pope": pope})
+    expanded = _model("pope", n_kv_head=2, attention={"backend": backend},
+                      pe={"pope": {**pope, "expand": True, "layout": layout}})
+    expanded.load_state_dict(fused.state_dict())
+    pe = expanded.h[0].attn.pe
+    assert pe.qk_width(32) == 64 and pe.score_mod() is None and expanded.h[0].attn.built_call.qk_width == 64
+    idx_BT = torch.randint(0, 66, (2, 12), generator=torch.Generator().manual_seed(9))
+    out_f, loss_f = fused(idx_BT, targets_BT=idx_BT)
+    out_e, loss_e = expanded(idx_BT, targets_BT=idx_BT)
+    assert _rel(out_e, out_f) < 1e-5
+    loss_f.backward()
+    loss_e.backward()
+    assert _rel(expanded.h[1].attn.pe.delta.grad, fused.h[1].attn.pe.delta.grad) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["rope", "pope", "alibi", "sinusoidal"])
+def test_frequency_buffers_stay_fp32_under_bf16_cast(kind):
+    """model.to(bf16) (or DeepSpeed's bf16 cast) must not round θ or slopes (MATH §7.1)."""
+    ref = _model(kind)
+    model = _model(kind).to(torch.bfloat16)
+    modules = [model.input_pe] if kind == "sinusoidal" else [b.attn.pe for b in model.h]
+    ref_modules = [ref.input_pe] if kind == "sinusoidal" else [b.attn.pe for b in ref.h]
+    name = "slopes" if kind == "alibi" else "inv_freq"
+    for m, r in zip(modules, ref_modules):
+        assert getattr(m, name).dtype == torch.float32
+        assert torch.equal(getattr(m, name), getattr(r, name))
+    assert model.wte.weight.dtype == torch.bfloat16
+    idx_BT = torch.randint(0, 66, (1, 8))
+    out, _ = model(idx_BT)  # the reference backend runs bf16 inputs with fp32 compute
+    assert out.dtype == torch.bfloat16 and _rel(out, ref(idx_BT)[0]) < 0.05

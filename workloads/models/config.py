@@ -65,15 +65,18 @@ class PopeConfig:
     amplitude: Literal["softplus", "relu", "identity"] = "softplus"
     learn_delta: bool = True
     softmax_scale: Literal["inv_sqrt_d", "inv_sqrt_2d"] | float = "inv_sqrt_d"  # MATH §3.4
-    layout: Literal["concat", "interleaved"] = "concat"  # Cartesian 2D layout (MATH §3.3)
-    delta_weight_decay: bool = False  # read by the optimiser (EXPERIMENTS §6 #3)
-    delta_lr_mult: float = 1.0
+    # expand=False: the backend gets raw q/k and a "pope" ScoreMod (reference/triton: polar form;
+    # sdpa expands internally). expand=True: the model expands q/k to the Cartesian 2D form in
+    # `layout` (MATH §3.3) and any plain-attention backend runs it (qk_width 2D, v stays D).
+    expand: bool = False
+    layout: Literal["concat", "interleaved"] = "concat"
+    # δ's weight decay and lr multiplier (EXPERIMENTS §6 #3) are optimiser settings: they live in
+    # the train config (`train.delta_weight_decay`, `train.delta_lr_mult`), one home each.
 
     def __post_init__(self) -> None:
         _require(self.base > 1.0, f"pope.base={self.base} must be > 1")
         if isinstance(self.softmax_scale, float):
             _require(self.softmax_scale > 0, f"pope.softmax_scale={self.softmax_scale} must be > 0")
-        _require(self.delta_lr_mult >= 0, f"pope.delta_lr_mult={self.delta_lr_mult} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,11 +12,11 @@ from typing import ClassVar
 
 import torch
 from phaselab.workloads.models.config import ContextExtension
-from phaselab.workloads.models.positional.base import check_positions
+from phaselab.workloads.models.positional.base import Fp32Buffers, check_positions
 from torch import Tensor, nn
 
 
-class SinusoidalPE(nn.Module):
+class SinusoidalPE(Fp32Buffers):
     name: ClassVar[str] = "sinusoidal"
 
     def __init__(self, d_model: int, base: float = 10_000.0) -> None:
@@ -24,7 +24,7 @@ class SinusoidalPE(nn.Module):
         if d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
         j = torch.arange(0, d_model, 2, dtype=torch.float64)
-        self.register_buffer("inv_freq", (base ** (-j / d_model)).float(), persistent=False)
+        self.register_fp32_buffer("inv_freq", base ** (-j / d_model))
 
     def forward(self, pos_BT: Tensor) -> Tensor:
         """pos_BT int64 -> pe_BTC fp32 with interleaved (sin, cos) columns."""

@@ -31,7 +31,7 @@ class ALiBi(PositionalEncoding):
             slopes = torch.zeros(n_head, dtype=torch.float32)
             slopes[:n_alibi] = torch.tensor(cfg.slopes, dtype=torch.float32)
         self.n_alibi = n_alibi
-        self.register_buffer("slopes", slopes, persistent=False)
+        self.register_fp32_buffer("slopes", slopes)
 
     def score_mod(self) -> ScoreMod:
         return ScoreMod(kind="alibi", params={"slopes": self.slopes})

@@ -26,7 +26,31 @@ if TYPE_CHECKING:
     from phaselab.kernels.attention.score_mod import ScoreMod
 
 
-class PositionalEncoding(nn.Module):
+class Fp32Buffers(nn.Module):
+    """Non-persistent fp32 buffers (frequencies, slopes) that follow the module's device but never
+    its dtype: `model.to(torch.bfloat16)` or DeepSpeed's bf16 cast would otherwise round θ_i to 8
+    bits (MATH §7.1). After any `_apply` that changed their dtype, the exact fp32 values are
+    restored from a master copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fp32_masters: dict[str, Tensor] = {}
+
+    def register_fp32_buffer(self, name: str, value: Tensor) -> None:
+        value = value.to(torch.float32)
+        self._fp32_masters[name] = value
+        self.register_buffer(name, value.clone(), persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):
+        module = super()._apply(fn, recurse)
+        for name, master in self._fp32_masters.items():
+            buf = self._buffers[name]
+            if buf.dtype != torch.float32:
+                self._buffers[name] = master.to(buf.device)
+        return module
+
+
+class PositionalEncoding(Fp32Buffers):
     """Base class; subclasses override what they change. Defaults are NoPE behaviour.
 
     Args:

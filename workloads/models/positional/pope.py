@@ -1,9 +1,12 @@
 """PoPE (MATH §3): softplus magnitudes, D frequencies, and a learned per-head phase bias δ.
 
-The score itself is computed by the attention backend from a `ScoreMod(kind="pope")` and the RAW
-q/k projections: the reference and Triton backends evaluate the polar form, the sdpa backend its
-Cartesian 2D expansion (MATH §3.3). This module owns the parameter δ [H, D] of its layer, its
-initialisation, and its constraint to [-2π, 0] (MATH §3.2):
+By default the score is computed by the attention backend from a `ScoreMod(kind="pope")` and the
+RAW q/k projections: the reference and Triton backends evaluate the polar form, the sdpa backend
+its Cartesian 2D expansion (MATH §3.3). With `pope.expand` the model itself expands q and k to
+that 2D-wide form (`reference.pope_expand`, in `pope.layout`) and the backend sees a plain dot
+product of width 2D ("pre-expanded PoPE", DESIGN §3.1; q̂/k̂ are stored in q's dtype, MATH §6).
+This module owns the parameter δ [H, D] of its layer, its initialisation, and its constraint to
+[-2π, 0] (MATH §3.2):
 
 - "project" (default): the forward pass uses the raw δ; `after_optimizer_step` clamps it in place
   (projected gradient descent), so a component pushed above 0 still gets gradients and can come
@@ -17,7 +20,7 @@ import math
 from typing import ClassVar
 
 import torch
-from phaselab.kernels.attention.reference import pope_amplitude
+from phaselab.kernels.attention.reference import pope_amplitude, pope_expand
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
@@ -35,7 +38,7 @@ class PoPE(PositionalEncoding):
     def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
         super().__init__(pe_cfg, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim)
         self.cfg = pe_cfg.pope
-        self.register_buffer("inv_freq", pope_inv_freq(head_dim, self.cfg.base), persistent=False)
+        self.register_fp32_buffer("inv_freq", pope_inv_freq(head_dim, self.cfg.base))
         self.delta = nn.Parameter(torch.zeros(n_head, head_dim)) if self.cfg.learn_delta else None
         self.reset_parameters()
 
@@ -57,7 +60,24 @@ class PoPE(PositionalEncoding):
             return self.delta.clamp(DELTA_MIN, DELTA_MAX)
         return self.delta
 
-    def score_mod(self) -> ScoreMod:
+    def qk_width(self, head_dim: int) -> int:
+        return 2 * head_dim if self.cfg.expand else head_dim
+
+    def prepare_qk(self, q_BTHD: Tensor, k_BSGD: Tensor, pos_q_BT: Tensor,
+                   pos_k_BS: Tensor) -> tuple[Tensor, Tensor]:
+        """Raw q/k (fused form), or the Cartesian q̂_BTH(2D), k̂_BSG(2D) when `pope.expand`."""
+        if not self.cfg.expand:
+            return q_BTHD, k_BSGD
+        delta = self.effective_delta()
+        q_hat, k_hat = pope_expand(q_BTHD.transpose(1, 2), k_BSGD.transpose(1, 2), pos_q_BT=pos_q_BT,
+                                   pos_k_BS=pos_k_BS, inv_freq_D=self.inv_freq,
+                                   delta_HD=None if delta is None else delta.float(),
+                                   amplitude=self.cfg.amplitude, layout=self.cfg.layout)
+        return q_hat.transpose(1, 2), k_hat.transpose(1, 2)
+
+    def score_mod(self) -> ScoreMod | None:
+        if self.cfg.expand:
+            return None
         delta = self.effective_delta()
         return ScoreMod(kind="pope", params={
             "inv_freq": self.inv_freq,

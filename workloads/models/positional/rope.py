@@ -22,8 +22,9 @@ from torch import Tensor
 class RoPE(PositionalEncoding):
     """Rotary positions on the first R = rotary_fraction*D features of q and k.
 
-    Static rules (none, pi, ntk, yarn) compute `inv_freq` once, as a non-persistent buffer (it is
-    derived from the config, so checkpoints never carry stale frequencies). Dynamic NTK recomputes
+    Static rules (none, pi, ntk, yarn) compute `inv_freq` once, as a non-persistent fp32 buffer (it
+    is derived from the config, so checkpoints never carry stale frequencies; it stays fp32 under
+    model.to(bf16)). Dynamic NTK recomputes
     them from the current key length S at every call: phaselab caches store un-rotated keys, so
     every key is re-rotated with b'(S) (MATH §2.3).
     """
@@ -36,7 +37,7 @@ class RoPE(PositionalEncoding):
         # dynamic NTK at l <= L is plain RoPE (MATH §2.3): the buffer holds those frequencies
         seq_len = self.rope_cfg.original_max_seq_len if self.rope_cfg.scaling == "dynamic_ntk" else None
         inv_freq, mscale = rope_frequencies(self.rope_cfg, seq_len=seq_len)
-        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        self.register_fp32_buffer("inv_freq", inv_freq)
         self.mscale = float(mscale)
 
     def _inv_freq(self, seq_len: int) -> Tensor:
