@@ -123,28 +123,65 @@ def test_unsupported_calls_raise():
              score_mod=_mod("alibi", 2, 8))
 
 
+def _pope_on(mod: ScoreMod | None, device, dtype=torch.float32) -> ScoreMod | None:
+    if mod is None:
+        return None
+    return ScoreMod(kind="pope", params={"inv_freq": mod.params["inv_freq"].to(device),
+                                         "delta": mod.params["delta"].to(device, dtype)})
+
+
+def _naive_same_dtype(q, k, v, pos_q, pos_k, scale, mod):
+    """PyTorch's own computation in q's dtype: the Cartesian form / plain dot, materialised."""
+    H = q.shape[1]
+    if mod is not None:
+        q, k = R.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=mod.params["inv_freq"],
+                             delta_HD=mod.params["delta"])
+    logits = (q @ R.repeat_kv(k, H).transpose(-1, -2)) * scale
+    logits = logits.masked_fill(~R.visibility(pos_q, pos_k), float("-inf"))
+    return torch.softmax(logits, dim=-1) @ R.repeat_kv(v, H)
+
+
+def _two_x_rule(kind, dims, positions, dtype, device):
+    """Forward and dq/dk/dv of sdpa at `dtype` obey the 2x rule against the float64 reference."""
+    B, H, G, T, S, D = dims
+    q, k, v = (t.to(device) for t in _qkv(B, H, G, T, S, D, dtype=dtype))
+    pos_q, pos_k = (p.to(device) for p in _positions(positions, B, T, S))
+    mod, scale = _pope_on(_mod(kind, H, D), device), D**-0.5
+    grad_out = torch.randn(B, H, T, D, generator=generator(8), dtype=torch.float64).to(device)
+    results = []
+    for name, fn, cast in (
+        ("ref64", lambda q, k, v: R.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=scale,
+                                              score_mod=_pope_on(mod, device, torch.float64),
+                                              compute_dtype=torch.float64), torch.float64),
+        ("torch", lambda q, k, v: _naive_same_dtype(q, k, v, pos_q, pos_k, scale, mod), dtype),
+        ("sdpa", lambda q, k, v: SDPA(q, k, v, pos_q=pos_q, pos_k=pos_k, scale=scale, causal=True,
+                                      score_mod=mod), dtype),
+    ):
+        leaves = [t.detach().to(cast).requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves)
+        assert out.dtype == cast, name
+        results.append([out, *torch.autograd.grad(out, leaves, grad_out.to(cast))])
+    for label, ref64, same, got in zip(["out", "dq", "dk", "dv"], *results):
+        calibrated_close(f"sdpa-{kind}-{label}-{shape_id(dtype=dtype)}", ref64, got, same)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=[shape_id(dtype=torch.bfloat16),
                                                                         shape_id(dtype=torch.float16)])
 @pytest.mark.parametrize("kind", ["none", "pope"])
 def test_low_precision_obeys_the_2x_rule(dtype, kind):
-    B, H, G, T, D = 2, 4, 2, 63, 60
-    q, k, v = _qkv(B, H, G, T, T, D, dtype=dtype)
-    pos = torch.arange(T)[None] + 7
-    mod = _mod(kind, H, D)
-    kw = {"pos_q": pos, "pos_k": pos, "scale": D**-0.5, "causal": True, "score_mod": mod}
-    ref64 = R.attention(q.double(), k.double(), v.double(), pos_q_BT=pos, pos_k_BS=pos, scale=D**-0.5,
-                        score_mod=None if mod is None else ScoreMod(kind="pope", params={
-                            "inv_freq": mod.params["inv_freq"], "delta": mod.params["delta"].double()}),
-                        compute_dtype=torch.float64)
-    # PyTorch's own same-dtype computation: the Cartesian form / plain dot, materialised in `dtype`
-    if kind == "pope":
-        q_in, k_in = R.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=mod.params["inv_freq"],
-                                   delta_HD=mod.params["delta"])
-    else:
-        q_in, k_in = q, k
-    logits = (q_in @ R.repeat_kv(k_in, H).transpose(-1, -2)) * D**-0.5
-    logits = logits.masked_fill(~R.visibility(pos, pos), float("-inf"))
-    torch_same = torch.softmax(logits, dim=-1) @ R.repeat_kv(v, H)
-    out = SDPA(q, k, v, **kw)
-    assert out.dtype == dtype
-    calibrated_close(f"sdpa-{kind}-{dtype}", ref64, out, torch_same)
+    _two_x_rule(kind, (2, 4, 2, 63, 63, 60), "shifted", dtype, "cpu")
+
+
+GPU_CASES = [((2, 8, 2, 257, 257, 64), "arange"), ((2, 8, 2, 1, 300, 128), "decode"),
+             ((1, 4, 4, 63, 63, 60), "shifted"), ((2, 4, 1, 7, 500, 48), "decode")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=[shape_id(dtype=torch.bfloat16),
+                                                                        shape_id(dtype=torch.float16)])
+@pytest.mark.parametrize("kind", ["none", "pope"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=[shape_id(**dict(zip("BHGTSD", c[0], strict=True))) + f"-{c[1]}"
+                                                 for c in GPU_CASES])
+def test_cuda_sdpa_obeys_the_2x_rule(case, kind, dtype):
+    # On CUDA the flash / memory-efficient kernels run; PoPE's v (D) is narrower than q/k (2D).
+    _two_x_rule(kind, *case, dtype, "cuda")
