@@ -223,10 +223,10 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
                             checkpoint=(final / MODEL_FILE) if final else out_dir, records=[])
     if final is None:
         raise RuntimeError(f"training finished but {ckpts.root} holds no checkpoint")
-    metrics, records = final_evaluation(model, dataset, cfg, step=result.step, device=device,
-                                        autocast=engine.autocast)
-    metrics = {"step": float(result.step), **result.metrics, **metrics}
-    tracker.log_metrics({k: v for k, v in metrics.items() if k != "step"}, step=result.step)
+    final_metrics, records = final_evaluation(model, dataset, cfg, step=result.step, device=device,
+                                              autocast=engine.autocast)
+    tracker.log_metrics(final_metrics, step=result.step)
+    metrics = {"step": float(result.step), **result.metrics, **final_metrics}
     tracker.log_records(records)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return TrainOutcome(metrics=metrics, checkpoint=final / MODEL_FILE, records=records)
