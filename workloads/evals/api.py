@@ -23,6 +23,44 @@ context length, ``n`` = scored tokens, ``task`` = the data kind, ``split``:
     Documents: ``dataset.documents(split)`` (one array per book) when the dataset provides it,
     else the whole ``dataset.tokens(split)`` stream as one document. Offline default source:
     ``data: {kind: text}`` (Tiny Shakespeare, validation = last 10 %); online: ``{kind: pg19}``.
+
+Suite ``niah`` (EXPERIMENTS §3.4; niah.py) — records ``niah_acc`` [fraction] per (context_len,
+depth), n = trials; ``niah_not_attempted`` per length skipped by ``stop_below``; artifact
+``niah_heatmap.png``:
+    split       haystack token split (default "valid")
+    niah        {lengths: [..], depths: [0, .1, .., 1], trials: 10, seed: 0, stop_below: null,
+                 batch_size: 1, cache_dir: null}   (niah.NiahConfig; cache_dir null -> the data
+                 cache folder /niah; samples are keyed by the dataset digest, which covers the
+                 tokenizer and the source text)
+    max_length  model context while decoding (default: the largest length)
+
+Suite ``lm-eval`` (EXPERIMENTS §2.5; DESIGN §5.8; lm_harness.py, bundle.py) — records one row per
+(task or group, metric) (``acc``, ``acc_norm``, ...), task = lm-eval task name, n = examples,
+stderr, context_len = max_length; artifacts ``lm_eval_results.json`` (versions, configs) and
+``lm_eval_samples/<task>.jsonl``:
+    lm_eval     {tasks: ["phaselab_blimp"], max_length: 1024, batch_size: 8, num_fewshot: 0,
+                 limit: null, log_samples: true, blimp_uids: null, prefix: null,
+                 bundle_dir: null, bootstrap_iters: 1000}
+    Task names: ``phaselab_blimp`` (offline BLiMP bundle, mean acc over its sub-tasks) and its
+    sub-tasks ``phaselab_blimp_<UID>``; ``phaselab_cbt`` / ``phaselab_cbt_cn`` / ``phaselab_cbt_ne``
+    (bundled YAML, Hugging Face data); any lm-eval task, e.g. ``lambada_openai``, ``hellaswag``,
+    ``piqa``, ``arc_easy`` (network). When every task is in the BLiMP bundle,
+    HF_DATASETS_OFFLINE/HF_HUB_OFFLINE are set to 1. ``prefix``: text of the single token that
+    conditions an empty context, required for tokenizers without EOT (char level: "\n").
+    ``blimp_uids`` restricts the bundle; ``bundle_dir`` defaults to the data cache folder.
+
+Suite ``task`` (EXPERIMENTS §2.1, §2.2; tasks_metrics.py) — one record: ``acc`` [fraction]
+(n = examples) or ``nll`` [nats/token] (n = scored tokens), task = data kind, split:
+    split       default "test"
+    metric      "acc" (Indirect Indexing target accuracy) | "nll" (mean NLL per scored token);
+                default: "acc" for kind indirect_indexing, else "nll"
+    batch_size  default 64;  max_batches: null (whole split)
+
+Suite ``freq`` (EXPERIMENTS §2.6; analysis.py) — records ``freq_high_share_q/layer{ℓ}``; artifacts
+the .npy arrays and heat maps listed in analysis.py (PoPE: δ heat maps too):
+    passages    "shakespeare" (10 fixed 14-line passages of Tiny Shakespeare) | [text, ...]
+    max_len     tokens per passage (default: the model's block_size)
+    data        tokenizer source (default {kind: text}, char level)
 """
 
 from __future__ import annotations
@@ -48,6 +86,61 @@ class PplSpec:
     ppl: Any = None  # mapping for perplexity.PplConfig (validated there; lengths are required)
     device: str = "auto"
     precision: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NiahSpec:
+    suite: Literal["niah"] = "niah"
+    data: DataConfig = field(default_factory=lambda: DataConfig(kind="text"))
+    split: str = "valid"
+    niah: Any = None  # mapping for niah.NiahConfig
+    max_length: int | None = None
+    device: str = "auto"
+    precision: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LmEvalOptions:
+    tasks: tuple[str, ...] = ("phaselab_blimp",)
+    max_length: int = 1024
+    batch_size: int = 8
+    num_fewshot: int = 0
+    limit: int | float | None = None
+    log_samples: bool = True
+    blimp_uids: tuple[str, ...] | None = None
+    prefix: str | None = None
+    bundle_dir: str | None = None
+    bootstrap_iters: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class LmEvalSpec:
+    suite: Literal["lm-eval"] = "lm-eval"
+    data: DataConfig = field(default_factory=lambda: DataConfig(kind="text"))
+    lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
+    device: str = "auto"
+    precision: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    suite: Literal["task"] = "task"
+    data: DataConfig = field(default_factory=DataConfig)
+    split: str = "test"
+    metric: Literal["acc", "nll"] | None = None
+    batch_size: int = 64
+    max_batches: int | None = None
+    device: str = "auto"
+    precision: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FreqSpec:
+    suite: Literal["freq"] = "freq"
+    data: DataConfig = field(default_factory=lambda: DataConfig(kind="text"))
+    passages: str | tuple[str, ...] = "shakespeare"
+    max_len: int | None = None
+    device: str = "auto"
 
 
 @dataclass
@@ -108,8 +201,110 @@ def _run_ppl(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteO
     return SuiteOutput(ppl_records(results, task=s.data.kind, split=s.split))
 
 
+def _run_niah(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+    from phaselab.workloads.data import cache_root
+    from phaselab.workloads.evals import niah
+    from phaselab.workloads.evals.plots import niah_heatmap
+
+    s = from_dict(NiahSpec, spec)
+    if s.niah is None:
+        raise ValueError("niah spec needs 'niah': {lengths: [...], ...}")
+    cfg = from_dict(niah.NiahConfig, s.niah, path="niah")
+    dataset = build_data(s.data)
+    model = load_checkpoint_model(checkpoint, s.device)
+    step = niah.model_step(model, max_length=s.max_length or max(cfg.lengths), precision=s.precision)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else cache_root(s.data.cache_dir) / "niah"
+    grid = niah.run_grid(step, dataset.tokenizer, dataset.tokens(s.split), cfg,
+                         digest=f"{dataset.digest}/{s.split}", cache_dir=cache)
+    plot = niah_heatmap(grid, out_dir / "niah_heatmap.png", title=f"NIAH ({s.data.kind})")
+    return SuiteOutput(niah.niah_records(grid, cfg), {"niah_heatmap.png": plot})
+
+
+def _prefix_id(tokenizer, prefix: str | None) -> int | None:
+    if prefix is None:
+        return None
+    ids = tokenizer.encode(prefix)
+    if len(ids) != 1:
+        raise ValueError(f"lm_eval.prefix {prefix!r} must encode to exactly one token, got {ids}")
+    return ids[0]
+
+
+def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+    import os
+
+    from phaselab.workloads.data import cache_root
+    from phaselab.workloads.evals.bundle import BLIMP_GROUP, TASKS_DIR, build_blimp_bundle
+
+    s = from_dict(LmEvalSpec, spec)
+    o = s.lm_eval
+    bundle_root = Path(o.bundle_dir) if o.bundle_dir else cache_root(s.data.cache_dir) / "lm-eval-bundles"
+    root, digest = build_blimp_bundle(bundle_root, uids=o.blimp_uids)
+    local_only = all(t.startswith(BLIMP_GROUP) for t in o.tasks)
+    # Fully local: forbid hub access for this run (DESIGN §5.8); restored afterwards so a later
+    # online eval in the same worker is unaffected. Set before lm_eval/datasets are imported.
+    saved = {k: os.environ.get(k) for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    if local_only:
+        os.environ.update({k: "1" for k in saved})
+    try:
+        from phaselab.workloads.evals import lm_harness
+
+        tokenizer = build_data(s.data).tokenizer
+        model = load_checkpoint_model(checkpoint, s.device)
+        lm = lm_harness.PhaseLabLM(model, tokenizer, max_length=o.max_length, batch_size=o.batch_size,
+                                   precision=s.precision, prefix_token_id=_prefix_id(tokenizer, o.prefix))
+        results = lm_harness.evaluate_tasks(lm, o.tasks, include_paths=[root, TASKS_DIR],
+                                            num_fewshot=o.num_fewshot, limit=o.limit,
+                                            log_samples=o.log_samples, bootstrap_iters=o.bootstrap_iters)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    results["phaselab_bundle_digest"] = digest
+    arts = lm_harness.write_outputs(results, out_dir)
+    return SuiteOutput(lm_harness.results_to_records(results, context_len=o.max_length), arts)
+
+
+def _run_task(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+    from phaselab.workloads.evals import tasks_metrics
+
+    s = from_dict(TaskSpec, spec)
+    metric = s.metric or ("acc" if s.data.kind == "indirect_indexing" else "nll")
+    fn = tasks_metrics.target_accuracy if metric == "acc" else tasks_metrics.split_nll
+    model = load_checkpoint_model(checkpoint, s.device)
+    r = fn(model, build_data(s.data), s.split, batch_size=s.batch_size, max_batches=s.max_batches,
+           precision=s.precision)
+    return SuiteOutput([MetricRecord(name=r.name, value=r.value, unit=r.unit, task=s.data.kind, split=s.split,
+                                     n=r.n)])
+
+
+def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+    from phaselab.workloads.data import ASSETS_DIR
+    from phaselab.workloads.evals import analysis
+
+    s = from_dict(FreqSpec, spec)
+    if s.passages == "shakespeare":
+        texts = analysis.fixed_passages((ASSETS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8"))
+    elif isinstance(s.passages, tuple) and s.passages:
+        texts = list(s.passages)
+    else:
+        raise ValueError(f"freq passages must be 'shakespeare' or a non-empty list of texts, got {s.passages!r}")
+    tokenizer = build_data(s.data).tokenizer
+    model = load_checkpoint_model(checkpoint, s.device)
+    usage = analysis.frequency_usage(model, [tokenizer.encode(t) for t in texts],
+                                     max_len=s.max_len or model.cfg.block_size)
+    label = f"{model.cfg.pe.kind}"
+    arts = analysis.save_usage(usage, out_dir, label=label)
+    return SuiteOutput(analysis.freq_records(usage, task=f"freq/{label}"), arts)
+
+
 _RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path], SuiteOutput]] = {
     "ppl-by-length": _run_ppl,
+    "niah": _run_niah,
+    "lm-eval": _run_lm_eval,
+    "task": _run_task,
+    "freq": _run_freq,
 }
 
 

@@ -116,3 +116,13 @@ def _fill(tmp: Path, *, final: Path, members: dict[str, bytes], uids: Sequence[s
     (tmp / "BUNDLE.json").write_text(json.dumps({"digest": digest, "uids": list(uids),
                                                  "source": "BLiMP.zip (Warstadt et al. 2020, CC-BY)",
                                                  "version": _BUNDLE_VERSION}, indent=1))
+
+
+def blimp_bundle_digest(uids: Sequence[str] | None = None, *, zip_path: Path | None = None) -> str:
+    """The digest ``build_blimp_bundle`` would return, without writing anything (for stage keys)."""
+    members = read_blimp_members(Path(zip_path) if zip_path else blimp_zip_path())
+    chosen = sorted(members) if uids is None else list(uids)
+    unknown = [u for u in chosen if u not in members]
+    if unknown:
+        raise ValueError(f"unknown BLiMP UIDs {unknown!r}")
+    return bundle_digest(members, chosen)

@@ -18,14 +18,17 @@ Three methods carry the semantics (lm_eval ``api/model.py``):
   example: context [5, 6], continuation [7, 8] → input [5, 6, 7]; rows 1 and 2 score 7 and 8.
 - ``loglikelihood_rolling``: the document's total log-likelihood from disjoint rolling windows of
   ``max_length`` (lm_eval's ``get_rolling_token_windows``; the first token is conditioned on
-  ``prefix_token_id`` = EOT).
+  ``prefix_token_id``, the EOT by default).
 - ``generate_until``: greedy decoding (``niah.greedy_decode``) until a stop string, EOT or
   ``max_gen_toks``; the prompt is left-truncated so prompt + generation fit ``max_length``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -79,10 +82,14 @@ class PhaseLabLM(TemplateLM):
         batch_size: requests per forward pass (loglikelihood) — generation runs one at a time.
         precision: "auto" | "fp32" | "bf16" (perplexity.autocast).
         max_gen_toks: default generation budget when a task gives none.
+        prefix_token_id: the token that conditions an empty context (lm_eval's prefix, e.g. for
+            BLiMP, whose context is ""). Default: the tokenizer's EOT. Tokenizers without EOT
+            (character level) must name one explicitly, e.g. the id of "\n" — never guessed.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, max_length: int, batch_size: int = 1,
-                 device: str | None = None, precision: str = "auto", max_gen_toks: int = 256) -> None:
+                 device: str | None = None, precision: str = "auto", max_gen_toks: int = 256,
+                 prefix_token_id: int | None = None) -> None:
         super().__init__()
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length!r}")
@@ -97,10 +104,20 @@ class PhaseLabLM(TemplateLM):
         self.batch_size = int(batch_size)
         self.precision = precision
         self.max_gen_toks = int(max_gen_toks)
+        self._eot = tokenizer.eot_token_id
+        self._prefix = self._eot if prefix_token_id is None else int(prefix_token_id)
+        if self._prefix is None:
+            raise ValueError(f"tokenizer {getattr(tokenizer, 'name', type(tokenizer).__name__)!r} has no EOT "
+                             "token; pass prefix_token_id (e.g. the id of '\\n' for a char-level model)")
 
     @property
     def eot_token_id(self) -> int:
-        return int(self._tokenizer.eot_token_id)
+        """The tokenizer's EOT, or the explicit prefix token when the tokenizer has none."""
+        return int(self._prefix if self._eot is None else self._eot)
+
+    @property
+    def prefix_token_id(self) -> int:
+        return int(self._prefix)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kw: Any) -> list[int]:
         return list(self._tokenizer.encode(string))
@@ -153,7 +170,7 @@ class PhaseLabLM(TemplateLM):
 
     def _generate_one(self, context: str, until: list[str], max_new: int) -> str:
         prompt = self.tok_encode(context)[-max(1, self.max_length - max_new):]
-        eot = self.eot_token_id
+        eot = -1 if self._eot is None else int(self._eot)  # no EOT: stop on strings/budget only
 
         def stop(new_ids: list[int]) -> bool:
             return (bool(new_ids) and new_ids[-1] == eot) or any(u in self.tok_decode(new_ids) for u in until)
@@ -166,3 +183,63 @@ class PhaseLabLM(TemplateLM):
         for u in until:
             text = text.split(u)[0]
         return text
+
+
+def evaluate_tasks(lm: PhaseLabLM, tasks: Sequence[str], *, include_paths: Sequence[Path],
+                   num_fewshot: int = 0, limit: int | float | None = None, log_samples: bool = True,
+                   bootstrap_iters: int = 1000) -> dict:
+    """``lm_eval.simple_evaluate`` on ``tasks`` with our adapter instance and a local TaskManager
+    (DESIGN §5.8). Returns lm_eval's results dict. ``limit`` caps examples per task (tests only);
+    ``bootstrap_iters`` feeds bootstrapped stderrs (means have a closed form; 0 disables all)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    if not tasks:
+        raise ValueError("lm-eval needs at least one task name")
+    tm = TaskManager(include_path=[str(p) for p in include_paths])
+    results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, task_manager=tm,
+                                      limit=limit, log_samples=log_samples,
+                                      bootstrap_iters=bootstrap_iters)
+    if results is None:  # only non-zero ranks get None; we always run single-process
+        raise RuntimeError("lm_eval.simple_evaluate returned no results")
+    return results
+
+
+def results_to_records(results: dict, *, context_len: int) -> list:
+    """One MetricRecord per (task or group, metric) in ``results["results"]``: name = metric with
+    its filter ("acc", "acc_norm", "acc@flex"), unit "fraction" for accuracies, n = examples
+    scored, stderr when lm_eval computed one (nan/"N/A" -> None)."""
+    from phaselab.catalog.tracking import MetricRecord
+
+    out = []
+    for task, metrics in sorted(results["results"].items()):
+        n = metrics.get("sample_len")
+        for key, value in sorted(metrics.items()):
+            if "," not in key or "_stderr," in key or not isinstance(value, (int, float)):
+                continue
+            metric, filt = key.split(",", 1)
+            err = metrics.get(f"{metric}_stderr,{filt}")
+            err = float(err) if isinstance(err, (int, float)) and math.isfinite(float(err)) else None
+            out.append(MetricRecord(name=metric if filt == "none" else f"{metric}@{filt}", value=float(value),
+                                    unit="fraction" if metric.startswith(("acc", "exact_match")) else "",
+                                    context_len=context_len, task=task, n=None if n is None else int(n),
+                                    stderr=err))
+    return out
+
+
+def write_outputs(results: dict, out_dir: Path) -> dict[str, Path]:
+    """Artifacts: ``lm_eval_results.json`` (results, groups, versions, configs, n-samples, n-shot:
+    the eval_meta of DESIGN §5.8) and ``lm_eval_samples/<task>.jsonl`` when samples were logged."""
+    out_dir = Path(out_dir)
+    meta = {k: results.get(k) for k in ("results", "groups", "group_subtasks", "versions", "configs",
+                                         "n-samples", "n-shot", "lm_eval_version")}
+    arts = {"lm_eval_results.json": out_dir / "lm_eval_results.json"}
+    arts["lm_eval_results.json"].write_text(json.dumps(meta, indent=1, default=str))
+    samples = results.get("samples") or {}
+    if samples:
+        (out_dir / "lm_eval_samples").mkdir(exist_ok=True)
+    for task, rows in sorted(samples.items()):
+        path = out_dir / "lm_eval_samples" / f"{task}.jsonl"
+        path.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        arts[f"lm_eval_samples/{task}.jsonl"] = path
+    return arts
