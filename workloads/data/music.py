@@ -158,8 +158,8 @@ class Maestro:
             docs = ((s, _piece_ids(self.tokenizer, root / p)) for s in SPLITS for p in by_split[s])
             write_shards(shards, docs, splits=SPLITS, vocab_size=self.vocab_size, eot_token_id=None,
                          tokenizer=tok_cfg, source={"pieces_sha256": source, "split": split_cfg})
-        read_meta(shards)
-        self._tokens = {s: np.memmap(shards / f"{s}.bin", dtype=read_meta(shards)["dtype"], mode="r") for s in SPLITS}
+        dtype = read_meta(shards)["dtype"]  # also checks the cached files are complete
+        self._tokens = {s: np.memmap(shards / f"{s}.bin", dtype=dtype, mode="r") for s in SPLITS}
         self._starts = {s: np.load(shards / f"{s}.docs.npy") for s in SPLITS}
         self._tables = transpose_tables(self.tokenizer.vocab, mc.max_transpose)[0]
         self.digest = make_digest(shard_digest, {"block_size": self.block_size, "max_transpose": mc.max_transpose})
