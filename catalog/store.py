@@ -29,7 +29,7 @@ Methods (the orchestrator's contract, then additions):
 ``metrics_frame(grid=)``                long-format dict rows joined with cell axes
 ``claim_ready(owner, limit=, ...)``     claim up to ``limit`` READY stages (batch form of claim)
 ``update_stage_info(hash, ...)``        ray run name, storage URI, MLflow run id, GPU-seconds
-``get_grid / cells_for_grid / edges``   read helpers for plan/status/lineage
+``get_grid / get_cell / cells_for_grid / cells_for_stage / edges``  read helpers (plan, status, lineage)
 ``metrics_for_stage / artifacts_for_stage / attempts_for_stage``
 ``record_eval_meta(hash, task, ...)``   lm-eval task version + config (EXPERIMENTS §2.5)
 ``set_cell_mlflow_run(cell, run_id)``   first writer wins; returns the stored parent run id
@@ -499,6 +499,24 @@ class CatalogStore:
         with self._tx() as conn:
             return [dict(m) for m in conn.execute(select(Cell.__table__).where(Cell.grid_id == grid_id)
                                                   .order_by(Cell.id)).mappings()]
+
+    def get_cell(self, cell_id: int) -> dict[str, Any] | None:
+        """One cell with its grid's id and name."""
+        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
+                    Grid.id.label("grid_id"), Grid.name.label("grid"))
+             .join(Grid, Grid.id == Cell.grid_id).where(Cell.id == cell_id))
+        with self._tx() as conn:
+            m = conn.execute(q).mappings().first()
+        return None if m is None else dict(m)
+
+    def cells_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
+        """The cells (with grid name, role and axes) a stage belongs to."""
+        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
+                    CellStage.role, Grid.id.label("grid_id"), Grid.name.label("grid"))
+             .join(CellStage, CellStage.cell_id == Cell.id).join(Grid, Grid.id == Cell.grid_id)
+             .where(CellStage.stage_hash == stage_hash).order_by(Cell.id))
+        with self._tx() as conn:
+            return [dict(m) for m in conn.execute(q).mappings()]
 
     def edges(self, stage_hash: str | None = None) -> list[tuple[str, str, str]]:
         """(upstream, downstream, relation) edges, all or those touching ``stage_hash``."""

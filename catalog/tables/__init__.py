@@ -1,1 +1,116 @@
-"""phaselab.catalog.tables."""
+"""Paper tables regenerated from the catalog (DESIGN §5.6): ``phaselab tables [--check-stale]``.
+
+One module per table, each defining ``SPEC`` (a :class:`~phaselab.catalog.tables.spec.TableSpec`);
+:data:`TABLES` lists them. A grid with other axis names re-binds a spec with
+``dataclasses.replace(spec, grid=..., rows=...)`` and passes it to :func:`render_table`.
+
+Every rendering is recorded in the ``table_build`` table with the inputs it read
+(stage hash → ``attempts|finished_at|state``); :func:`check_stale` compares that record with
+the catalog now and reports stages that re-ran, changed state, disappeared or newly match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from phaselab.catalog.tables.spec import TableSpec, build, render
+
+if TYPE_CHECKING:
+    from phaselab.catalog.store import CatalogStore
+
+TABLES: dict[str, str] = {
+    "pope_indirect_indexing": "ii_accuracy",
+    "pope_music_nll": "music_nll",
+    "pope_owt_ppl": "owt_ppl",
+    "pope_owt_ablation": "owt_ablation",
+    "pope_pg19_extrapolation": "pg19_extrapolation",
+    "pope_downstream": "downstream",
+    "tapa_table1": "tapa_ppl",
+    "tapa_table2": "tapa_zeroshot",
+    "tapa_table3": "tapa_phase",
+}
+EXTENSIONS = {"md": "md", "latex": "tex", "csv": "csv"}
+
+
+def get_spec(name: str) -> TableSpec:
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}; known: {sorted(TABLES)}")
+    return importlib.import_module(f"phaselab.catalog.tables.{TABLES[name]}").SPEC
+
+
+@dataclass(frozen=True)
+class Rendered:
+    name: str
+    text: str | None               # None when skipped
+    skipped: str | None = None     # why (e.g. the grid is not in the catalog)
+    path: Path | None = None
+
+
+def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Path | None = None,
+                 now: datetime | None = None, record: bool = True) -> Rendered:
+    """Build and render one table from the catalog; write ``out_dir/<name>.<ext>`` if given and
+    record the build for ``--check-stale``."""
+    if fmt not in EXTENSIONS:
+        raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
+    grid = store.get_grid(spec.grid)
+    if grid is None:
+        return Rendered(spec.name, None, skipped=f"grid {spec.grid!r} is not in the catalog")
+    built = build(spec, store.metrics_frame(grid=spec.grid), grid_hash=grid["grid_hash"],
+                  revision=store.revision() or "")
+    text = render(built, fmt, now or datetime.now(UTC))
+    path = None
+    if out_dir is not None:
+        path = Path(out_dir) / f"{spec.name}.{EXTENSIONS[fmt]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if record:
+        store.record_table_build(table_name=spec.name, grid=spec.grid, fmt=fmt, inputs=built.inputs,
+                                 output_sha256=hashlib.sha256(text.encode()).hexdigest())
+    return Rendered(spec.name, text, path=path)
+
+
+def render_all(store: CatalogStore, fmt: str = "md", *, out_dir: Path | None = None,
+               names: Iterable[str] | None = None, grids: Mapping[str, str] | None = None,
+               now: datetime | None = None, record: bool = True) -> list[Rendered]:
+    """Render every table (or ``names``) whose grid is in the catalog. ``grids`` maps a table
+    name to another grid name (e.g. a seed-extended copy of the paper grid)."""
+    out = []
+    for name in (list(names) if names is not None else list(TABLES)):
+        spec = get_spec(name)
+        if grids and name in grids:
+            spec = replace(spec, grid=grids[name])
+        out.append(render_table(store, spec, fmt, out_dir=out_dir, now=now, record=record))
+    return out
+
+
+def check_stale(store: CatalogStore, names: Iterable[str] | None = None,
+                grids: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Table name → reasons it is stale (empty list: up to date). Tables never built are left out.
+    A table is stale when an input stage re-ran or changed state, or the set of matching stages
+    changed, since its latest recorded build."""
+    report: dict[str, list[str]] = {}
+    for name in (list(names) if names is not None else list(TABLES)):
+        spec = get_spec(name)
+        if grids and name in grids:
+            spec = replace(spec, grid=grids[name])
+        last = store.latest_table_build(spec.name)
+        if last is None:
+            continue
+        now_inputs = build(spec, store.metrics_frame(grid=last["grid"])).inputs
+        before: dict[str, str] = last["inputs"]
+        reasons = []
+        for h in sorted(set(before) | set(now_inputs)):
+            if h not in now_inputs:
+                reasons.append(f"input stage {h[:12]} no longer contributes (re-running or removed)")
+            elif h not in before:
+                reasons.append(f"new input stage {h[:12]}")
+            elif before[h] != now_inputs[h]:
+                reasons.append(f"input stage {h[:12]} changed: {before[h]} -> {now_inputs[h]}")
+        report[spec.name] = reasons
+    return report

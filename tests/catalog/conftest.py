@@ -52,3 +52,14 @@ def store(catalog_url: str) -> Iterator[CatalogStore]:
         yield s
     finally:
         s.dispose()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Iterator[CatalogStore]:
+    """A migrated CatalogStore on SQLite only (for dialect-independent rendering tests)."""
+    s = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
+    s.upgrade()
+    try:
+        yield s
+    finally:
+        s.dispose()

@@ -1,0 +1,136 @@
+"""Paper tables from a hand-built catalog: golden files for every spec (with holes and missing
+seeds), hand-checked aggregation numbers, and ``--check-stale`` (DESIGN §5.6)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from catalog_testlib import add_stage, h, run_stage
+
+from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.tables import TABLES, check_stale, get_spec, render_all, render_table
+from phaselab.catalog.tables.spec import Dim, TableSpec, build
+from phaselab.catalog.tracking import MetricRecord
+
+GOLDEN = Path(__file__).parent / "golden"
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+UPDATE = os.environ.get("PHASELAB_UPDATE_GOLDEN") == "1"
+
+
+def _metric_field_values(spec: TableSpec, col: Any) -> list[dict[str, Any]]:
+    """MetricRecord fields for one column of a spec whose columns are a metric field."""
+    parts = spec.combine.get(col, (col,))
+    return [{spec.cols.field: p} for p in parts]
+
+
+def populate(store: CatalogStore, spec: TableSpec) -> None:
+    """A synthetic grid for ``spec``: every row × column × seed, except the last row's last column
+    (a hole) and the first cell's last seed (a missing seed). Values are a deterministic function
+    of (row, column, seed); one extra metric per stage must be filtered out by ``where``."""
+    gid = store.upsert_grid(name=spec.grid, grid_hash=h(spec.grid), yaml_submitted="", yaml_resolved="")
+    row_keys = build(spec, []).row_keys
+    col_is_axis = spec.cols.field.startswith("axes.")
+    where = {k: v for k, v in spec.where.items() if not k.startswith("axes.")}
+    for ri, rk in enumerate(row_keys):
+        for seed in spec.seeds:
+            axes = {d.field[5:]: v for d, v in zip(spec.rows, rk, strict=True)} | {"seed": seed}
+            col_groups = [[c] for c in spec.cols.values] if col_is_axis else [list(spec.cols.values)]
+            for cols in col_groups:
+                records = []
+                for ci, col in ((spec.cols.values.index(c), c) for c in cols):
+                    if ri == len(row_keys) - 1 and ci == len(spec.cols.values) - 1:
+                        continue                                          # hole
+                    if ri == 0 and ci == 0 and seed == spec.seeds[-1] and len(spec.seeds) > 1:
+                        continue                                          # missing seed
+                    base = (1.0 + 0.5 * ri + 0.25 * ci + 0.125 * spec.seeds.index(seed)) / spec.scale
+                    extra = [{}] if col_is_axis else _metric_field_values(spec, col)
+                    for j, fields in enumerate(extra):
+                        rec = {"name": spec.metric, "value": base + 0.0625 * j / spec.scale, **where, **fields}
+                        records.append(MetricRecord(**rec))
+                records.append(MetricRecord(name=spec.metric, value=999.0, split="noise"))
+                cell_axes = axes | ({spec.cols.field[5:]: cols[0]} if col_is_axis else {})
+                key = ",".join(f"{k}={cell_axes[k]}" for k in sorted(cell_axes))
+                cid = store.upsert_cell(grid_id=gid, cell_key=key, axes=cell_axes)
+                run_stage(store, add_stage(store, cid, f"{spec.grid}/{key}"), records)
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_table_golden(sqlite_store: CatalogStore, name: str) -> None:
+    store = sqlite_store
+    spec = get_spec(name)
+    populate(store, spec)
+    for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
+        text = render_table(store, spec, fmt, now=NOW, record=False).text
+        path = GOLDEN / f"{name}.{ext}"
+        if UPDATE:
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text)
+        assert text == path.read_text(), f"{path} differs; inspect and regenerate with PHASELAB_UPDATE_GOLDEN=1"
+
+
+def _ii_spec(**kw: Any) -> TableSpec:
+    return TableSpec(name="t", title="T", grid="g", metric="acc", better="max", scale=100.0,
+                     rows=(Dim(field="axes.pe", values=("rope", "pope", "alibi"), labels={"pope": "PoPE"}),),
+                     cols=Dim(field="task", values=("ii",)), **kw)
+
+
+def _rows(values: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
+    return [{"name": "acc", "task": "ii", "value": v, "axes": {"pe": pe, "seed": s}, "stage_hash": h(f"{pe}{s}"),
+             "attempts": 1, "finished_at": NOW, "state": "SUCCEEDED"} for (pe, s), v in values.items()]
+
+
+def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
+    from phaselab.catalog.tables.spec import render_markdown
+
+    t = build(_ii_spec(), _rows({("rope", 0): 0.10, ("rope", 1): 0.12, ("rope", 2): 0.14,
+                                 ("pope", 0): 0.941, ("pope", 1): 0.95}))
+    rope, pope = t.cells[(("rope",), "ii")], t.cells[(("pope",), "ii")]
+    assert (round(rope.mean, 10), round(rope.std, 10), rope.n) == (12.0, 2.0, 3)   # sample std, ddof=1
+    assert (round(pope.mean, 10), pope.n, pope.expected) == (94.55, 2, 3)
+    assert abs(pope.std - 0.6363961030678927) < 1e-12
+    assert (("alibi",), "ii") not in t.cells
+    md = render_markdown(t, NOW)
+    assert "| rope | 12.00 ± 2.00 |" in md
+    assert "| PoPE | **94.55 ± 0.64 (n=2/3)** |" in md
+    assert "| alibi | — |" in md
+
+
+def test_ambiguous_values_are_an_error() -> None:
+    rows = _rows({("rope", 0): 0.1})
+    rows.append({**rows[0], "stage_hash": h("other")})
+    with pytest.raises(ValueError, match="two values"):
+        build(_ii_spec(), rows)
+
+
+def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp_path: Path) -> None:
+    spec = get_spec("pope_indirect_indexing")
+    populate(store, spec)
+    out = render_all(store, "md", out_dir=tmp_path, now=NOW)
+    done = {r.name for r in out if r.text is not None}
+    assert done == {"pope_indirect_indexing"}
+    assert all("not in the catalog" in r.skipped for r in out if r.text is None)
+    assert (tmp_path / "pope_indirect_indexing.md").read_text().startswith("### Indirect Indexing")
+    assert check_stale(store) == {"pope_indirect_indexing": []}
+
+    rerun = h("pope-ii/pe=pope,seed=1")                       # the stage re-runs with a new value
+    assert store.transition(rerun, "READY", expected={"SUCCEEDED"})
+    assert store.claim(rerun, "c")
+    report = check_stale(store)["pope_indirect_indexing"]
+    assert report == [f"input stage {rerun[:12]} no longer contributes (re-running or removed)"]
+    store.finalize_success(rerun, metrics=[MetricRecord(name="acc", value=0.9, split="test",
+                                                        task="indirect_indexing")],
+                           artifacts=[], env={}, backend=None, mlflow_run_id=None)
+    (reason,) = check_stale(store)["pope_indirect_indexing"]
+    assert reason.startswith(f"input stage {rerun[:12]} changed: 1|") and "-> 2|" in reason
+
+    gid = store.get_grid("pope-ii")["id"]                      # a new seed finishes
+    cid = store.upsert_cell(grid_id=gid, cell_key="pe=rope,seed=3", axes={"pe": "rope", "seed": 3})
+    new = add_stage(store, cid, "late-seed")
+    run_stage(store, new, [MetricRecord(name="acc", value=0.2, split="test", task="indirect_indexing")])
+    assert f"new input stage {new[:12]}" in check_stale(store)["pope_indirect_indexing"]
+    render_all(store, "md", names=["pope_indirect_indexing"], now=NOW)
+    assert check_stale(store) == {"pope_indirect_indexing": []}
