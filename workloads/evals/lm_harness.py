@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
 from phaselab.workloads.evals.niah import greedy_decode
 from phaselab.workloads.evals.perplexity import autocast, model_device, token_logprobs
 
@@ -186,7 +185,7 @@ class PhaseLabLM(TemplateLM):
 
 
 def evaluate_tasks(lm: PhaseLabLM, tasks: Sequence[str], *, include_paths: Sequence[Path],
-                   num_fewshot: int = 0, limit: int | float | None = None, log_samples: bool = True,
+                   num_fewshot: int = 0, limit: float | None = None, log_samples: bool = True,
                    bootstrap_iters: int = 1000) -> dict:
     """``lm_eval.simple_evaluate`` on ``tasks`` with our adapter instance and a local TaskManager
     (DESIGN §5.8). Returns lm_eval's results dict. ``limit`` caps examples per task (tests only);

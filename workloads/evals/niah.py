@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from phaselab.workloads.evals.perplexity import autocast, model_device
 
 NEEDLE = " The special magic number is {number}. "
@@ -85,7 +84,7 @@ def needle_index(context_tokens: int, needle_tokens: int, depth: float) -> int:
         raise ValueError(f"needle depth must lie in [0, 1], got {depth!r}")
     if needle_tokens > context_tokens:
         raise ValueError(f"needle of {needle_tokens} tokens does not fit a context of {context_tokens}")
-    return int(round(depth * (context_tokens - needle_tokens)))
+    return round(depth * (context_tokens - needle_tokens))
 
 
 def make_samples(tokenizer: Any, haystack: np.ndarray, *, length: int, depth: float, trials: int,
@@ -93,7 +92,7 @@ def make_samples(tokenizer: Any, haystack: np.ndarray, *, length: int, depth: fl
     """Generate ``trials`` samples of exactly ``length`` tokens (pure function of its arguments)."""
     question = list(tokenizer.encode(QUESTION))
     context = length - len(question)
-    rng = np.random.default_rng([int(seed), int(length), int(round(depth * 1_000_000))])
+    rng = np.random.default_rng([int(seed), int(length), round(depth * 1_000_000)])
     numbers = rng.integers(1_000_000, 10_000_000, size=trials)
     ids = np.empty((trials, length), dtype=np.int64)
     starts = np.empty(trials, dtype=np.int64)

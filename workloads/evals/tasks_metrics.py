@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from phaselab.workloads.evals.perplexity import autocast, model_device, token_logprobs
 
 
