@@ -152,3 +152,20 @@ def test_positions_out_of_range_and_bad_inputs_raise():
         apply_rotary(x, torch.arange(4)[None], default_inv_freq(16))
     with pytest.raises(ValueError, match="shape"):
         apply_rotary(x, torch.arange(5)[None], inv_freq)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_compiled_rotary_keeps_the_fp32_upcast(pairing):
+    # MATH §7.1: a compiler must not fuse the upcast away. With angles in bf16 at positions ~9k the
+    # result would be noise (bf16 spacing is 64 there); with fp32 angles only the final cast rounds.
+    x = _rand(2, 256, 4, 64, dtype=torch.bfloat16).cuda()
+    pos = (torch.arange(256)[None] + 9000).cuda()
+    inv_freq = default_inv_freq(64).cuda()
+    compiled = torch.compile(apply_rotary, fullgraph=True)
+    out = compiled(x, pos, inv_freq, pairing=pairing)
+    eager = apply_rotary(x, pos, inv_freq, pairing=pairing)
+    assert out.dtype == torch.bfloat16
+    exact = apply_rotary(x.double(), pos, inv_freq, pairing=pairing)
+    assert_close("compiled-rotary", exact, out, 8e-3)  # bf16 output rounding only (2^-8)
+    assert_close("compiled-vs-eager", eager, out, 8e-3)
