@@ -21,9 +21,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # torch stays a lazy import so that importing this module stays cheap
@@ -40,6 +39,34 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "alibi": {},
 }
 _REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",)}
+
+
+class FrozenParams(Mapping[str, Any]):
+    """A read-only mapping that, unlike types.MappingProxyType, survives pickle and deepcopy
+    (models holding a ScoreMod are deep-copied and pickled by DeepSpeed and Ray)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_data", dict(data))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenParams({self._data!r})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ScoreMod params are read-only")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenParams, (self._data,))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -67,7 +94,7 @@ class ScoreMod:
             raise ValueError(f"ScoreMod(kind={self.kind!r}): missing required params {missing}")
         full = {**_DEFAULTS[self.kind], **self.params}
         _VALIDATORS[self.kind](full)
-        object.__setattr__(self, "params", MappingProxyType(full))
+        object.__setattr__(self, "params", FrozenParams(full))
 
     def reference(self, q_BHTD: Tensor, k_BGSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor, *,
                   scale: float = 1.0, compute_dtype: Any = None) -> Tensor:

@@ -150,3 +150,15 @@ def test_scoremod_validation_names_the_value():
     assert mod.params["amplitude"] == "softplus" and mod.params["delta"] is None
     with pytest.raises(TypeError):
         mod.params["amplitude"] = "relu"  # type: ignore[index]
+
+
+def test_scoremod_survives_pickle_and_deepcopy():
+    import copy
+    import pickle
+
+    mod = _pope(8, _delta(2, 8))
+    q, k = _rand(1, 2, 3, 8, seed=1), _rand(1, 2, 3, 8, seed=2)
+    pos = torch.arange(3)[None]
+    for clone in (pickle.loads(pickle.dumps(mod)), copy.deepcopy(mod)):
+        assert clone.kind == "pope" and dict(clone.params).keys() == dict(mod.params).keys()
+        assert torch.equal(clone.reference(q, k, pos, pos), mod.reference(q, k, pos, pos))
