@@ -109,7 +109,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
 
             style = {"succeeded": "green", "failed": "red", "retrying": "yellow"}.get(kind, "cyan")
             console.print(f"[{style}]{kind:<9}[/] {node.kind:<8} {escape(node.label)} [dim]{node.hash[:12]}[/] "
-                          f"{escape(detail)}")
+                          f"{escape(detail[:300])}")
 
     controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event)
     controller.submit(requeue=requeue)
@@ -119,10 +119,15 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
     return store, controller.run()
 
 
-def _results(store: Any, grid: str, as_json: bool) -> dict[str, Any]:
+def _results(store: Any, dag: Any, as_json: bool) -> dict[str, Any]:
+    """The results of this DAG's stages (earlier versions of the grid are left out)."""
     from phaselab.orchestrator.views import render_results, results_table
 
-    cols, rows = results_table(store.metrics_frame(grid=grid))
+    grid = dag.spec.grid
+    order = {h: i for i, h in enumerate(dag.nodes)}
+    frame = [m for m in store.metrics_frame(grid=grid) if m["stage_hash"] in order]
+    frame.sort(key=lambda m: ([c.key for c in dag.cells].index(m["cell_key"]), order[m["stage_hash"]]))
+    cols, rows = results_table(frame)
     if not as_json:
         render_results(_console(), grid, cols, rows)
     return {"columns": cols, "rows": rows}
@@ -140,7 +145,7 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
     dag = _plan(grid, overrides, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)
-    results = _results(store, dag.spec.grid, as_json)
+    results = _results(store, dag, as_json)
     out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
            "failed": summary.failed, "seconds": time.monotonic() - start, "results": results}
     _finish_run(out, as_json)
@@ -154,7 +159,8 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
         console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
                       f"{out['seconds']:.1f} s")
         for h, (cls, msg) in out["failed"].items():
-            console.print(f"[red]{h[:12]}[/] {cls}: {msg.splitlines()[0] if msg else ''}")
+            first = msg.splitlines()[0] if msg else ""
+            console.print(f"[red]{h[:12]}[/] {cls}: {first[:300]}", markup=True, highlight=False)
     raise typer.Exit(0 if out["ok"] else 1)
 
 
@@ -247,7 +253,7 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
         dag = _stored_dag(_store(catalog, create=False), grid, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
-    results = _results(store, dag.spec.grid, as_json)
+    results = _results(store, dag, as_json)
     _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
                  "launched": summary.launched, "failed": summary.failed,
                  "seconds": time.monotonic() - start, "results": results}, as_json)

@@ -36,8 +36,8 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return ",".join(f"{k}={json.dumps(v, sort_keys=True)}" if not isinstance(v, str) else f"{k}={v}"
-                        for k, v in self.axes.items())
+        return ",".join(f"{k}={v}" if isinstance(v, str) else
+                        f"{k}={json.dumps(v, sort_keys=True, separators=(',', ':'))}" for k, v in self.axes.items())
 
 
 @dataclass(frozen=True, slots=True)

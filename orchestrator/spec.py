@@ -19,6 +19,9 @@ A grid file::
       yarn: {kind: finetune, needs: [pretrain], when: {pe: rope}, extend: {...}}
       ppl: {kind: eval, needs: [pretrain], eval: {suite: ppl-by-length}}
 
+Top-level keys starting with ``x-`` are ignored: they hold YAML anchors (``x-ppl: &ppl {...}``)
+reused with ``*ppl``.
+
 The model/data/train/extend/eval *contents* are checked later against the workloads' frozen
 configs (phaselab.workloads.config.from_dict) by ``grid.resolve``; here they are free mappings.
 """
@@ -159,6 +162,9 @@ def validate_spec(doc: Any, marks: Marks) -> GridSpec:
     """Validate the raw document into a frozen GridSpec; all problems in one GridError."""
     if not isinstance(doc, dict):
         raise GridError([Issue(marks.at(()), "", f"a grid must be a mapping, got {type(doc).__name__}")])
+    # Top-level ``x-*`` keys hold YAML anchors for reuse (docker-compose's convention); they are
+    # not part of the grid.
+    doc = {k: v for k, v in doc.items() if not (isinstance(k, str) and k.startswith("x-"))}
     try:
         spec = GridSpec.model_validate(doc)
     except ValidationError as err:

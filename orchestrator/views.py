@@ -98,9 +98,9 @@ def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
     total = [r["gpu_hours_est"] for r in prow if r["kind"] in TRAINING and r["status"] != "cached"]
     known = sum(e for e in total if e is not None)
     unknown = sum(1 for e in total if e is None)
-    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-                  + f"; to run: ~{known:.2f} GPU-h" + (f" + {unknown} stages without a throughput "
-                                                          "measurement" if unknown else ""))
+    est = f"~{known:.2f} GPU-h" if known or not unknown else "GPU-hours unknown"
+    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; to run: {est}"
+                  + (f" (+ {unknown} training stages with no measured throughput yet)" if unknown else ""))
 
 
 def status_rows(dag_nodes: Mapping[str, Any] | None, rows: Iterable[Any]) -> list[dict[str, Any]]:
@@ -162,7 +162,7 @@ def render_results(console: Any, grid: str, cols: list[str], rows: list[dict[str
 
     table = Table(title=f"{grid}: results from the catalog")
     for c in ("cell", "stage", *cols):
-        table.add_column(c, justify="right" if c in cols else "left")
+        table.add_column(c, justify="right" if c in cols else "left", no_wrap=c == "cell")
     for r in rows:
         table.add_row(escape(r["cell"]), r["stage"], *("" if r.get(c) is None else f"{r[c]:.4g}" for c in cols))
     console.print(table)

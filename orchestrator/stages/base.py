@@ -91,6 +91,7 @@ def section_error(err: Exception, default_key: str) -> SectionError:
     if not key.startswith(default_key.split(".")[0]):
         key = f"{default_key}.{key}" if key != "<root>" else default_key
     sug = _MEAN_RE.search(msg)
+    msg = re.sub(r";? ?did you mean '[^']+'\?", "", msg)
     return SectionError(key, msg, sug.group(1).rsplit(".", 1)[-1] if sug else None)
 
 
@@ -157,24 +158,39 @@ def normalize_extend(raw: Mapping[str, Any]) -> dict:
 
 
 EVAL_SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
+# suite -> (spec class in workloads.evals.api, nested key, "module:Config" of the nested mapping)
+_EVAL_SPECS = {
+    "ppl-by-length": ("PplSpec", "ppl", "phaselab.workloads.evals.perplexity:PplConfig"),
+    "niah": ("NiahSpec", "niah", "phaselab.workloads.evals.niah:NiahConfig"),
+    "lm-eval": ("LmEvalSpec", None, None),
+    "task": ("TaskSpec", None, None),
+    "freq": ("FreqSpec", None, None),
+}
 
 
 def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> dict:
-    """The eval spec handed to ``run_eval``: its ``data`` defaults to the stage's data section
-    (converted strictly); the suite's own keys are checked by ``run_eval`` (a ConfigError there
-    is failure class ``config``)."""
+    """The eval spec handed to ``run_eval``, converted strictly through the evals' own spec
+    classes (defaults included). Its ``data`` defaults to the stage's data section."""
+    import importlib
+
     from phaselab.orchestrator.yamlio import suggest
+    from phaselab.workloads.evals import api
 
     spec = dict(raw)
     suite = spec.get("suite")
     if suite not in EVAL_SUITES:
         raise SectionError("eval.suite", f"unknown eval suite {suite!r}; expected one of "
                            f"{', '.join(EVAL_SUITES)}", suggest(str(suite), EVAL_SUITES))
-    if "data" in spec:
-        spec["data"] = {k: v for k, v in _convert_data_in_eval(spec["data"]).items()}
-    elif data is not None:
+    if "data" not in spec and data is not None:
         spec["data"] = dict(data)
-    return spec
+    cls_name, sub, sub_target = _EVAL_SPECS[suite]
+    out = _convert(getattr(api, cls_name), spec, "eval")
+    if "data" in out:
+        out["data"] = _convert_data_in_eval(out["data"])
+    if sub is not None:
+        module, cls = sub_target.split(":")
+        out[sub] = _convert(getattr(importlib.import_module(module), cls), out[sub] or {}, f"eval.{sub}")
+    return out
 
 
 def _convert_data_in_eval(raw: Any) -> dict:
