@@ -34,6 +34,7 @@ TABLES: dict[str, str] = {
     "tapa_table1": "tapa_ppl",
     "tapa_table2": "tapa_zeroshot",
     "tapa_table3": "tapa_phase",
+    "quickstart_ppl": "quickstart",
 }
 EXTENSIONS = {"md": "md", "latex": "tex", "csv": "csv"}
 
@@ -58,10 +59,10 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
     record the build for ``--check-stale``."""
     if fmt not in EXTENSIONS:
         raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
-    grid = store.get_grid(spec.grid)
-    if grid is None:
-        return Rendered(spec.name, None, skipped=f"grid {spec.grid!r} is not in the catalog")
-    built = build(spec, store.metrics_frame(grid=spec.grid), grid_hash=grid["grid_hash"],
+    present = [g for g in (store.get_grid(name) for name in spec.grids) if g is not None]
+    if not present:
+        return Rendered(spec.name, None, skipped=f"grid {' / '.join(spec.grids)} not in the catalog")
+    built = build(spec, _frame(store, spec), grid_hash="+".join(g["grid_hash"][:12] for g in present),
                   revision=store.revision() or "")
     text = render(built, fmt, now or datetime.now(UTC))
     path = None
@@ -70,9 +71,13 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     if record:
-        store.record_table_build(table_name=spec.name, grid=spec.grid, fmt=fmt, inputs=built.inputs,
+        store.record_table_build(table_name=spec.name, grid="+".join(spec.grids), fmt=fmt, inputs=built.inputs,
                                  output_sha256=hashlib.sha256(text.encode()).hexdigest())
     return Rendered(spec.name, text, path=path)
+
+
+def _frame(store: CatalogStore, spec: TableSpec) -> list[dict]:
+    return [row for grid in spec.grids for row in store.metrics_frame(grid=grid)]
 
 
 def render_all(store: CatalogStore, fmt: str = "md", *, out_dir: Path | None = None,
@@ -102,7 +107,7 @@ def check_stale(store: CatalogStore, names: Iterable[str] | None = None,
         last = store.latest_table_build(spec.name)
         if last is None:
             continue
-        now_inputs = build(spec, store.metrics_frame(grid=last["grid"])).inputs
+        now_inputs = build(spec, _frame(store, spec)).inputs
         before: dict[str, str] = last["inputs"]
         reasons = []
         for h in sorted(set(before) | set(now_inputs)):

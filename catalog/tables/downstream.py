@@ -1,6 +1,6 @@
 """PoPE, zero-shot downstream accuracy (%) with lm-eval (EXPERIMENTS §2.5).
 
-Grid ``pope-downstream``; axes ``size``, ``pe`` and ``seed``; metric ``acc`` (fraction) per
+Grid ``pope_downstream``; axes ``size``, ``pe`` and ``seed``; metric ``acc`` (fraction) per
 ``task``: ``lambada_openai``, ``blimp`` (mean over its 67 sub-tasks), ``cbt`` = mean of
 ``cbt_cn`` and ``cbt_ne`` (phaselab's CBT decision), ``hellaswag``, ``piqa``, ``arc_easy``
 (``acc``, not ``acc_norm``: ``eval.mc_metric``). ``Avg`` is the mean of the six columns.
@@ -21,7 +21,7 @@ _PAPER = {
 SPEC = TableSpec(
     name="pope_downstream",
     title="Zero-shot downstream accuracy (%)",
-    grid="pope-downstream",
+    grid="pope_downstream",
     rows=(Dim(field="axes.size", title="Size", values=("124M", "253M", "774M")),
           Dim(field="axes.pe", title="PE", values=("rope", "pope"), labels={"rope": "RoPE", "pope": "PoPE"})),
     cols=Dim(field="task", values=_TASKS,

@@ -1,8 +1,9 @@
 """PoPE, Indirect Indexing: test accuracy (%) by positional encoding (EXPERIMENTS §2.1;
 PoPE v2 Tables 6/7 = v3 Tables 7/8, last four rows from v3 appendix Table 9).
 
-Grid ``pope-ii``; axes ``pe`` and ``seed``; metric ``acc`` (fraction, exact match on the target
-token) with ``task="indirect_indexing"``, ``split="test"``.
+Grid ``pope_indirect_indexing`` (experiments/pope_indirect_indexing.yaml); axes ``variant`` (the
+row label; ``pe`` holds the encoding's config) and ``seed``; metric ``acc`` (fraction, exact match
+on the target token) with ``task="indirect_indexing"``, ``split="test"`` (the ``task`` eval suite).
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec
@@ -10,8 +11,8 @@ from phaselab.catalog.tables.spec import Dim, TableSpec
 SPEC = TableSpec(
     name="pope_indirect_indexing",
     title="Indirect Indexing: test accuracy (%)",
-    grid="pope-ii",
-    rows=(Dim(field="axes.pe", title="PE",
+    grid="pope_indirect_indexing",
+    rows=(Dim(field="axes.variant", title="PE",
               values=("rope", "pope", "rope_half", "alibi_half", "learned", "sinusoidal"),
               labels={"rope": "RoPE", "pope": "PoPE", "rope_half": "RoPE half-channels",
                       "alibi_half": "ALiBi half-heads", "learned": "Learned absolute",

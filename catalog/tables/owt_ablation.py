@@ -1,7 +1,7 @@
 """PoPE ablation on OpenWebText: validation perplexity (EXPERIMENTS §2.3, v3 Table 5; the 253M
 column is not confirmed from the published text).
 
-Grid ``pope-owt-ablation``; axes ``variant`` (``identity`` | ``relu`` | ``no_delta`` | ``full``),
+Grid ``pope_owt_ablation``; axes ``variant`` (``identity`` | ``relu`` | ``no_delta`` | ``full``),
 ``size`` and ``seed``; metric ``ppl`` with ``split="valid"``, ``context_len=1024``.
 """
 
@@ -10,7 +10,7 @@ from phaselab.catalog.tables.spec import Dim, TableSpec
 SPEC = TableSpec(
     name="pope_owt_ablation",
     title="PoPE ablation: OpenWebText validation perplexity",
-    grid="pope-owt-ablation",
+    grid="pope_owt_ablation",
     rows=(Dim(field="axes.variant", title="Variant", values=("identity", "relu", "no_delta", "full"),
               labels={"identity": "PoPE without softplus (identity)", "relu": "PoPE with ReLU amplitude",
                       "no_delta": "PoPE without δ", "full": "Full PoPE"}),),

@@ -1,6 +1,6 @@
 """PoPE, OpenWebText: validation perplexity by model size (EXPERIMENTS §2.3).
 
-Grid ``pope-owt``; axes ``pe``, ``size`` (``124M`` | ``253M`` | ``774M``) and ``seed``; metric
+Grid ``pope_owt``; axes ``pe``, ``size`` (``124M`` | ``253M`` | ``774M``) and ``seed``; metric
 ``ppl`` with ``split="valid"`` and ``context_len=1024`` (whole split, non-overlapping 1024-token
 windows).
 """
@@ -10,7 +10,7 @@ from phaselab.catalog.tables.spec import Dim, TableSpec
 SPEC = TableSpec(
     name="pope_owt_ppl",
     title="OpenWebText: validation perplexity",
-    grid="pope-owt",
+    grid="pope_owt",
     rows=(Dim(field="axes.pe", title="PE", values=("rope", "pope", "tapa"),
               labels={"rope": "RoPE", "pope": "PoPE", "tapa": "TAPA"}),),
     cols=Dim(field="axes.size", values=("124M", "253M", "774M")),

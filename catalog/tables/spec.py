@@ -53,6 +53,11 @@ class TableSpec:
     title: str
     grid: str
     rows: tuple[Dim, ...]
+    # more grids whose rows join the table (e.g. one grid per dataset for the music table)
+    extra_grids: tuple[str, ...] = ()
+    # explicit row keys instead of the product of the row dims' values (e.g. the YaRN fine-tune
+    # row exists only for RoPE)
+    row_keys: tuple[tuple[Any, ...], ...] | None = None
     cols: Dim
     metric: str
     better: Literal["min", "max"]
@@ -76,6 +81,13 @@ class TableSpec:
             raise ValueError(f"table {self.name}: needs at least one row dimension")
         if self.bold_group is not None and self.bold_group not in [d.field for d in self.rows]:
             raise ValueError(f"table {self.name}: bold_group {self.bold_group!r} is not a row field")
+        for key in self.row_keys or ():
+            if len(key) != len(self.rows) or any(v not in d.values for d, v in zip(self.rows, key, strict=False)):
+                raise ValueError(f"table {self.name}: row key {key!r} does not match the row dims")
+
+    @property
+    def grids(self) -> tuple[str, ...]:
+        return (self.grid, *self.extra_grids)
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,8 @@ def build(spec: TableSpec, rows: Sequence[Mapping[str, Any]], *, grid_hash: str 
 
 
 def _row_keys(spec: TableSpec) -> list[tuple[Any, ...]]:
+    if spec.row_keys is not None:
+        return list(spec.row_keys)
     keys: list[tuple[Any, ...]] = [()]
     for d in spec.rows:
         keys = [k + (v,) for k in keys for v in d.values]
@@ -219,7 +233,8 @@ def footnote(t: BuiltTable, built_at: datetime, *, code: str = "`") -> str:
     spec = t.spec
     hashes = sorted(h[:12] for h in t.inputs)
     seeds = ", ".join(map(str, spec.seeds))
-    parts = [f"Source: phaselab catalog, grid {code}{spec.grid}{code}" + (f" (hash {t.grid_hash[:12]})" if t.grid_hash else ""),
+    names = ", ".join(f"{code}{g}{code}" for g in spec.grids)
+    parts = [f"Source: phaselab catalog, grid{'s' if spec.extra_grids else ''} {names}" + (f" (hash {t.grid_hash})" if t.grid_hash else ""),
              f"Alembic revision {t.revision or '?'}", f"built {built_at.isoformat(timespec='seconds')}",
              f"mean ± sample std over seeds {{{seeds}}}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
     if spec.reference:

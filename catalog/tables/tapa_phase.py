@@ -1,7 +1,7 @@
 """TAPA Table 3: phase-function ablation, PG-19 test perplexity (trained as for Table 1)
 (EXPERIMENTS §3.3).
 
-Grid ``tapa-phase``; axes ``phase`` (``linear`` | ``quadratic``, i.e. ``tapa.phase``) and
+Grid ``tapa_phase``; axes ``phase`` (``linear`` | ``quadratic``, i.e. ``tapa.phase``) and
 ``seed``; metric ``ppl`` with ``task="pg19"``, ``split="test"`` and ``context_len``.
 """
 
@@ -16,7 +16,7 @@ _PAPER = {
 SPEC = TableSpec(
     name="tapa_table3",
     title="TAPA phase-function ablation: PG-19 test perplexity",
-    grid="tapa-phase",
+    grid="tapa_phase",
     rows=(Dim(field="axes.phase", title="Phase", values=("linear", "quadratic"),
               labels={"linear": "Linear phase", "quadratic": "Quadratic phase"}),),
     cols=Dim(field="context_len", values=CONTEXTS),

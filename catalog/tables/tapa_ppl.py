@@ -1,7 +1,7 @@
 """TAPA Table 1: PG-19 test perplexity after 8k pretraining and 32k continued pretraining, by
 context length (EXPERIMENTS §3.3; sliding window, stride 256).
 
-Grid ``tapa-pg19``; axes ``pe`` (``rope_5e5`` | ``rope_2e8`` | ``pi`` | ``yarn`` | ``tapa``) and
+Grid ``tapa_pg19``; axes ``pe`` (``rope_5e5`` | ``rope_2e8`` | ``pi`` | ``yarn`` | ``tapa``) and
 ``seed`` (the paper trained once: one seed expected); metric ``ppl`` with ``task="pg19"``,
 ``split="test"`` and ``context_len``.
 """
@@ -21,7 +21,7 @@ _PAPER = {
 SPEC = TableSpec(
     name="tapa_table1",
     title="PG-19 test perplexity after 8k pretraining and 32k continued pretraining",
-    grid="tapa-pg19",
+    grid="tapa_pg19",
     rows=(Dim(field="axes.pe", title="Method", values=tuple(_PAPER), labels=PE_LABELS),),
     cols=Dim(field="context_len", values=CONTEXTS),
     metric="ppl", where={"task": "pg19", "split": "test"}, better="min", decimals=2, seeds=(0,),

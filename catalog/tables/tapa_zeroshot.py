@@ -1,7 +1,7 @@
 """TAPA Table 2: zero-shot PG-19 perplexity of the 8k-pretrained models (no 32k training; PI and
 YaRN with factor 8 at inference) (EXPERIMENTS §3.3).
 
-Grid ``tapa-pg19-zeroshot``; same axes and metric as :mod:`tapa_ppl`.
+Grid ``tapa_pg19_zeroshot``; same axes and metric as :mod:`tapa_ppl`.
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec
@@ -18,7 +18,7 @@ _PAPER = {
 SPEC = TableSpec(
     name="tapa_table2",
     title="Zero-shot PG-19 test perplexity of the 8k-pretrained models",
-    grid="tapa-pg19-zeroshot",
+    grid="tapa_pg19_zeroshot",
     rows=(Dim(field="axes.pe", title="Method", values=tuple(_PAPER), labels=PE_LABELS),),
     cols=Dim(field="context_len", values=CONTEXTS),
     metric="ppl", where={"task": "pg19", "split": "test"}, better="min", decimals=2, seeds=(0,),

@@ -28,18 +28,21 @@ def _metric_field_values(spec: TableSpec, col: Any) -> list[dict[str, Any]]:
 
 
 def populate(store: CatalogStore, spec: TableSpec) -> None:
-    """A synthetic grid for ``spec``: every row × column × seed, except the last row's last column
-    (a hole) and the first cell's last seed (a missing seed). Values are a deterministic function
-    of (row, column, seed); one extra metric per stage must be filtered out by ``where``."""
-    gid = store.upsert_grid(name=spec.grid, grid_hash=h(spec.grid), yaml_submitted="", yaml_resolved="")
+    """A synthetic catalog for ``spec``: every row × column × seed, except the last row's last
+    column (a hole) and the first cell's last seed (a missing seed). Values are a deterministic
+    function of (row, column, seed); one extra metric per stage must be filtered out by ``where``.
+    With ``extra_grids``, column i lives in grid i mod (number of grids)."""
+    gids = [store.upsert_grid(name=g, grid_hash=h(g), yaml_submitted="", yaml_resolved="") for g in spec.grids]
     row_keys = build(spec, []).row_keys
     col_is_axis = spec.cols.field.startswith("axes.")
     where = {k: v for k, v in spec.where.items() if not k.startswith("axes.")}
+    per_col = col_is_axis or len(gids) > 1
     for ri, rk in enumerate(row_keys):
+        dims = dict(zip((d.field for d in spec.rows), rk, strict=True))
+        role = dims.pop("role", "eval")
         for seed in spec.seeds:
-            axes = {d.field[5:]: v for d, v in zip(spec.rows, rk, strict=True)} | {"seed": seed}
-            col_groups = [[c] for c in spec.cols.values] if col_is_axis else [list(spec.cols.values)]
-            for cols in col_groups:
+            axes = {f[5:]: v for f, v in dims.items()} | {"seed": seed}
+            for cols in ([[c] for c in spec.cols.values] if per_col else [list(spec.cols.values)]):
                 records = []
                 for ci, col in ((spec.cols.values.index(c), c) for c in cols):
                     if ri == len(row_keys) - 1 and ci == len(spec.cols.values) - 1:
@@ -54,8 +57,10 @@ def populate(store: CatalogStore, spec: TableSpec) -> None:
                 records.append(MetricRecord(name=spec.metric, value=999.0, split="noise"))
                 cell_axes = axes | ({spec.cols.field[5:]: cols[0]} if col_is_axis else {})
                 key = ",".join(f"{k}={cell_axes[k]}" for k in sorted(cell_axes))
+                gid = gids[spec.cols.values.index(cols[0]) % len(gids)]
                 cid = store.upsert_cell(grid_id=gid, cell_key=key, axes=cell_axes)
-                run_stage(store, add_stage(store, cid, f"{spec.grid}/{key}"), records)
+                label = f"{spec.grid}/{key}/{role}/{gid}"
+                run_stage(store, add_stage(store, cid, label, role=role), records)
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
@@ -116,7 +121,7 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     assert (tmp_path / "pope_indirect_indexing.md").read_text().startswith("### Indirect Indexing")
     assert check_stale(store) == {"pope_indirect_indexing": []}
 
-    rerun = h("pope-ii/pe=pope,seed=1")                       # the stage re-runs with a new value
+    rerun = h("pope_indirect_indexing/seed=1,variant=pope/eval/1")                       # the stage re-runs with a new value
     assert store.transition(rerun, "READY", expected={"SUCCEEDED"})
     assert store.claim(rerun, "c")
     report = check_stale(store)["pope_indirect_indexing"]
@@ -127,8 +132,8 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     (reason,) = check_stale(store)["pope_indirect_indexing"]
     assert reason.startswith(f"input stage {rerun[:12]} changed: 1|") and "-> 2|" in reason
 
-    gid = store.get_grid("pope-ii")["id"]                      # a new seed finishes
-    cid = store.upsert_cell(grid_id=gid, cell_key="pe=rope,seed=3", axes={"pe": "rope", "seed": 3})
+    gid = store.get_grid("pope_indirect_indexing")["id"]       # a new seed finishes
+    cid = store.upsert_cell(grid_id=gid, cell_key="seed=3,variant=rope", axes={"variant": "rope", "seed": 3})
     new = add_stage(store, cid, "late-seed")
     run_stage(store, new, [MetricRecord(name="acc", value=0.2, split="test", task="indirect_indexing")])
     assert f"new input stage {new[:12]}" in check_stale(store)["pope_indirect_indexing"]
