@@ -29,7 +29,9 @@ depth), n = trials; ``niah_not_attempted`` per length skipped by ``stop_below``;
 ``niah_heatmap.png``:
     split       haystack token split (default "valid")
     niah        {lengths: [..], depths: [0, .1, .., 1], trials: 10, seed: 0, stop_below: null,
-                 batch_size: 1, cache_dir: null}   (niah.NiahConfig; cache_dir null -> the data
+                 batch_size: 1, cache_dir: null, answer: digits|letters}   (niah.NiahConfig;
+                 "letters" for vocabularies without digits, e.g. char-level Tiny Shakespeare;
+                 cache_dir null -> the data
                  cache folder /niah; samples are keyed by the dataset digest, which covers the
                  tokenizer and the source text)
     max_length  model context while decoding (default: the largest length)

@@ -7,13 +7,15 @@ A sample of context length L is a token sequence of exactly L ids::
 
 - needle   = encode(" The special magic number is N. ") with N a uniform 7-digit number;
 - question = encode(" What is the special magic number? The special magic number is");
+- ``answer: "letters"`` (not in the papers) swaps N for 7 uniform capital letters and "number"
+  for "word", for vocabularies without digits (Tiny Shakespeare's characters hold only "3");
 - the needle starts at the exact token index ``round(depth * (C - len(needle)))``, so depth 0
   puts it first and depth 1 makes it end right before the question;
 - the haystack is a contiguous run of the document stream (Tiny Shakespeare offline, PG-19
   online) from a seeded random offset (tiled when the stream is shorter than C).
 
 Scoring: greedy decoding of ``len(encode(" " + N)) + 1`` tokens; a trial is correct iff the
-first run of digits in the decoded text (after optional whitespace) is exactly N. Accuracy per
+first alphanumeric run of the decoded text (after optional whitespace) is exactly N. Accuracy per
 (length, depth) cell. Samples are generated once per (dataset/tokenizer digest, length, depth,
 seed, trials) and cached on disk under a hash of that key (atomic write). Lengths are run in
 increasing order; with ``stop_below`` set, once a length's mean accuracy over depths falls below
@@ -30,14 +32,15 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from phaselab.workloads.evals.perplexity import autocast, model_device
 
-NEEDLE = " The special magic number is {number}. "
-QUESTION = " What is the special magic number? The special magic number is"
+NEEDLE = " The special magic {noun} is {answer}. "
+QUESTION = " What is the special magic {noun}? The special magic {noun} is"
+_NOUN = {"digits": "number", "letters": "word"}
 _FORMAT_VERSION = 1  # bump when the sample layout changes (it is part of the cache key)
 
 Step = Callable[[torch.Tensor], torch.Tensor]  # ids_BT -> next-token logits_BV
@@ -48,7 +51,7 @@ class NiahConfig:
     """NIAH grid (spec key ``niah``). lengths: context lengths L; depths in [0, 1]; trials per
     cell; seed; stop_below: accuracy threshold for marking longer lengths not attempted (None:
     run everything); batch_size: trials decoded together; cache_dir: sample cache (None: the
-    eval's out_dir/niah-cache)."""
+    data cache folder /niah); answer: "digits" (the papers' 7-digit number) | "letters"."""
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...] = tuple(i / 10 for i in range(11))
@@ -57,6 +60,7 @@ class NiahConfig:
     stop_below: float | None = None
     batch_size: int = 1
     cache_dir: str | None = None
+    answer: Literal["digits", "letters"] = "digits"
 
     def __post_init__(self) -> None:
         if not self.lengths or any(n < 1 for n in self.lengths):
@@ -69,11 +73,11 @@ class NiahConfig:
 
 @dataclass(frozen=True)
 class NiahSamples:
-    """ids [trials, L] int64; needle_start [trials]; numbers [trials] (the 7-digit answers)."""
+    """ids [trials, L] int64; needle_start [trials]; answers [trials] (7-character strings)."""
 
     ids: np.ndarray
     needle_start: np.ndarray
-    numbers: np.ndarray
+    answers: np.ndarray
     context_len: int
     depth: float
 
@@ -87,43 +91,56 @@ def needle_index(context_tokens: int, needle_tokens: int, depth: float) -> int:
     return round(depth * (context_tokens - needle_tokens))
 
 
+def draw_answers(rng: np.random.Generator, trials: int, answer: str) -> np.ndarray:
+    if answer == "digits":
+        return np.array([str(n) for n in rng.integers(1_000_000, 10_000_000, size=trials)])
+    if answer == "letters":
+        letters = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+        return np.array(["".join(rng.choice(letters, size=7)) for _ in range(trials)])
+    raise ValueError(f"niah answer must be 'digits' or 'letters', got {answer!r}")
+
+
 def make_samples(tokenizer: Any, haystack: np.ndarray, *, length: int, depth: float, trials: int,
-                 seed: int) -> NiahSamples:
+                 seed: int, answer: str = "digits") -> NiahSamples:
     """Generate ``trials`` samples of exactly ``length`` tokens (pure function of its arguments)."""
-    question = list(tokenizer.encode(QUESTION))
+    if answer not in _NOUN:
+        raise ValueError(f"niah answer must be 'digits' or 'letters', got {answer!r}")
+    noun = _NOUN[answer]
+    question = list(tokenizer.encode(QUESTION.format(noun=noun)))
     context = length - len(question)
     rng = np.random.default_rng([int(seed), int(length), round(depth * 1_000_000)])
-    numbers = rng.integers(1_000_000, 10_000_000, size=trials)
+    answers = draw_answers(rng, trials, answer)
     ids = np.empty((trials, length), dtype=np.int64)
     starts = np.empty(trials, dtype=np.int64)
     hay = np.asarray(haystack, dtype=np.int64)
     for t in range(trials):
-        needle = list(tokenizer.encode(NEEDLE.format(number=int(numbers[t]))))
+        needle = list(tokenizer.encode(NEEDLE.format(noun=noun, answer=answers[t])))
         at = needle_index(context, len(needle), depth)
         fill = context - len(needle)
         offset = int(rng.integers(0, max(1, len(hay) - fill)))
         run = np.resize(hay[offset:], fill) if len(hay) - offset < fill else hay[offset:offset + fill]
         ids[t] = np.concatenate([run[:at], needle, run[at:], question])
         starts[t] = at
-    return NiahSamples(ids, starts, numbers, int(length), float(depth))
+    return NiahSamples(ids, starts, answers, int(length), float(depth))
 
 
 def cached_samples(tokenizer: Any, haystack: np.ndarray, *, digest: str, length: int, depth: float,
-                   trials: int, seed: int, cache_dir: Path) -> NiahSamples:
-    """``make_samples`` through an on-disk cache keyed by (digest, length, depth, seed, trials)."""
+                   trials: int, seed: int, cache_dir: Path, answer: str = "digits") -> NiahSamples:
+    """``make_samples`` through an on-disk cache keyed by (digest, length, depth, seed, trials,
+    answer kind)."""
     key = json.dumps({"v": _FORMAT_VERSION, "digest": digest, "length": int(length), "depth": float(depth),
-                      "trials": int(trials), "seed": int(seed), "needle": NEEDLE, "question": QUESTION},
-                     sort_keys=True)
+                      "trials": int(trials), "seed": int(seed), "needle": NEEDLE, "question": QUESTION,
+                      "answer": answer}, sort_keys=True)
     path = Path(cache_dir) / f"niah-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npz"
     if path.exists():
         with np.load(path) as z:
-            return NiahSamples(z["ids"], z["needle_start"], z["numbers"], int(length), float(depth))
-    s = make_samples(tokenizer, haystack, length=length, depth=depth, trials=trials, seed=seed)
+            return NiahSamples(z["ids"], z["needle_start"], z["answers"], int(length), float(depth))
+    s = make_samples(tokenizer, haystack, length=length, depth=depth, trials=trials, seed=seed, answer=answer)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz.tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, ids=s.ids, needle_start=s.needle_start, numbers=s.numbers)
+            np.savez(f, ids=s.ids, needle_start=s.needle_start, answers=s.answers)
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
     finally:
         if os.path.exists(tmp):
@@ -176,19 +193,20 @@ def greedy_decode(step_or_model: Step | torch.nn.Module, prompts: Sequence[Seque
     return new
 
 
-def is_correct(text: str, number: int) -> bool:
-    m = re.match(r"\s*(\d+)", text)
-    return m is not None and m.group(1) == str(int(number))
+def is_correct(text: str, answer: str) -> bool:
+    """The first alphanumeric run of ``text`` (after whitespace) is exactly ``answer``."""
+    m = re.match(r"\s*([0-9A-Za-z]+)", text)
+    return m is not None and m.group(1) == str(answer)
 
 
 def score_samples(step: Step, tokenizer: Any, samples: NiahSamples, *, batch_size: int) -> float:
     """Exact-match accuracy of greedy decoding on one (length, depth) cell."""
-    n_new = len(tokenizer.encode(" 1234567")) + 1
     correct = 0
     for i in range(0, len(samples.ids), batch_size):
-        rows = samples.ids[i:i + batch_size]
+        rows, answers = samples.ids[i:i + batch_size], samples.answers[i:i + batch_size]
+        n_new = max(len(tokenizer.encode(" " + str(a))) for a in answers) + 1
         outs = greedy_decode(step, rows.tolist(), n_new)
-        correct += sum(is_correct(tokenizer.decode(o), n) for o, n in zip(outs, samples.numbers[i:i + batch_size]))
+        correct += sum(is_correct(tokenizer.decode(o), a) for o, a in zip(outs, answers))
     return correct / len(samples.ids)
 
 
@@ -204,7 +222,7 @@ def run_grid(step: Step, tokenizer: Any, haystack: np.ndarray, cfg: NiahConfig, 
                 grid[(length, depth)] = None
                 continue
             s = cached_samples(tokenizer, haystack, digest=digest, length=length, depth=depth,
-                               trials=cfg.trials, seed=cfg.seed, cache_dir=cache_dir)
+                               trials=cfg.trials, seed=cfg.seed, cache_dir=cache_dir, answer=cfg.answer)
             grid[(length, depth)] = score_samples(step, tokenizer, s, batch_size=cfg.batch_size)
             accs.append(grid[(length, depth)])
         if not stopped and cfg.stop_below is not None and float(np.mean(accs)) < cfg.stop_below:

@@ -27,8 +27,7 @@ def niah_heatmap(grid: dict[tuple[int, float], float | None], path: Path, *, tit
     for (L, d), acc in grid.items():
         if acc is not None:
             acc_DL[depths.index(d), lengths.index(L)] = acc
-    cmap = plt.get_cmap("RdYlGn").copy()
-    cmap.set_bad("lightgrey")
+    cmap = plt.get_cmap("RdYlGn").with_extremes(bad="lightgrey")
     fig, ax = plt.subplots(figsize=(1.0 + 0.9 * len(lengths), 1.0 + 0.45 * len(depths)))
     im = ax.imshow(np.ma.masked_invalid(acc_DL), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     for i in range(len(depths)):
