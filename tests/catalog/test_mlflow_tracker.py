@@ -191,3 +191,32 @@ def test_server_command_refuses_file_store_and_public_bind(tmp_path: Path) -> No
     cmd = mlflow_server.server_command(host="127.0.0.1", port=5001, backend_uri="sqlite:///x.db",
                                        artifact_root=str(tmp_path))
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--workers") + 1] == "1"
+
+
+def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[str, str], tmp_path: Path) -> None:
+    from catalog_testlib import add_stage, cell
+    from mlflow import MlflowClient
+
+    from phaselab.catalog import lineage
+    from phaselab.catalog.store import CatalogStore
+
+    uri, root = tracking
+    store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
+    store.upgrade()
+    gid = store.upsert_grid(name="quickstart", grid_hash="q" * 64, yaml_submitted="", yaml_resolved="")
+    cid = cell(store, gid, {"pe": "rope", "seed": 0})
+    pre = add_stage(store, cid, "pretrain", kind="pretrain")
+    ev = add_stage(store, cid, "ppl")
+    store.add_edge(pre, ev, "evaluates")
+    parent = lineage.cell_parent_run(store, uri, cell_id=cid, artifact_root=root)
+    assert lineage.cell_parent_run(store, uri, cell_id=cid) == parent == store.get_cell(cid)["mlflow_run_id"]
+
+    t = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool", attn_backend="sdpa")
+    t.log_metrics({"loss": 1.0}, step=1)
+    store.update_stage_info(ev, mlflow_run_id=t.run_id)
+    resumed = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool")
+    assert resumed.run_id == t.run_id
+    run = MlflowClient(tracking_uri=uri).get_run(t.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["phaselab.upstream"] == pre and run.data.tags["phaselab.stage_kind"] == "eval"
+    store.dispose()
