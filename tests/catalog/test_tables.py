@@ -139,3 +139,18 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     assert f"new input stage {new[:12]}" in check_stale(store)["pope_indirect_indexing"]
     render_all(store, "md", names=["pope_indirect_indexing"], now=NOW)
     assert check_stale(store) == {"pope_indirect_indexing": []}
+
+
+def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    from phaselab.catalog.figures import plot_curves, render_figures
+
+    populate(sqlite_store, get_spec("quickstart_ppl"))
+    paths = render_figures(sqlite_store, tmp_path)
+    assert sorted(p.name for p in paths) == ["quickstart_ppl.pdf", "quickstart_ppl.png"]
+    assert paths[1].read_bytes()[:4] == b"%PDF"
+    img = imread(paths[0])
+    assert img.shape[0] > 300 and img.shape[1] > 500 and img[..., :3].std() > 0.05   # not blank
+    with pytest.raises(ValueError, match="not numeric"):
+        plot_curves(build(get_spec("pope_downstream"), []), tmp_path / "x")

@@ -1,0 +1,92 @@
+"""Cross-cell figures from the catalog (issue 7): perplexity vs context length per encoding, like
+PoPE's Figure 2 and TAPA's Tables 1–2 drawn as curves.
+
+A figure reuses a table spec (one definition of rows, columns, metric and seed aggregation): each
+row of the built table is a line, its numeric columns are the x axis, the seed mean is the line
+and ± one sample std a band; holes are gaps (never interpolated), and a cell with missing seeds
+is drawn with a hollow marker. Per-stage figures (NIAH heat maps, frequency usage) are drawn by
+the eval stages themselves (``workloads.evals.plots``) and stored as artifacts.
+
+matplotlib is imported inside functions (Agg backend, no display).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from phaselab.catalog.tables.spec import BuiltTable, build
+
+if TYPE_CHECKING:
+    from phaselab.catalog.store import CatalogStore
+
+# Tables whose columns are context lengths (drawn as curves by render_figures).
+CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3", "quickstart_ppl")
+
+
+def _pyplot():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len: int | None = None,
+                formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+    """Draw ``t`` (numeric columns) as one line per row; writes ``path_base.<fmt>`` for each
+    format and returns the paths. Raises ValueError if a column value is not a number."""
+    spec = t.spec
+    xs = list(spec.cols.values)
+    if not all(isinstance(x, (int, float)) for x in xs):
+        raise ValueError(f"table {spec.name}: columns {xs!r} are not numeric; cannot draw curves")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for rk in t.row_keys:
+        stats = [t.cells.get((rk, x)) for x in xs]
+        if all(s is None for s in stats):
+            continue
+        ys = [float("nan") if s is None else s.mean for s in stats]
+        label = " ".join(d.label(v) for d, v in zip(spec.rows, rk, strict=True))
+        (line,) = ax.plot(xs, ys, marker="o", label=label)
+        lo = [float("nan") if s is None or s.std is None else s.mean - s.std for s in stats]
+        hi = [float("nan") if s is None or s.std is None else s.mean + s.std for s in stats]
+        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        partial = [(x, s.mean) for x, s in zip(xs, stats, strict=True) if s is not None and s.n < s.expected]
+        if partial:
+            ax.scatter(*zip(*partial, strict=True), s=60, facecolors="white", edgecolors=line.get_color(),
+                       zorder=3)
+    if train_len is not None:
+        ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(spec.cols.title or spec.cols.field.removeprefix("axes."))
+    ax.set_ylabel(spec.metric)
+    ax.set_title(spec.title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths = []
+    for fmt in formats:
+        path = Path(path_base).with_suffix(f".{fmt}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] = CURVE_TABLES) -> list[Path]:
+    """Draw every curve table whose grid is in the catalog into ``out_dir``; returns the files."""
+    from phaselab.catalog.tables import get_spec
+
+    written: list[Path] = []
+    for name in names:
+        spec = get_spec(name)
+        rows = [r for g in spec.grids if store.get_grid(g) is not None for r in store.metrics_frame(grid=g)]
+        if not rows:
+            continue
+        written += plot_curves(build(spec, rows), Path(out_dir) / name)
+    return written
