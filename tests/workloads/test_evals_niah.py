@@ -58,7 +58,8 @@ def test_needle_at_exact_token_index(ds, depth):
 
 
 def test_samples_cached_once_by_key(ds, tmp_path):
-    kw = dict(digest=ds.digest, length=200, depth=0.5, trials=2, seed=1, cache_dir=tmp_path, answer="letters")
+    kw = {"digest": ds.digest, "length": 200, "depth": 0.5, "trials": 2, "seed": 1, "cache_dir": tmp_path,
+          "answer": "letters"}
     a = niah.cached_samples(ds.tokenizer, ds.tokens("valid"), **kw)
     files = sorted(tmp_path.glob("niah-*.npz"))
     assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
