@@ -205,3 +205,38 @@ def test_num_params_counts_tied_embedding_once():
     assert model.num_params(exclude_embeddings=True) == 2 * per_layer + C
     untied = Transformer(preset("tiny", tie_embeddings=False))
     assert untied.num_params() == model.num_params() + V * C
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,backend", [("rope", "sdpa"), ("pope", "sdpa"), ("pope", "reference"),
+                                          ("tapa", "reference"), ("alibi", "reference")])
+def test_cuda_bf16_autocast_step_matches_cpu_fp32(kind, backend):
+    torch.manual_seed(0)
+    cfg = preset("tiny", n_kv_head=2, attention={"backend": backend},
+                 pe={"kind": kind, "pope": {"delta_init": "uniform"}})
+    cpu = Transformer(cfg)
+    gpu = Transformer(cfg).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    idx_BT = _tokens(66, 4, 64, seed=10)
+    _, loss_cpu = cpu(idx_BT, targets_BT=torch.roll(idx_BT, -1, 1))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits, loss = gpu(idx_BT.cuda(), targets_BT=torch.roll(idx_BT, -1, 1).cuda())
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert abs(float(loss) / float(loss_cpu) - 1) < 0.01
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
+    pe = gpu.h[0].attn.pe
+    if kind in ("rope", "pope"):
+        assert pe.inv_freq.device.type == "cuda" and pe.inv_freq.dtype == torch.float32
+    assert any(c.device_type == "cuda" and c.dtype == torch.bfloat16 for c in gpu.h[0].attn._checked_calls)
+
+
+@pytest.mark.gpu
+def test_cuda_deterministic_sdpa_training_call_is_refused():
+    """Checked on the CPU at build; on CUDA with grads, sdpa cannot promise determinism (MATH §7.8)."""
+    model = Transformer(preset("tiny", attention={"backend": "sdpa", "deterministic": True})).cuda()
+    idx_BT = _tokens(66, 1, 8).cuda()
+    with torch.no_grad():
+        model(idx_BT)  # inference is deterministic: accepted
+    with pytest.raises(BackendUnsupported, match="deterministic"):
+        model(idx_BT, targets_BT=idx_BT)
