@@ -107,19 +107,22 @@ def _record(value: Any, path: YamlPath, origins: dict[str, YamlPath], prefix: st
     return value
 
 
-def interpolate(value: Any, axes: Mapping[str, Any], path: YamlPath, marks: Marks) -> Any:
+def interpolate(value: Any, axes: Mapping[str, Any], name: str, origins: Mapping[str, YamlPath],
+                marks: Marks) -> Any:
     """Replace ``${axis}`` with the cell's value: a whole-string reference keeps the value's type
-    (``"${lr}"`` -> 0.001), a reference inside a longer string is formatted into it."""
+    (``"${lr}"`` -> 0.001), a reference inside a longer string is formatted into it. ``name`` is
+    the dotted config name of ``value``; ``origins`` maps it to the YAML path for errors."""
     if isinstance(value, Mapping):
-        return {k: interpolate(v, axes, (*path, k), marks) for k, v in value.items()}
+        return {k: interpolate(v, axes, f"{name}.{k}", origins, marks) for k, v in value.items()}
     if isinstance(value, list):
-        return [interpolate(v, axes, (*path, i), marks) for i, v in enumerate(value)]
+        return [interpolate(v, axes, name, origins, marks) for v in value]
     if not isinstance(value, str) or "${" not in value:
         return value
-    for name in _INTERP.findall(value):
-        if name not in axes:
-            raise GridError([Issue(marks.at(path), dotted(path), f"unknown axis '${{{name}}}' in "
-                                   f"{value!r}", suggest(name, axes))])
+    for ref in _INTERP.findall(value):
+        if ref not in axes:
+            path = origins.get(name, (name,))
+            raise GridError([Issue(marks.at(path), dotted(path), f"unknown axis '${{{ref}}}' in "
+                                   f"{value!r}", suggest(ref, axes))])
     whole = _INTERP.fullmatch(value)
     if whole:
         return axes[whole.group(1)]
@@ -146,7 +149,7 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
                 continue
             merged = deep_merge(base or {}, over or {}, ("defaults", sec), ("stages", name, sec),
                                 origins, sec)
-            sections[sec] = interpolate(merged, cell.axes, ("stages", name, sec), marks)
+            sections[sec] = interpolate(merged, cell.axes, sec, origins, marks)
         if st.kind in ("pretrain", "cpt", "finetune"):
             train = sections.setdefault("train", {})
             if "seed" not in train:   # the grid's seed axis drives the training seed
