@@ -8,6 +8,7 @@ across grids) into one node.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +107,9 @@ def _typed(rs: ResolvedStage, marks: Marks, cache: dict[str, Any]) -> dict[str, 
     except SectionError as err:
         path = map_config_error(rs, err.key, marks)
         where = dotted(path) if path != ("stages", rs.name) else f"stages.{rs.name}.{err.key}"
-        raise GridError([Issue(marks.at(path), where, f"{err.message} (stage {rs.name!r}, cell "
+        hint = (" (YAML 1.1 reads a float like 3e-4 as a string: write 3.0e-4)"
+                if re.search(r"got str '[-+]?[\d.]+[eE][-+]?\d+'", err.message) else "")
+        raise GridError([Issue(marks.at(path), where, f"{err.message}{hint} (stage {rs.name!r}, cell "
                                f"{rs.cell.key})", err.suggestion)]) from None
     return cache[memo]
 

@@ -25,10 +25,11 @@ from typing import Any
 CACHE_SCHEMA = 1
 
 # Keys that do not change what a stage computes (DESIGN §5.4): logging cadence, checkpoint
-# cadence (resume is bitwise exact), the micro-batch / accumulation split (the global batch
+# cadence and retention (resume is bitwise exact), the micro-batch / accumulation split (the global batch
 # train.batch_size stays in the key), dataloader workers and tags.
 IGNORED_KEYS: frozenset[str] = frozenset({
     "train.log_every", "train.grad_accum", "train.micro_batch_size", "train.ckpt_every",
+    "train.keep_checkpoints",
     "data.num_workers", "tags",
 })
 

@@ -1,7 +1,9 @@
 """Command-line overrides in Hydra's grammar, applied to the raw grid document before validation.
 
 =====================  ==========================================================================
-``key=v``              set an existing key (error, with the nearest key, if it does not exist)
+``key=v``              set an existing key (error, with the nearest key, if it does not exist;
+                       inside a config section any field of its config may be set, and an
+                       unknown one is reported by the strict validation)
 ``+key=v``             add a new key (error if it exists: Hydra's "use ++ to force")
 ``++key=v``            set, adding it if missing
 ``~key``               delete a key (error if missing)
@@ -68,11 +70,18 @@ def _split_top(value: str) -> list[str]:
     return parts
 
 
+_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
 def _scalar(text: str, raw: str) -> Any:
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
         raise _fail(text, f"cannot parse value {raw!r}: {err}") from None
+    # YAML 1.1 reads 3e-4 as a string; on the command line it means the number (as in Hydra).
+    if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
+        return float(value)
+    return value
 
 
 def _sweep(text: str, raw: str) -> tuple[Any, ...] | None:
@@ -117,6 +126,17 @@ def parse_override(text: str) -> Override:
     return Override(text=text, op=op, path=path, value=_scalar(text, raw))
 
 
+_SECTIONS = ("model", "data", "train", "extend", "eval", "resources")
+
+
+def in_section(path: tuple) -> bool:
+    """Paths inside a config section (``defaults.train.lr``, ``stages.x.model.pe.kind``): their
+    keys are checked against the workloads' configs later, so a ``key=v`` there may name a field
+    the YAML leaves at its default (Hydra's structured-config behaviour)."""
+    return (len(path) >= 3 and path[0] == "defaults" and path[1] in _SECTIONS) or (
+        len(path) >= 4 and path[0] == "stages" and path[2] in _SECTIONS)
+
+
 def _parent(doc: Any, ov: Override, *, create: bool) -> Any:
     node = doc
     for i, p in enumerate(ov.path[:-1]):
@@ -144,11 +164,11 @@ def apply_overrides(doc: Mapping[str, Any], marks: Marks, overrides: Sequence[st
     for text in overrides:
         ov = parse_override(text)
         mark = Mark(f"<override {text!r}>", 0, 0)
-        parent = _parent(out, ov, create=ov.op in ("add", "force"))
+        parent = _parent(out, ov, create=ov.op in ("add", "force") or (ov.op == "set" and in_section(ov.path)))
         last = ov.path[-1]
         exists = (isinstance(parent, Mapping) and last in parent) or (
             isinstance(parent, list) and isinstance(last, int) and last < len(parent))
-        if ov.op in ("set", "delete") and not exists:
+        if (ov.op == "delete" or (ov.op == "set" and not in_section(ov.path))) and not exists:
             raise _missing(out, ov, ov.path)
         if ov.op == "add" and exists:
             raise _fail(text, f"key {dotted(ov.path)!r} already exists (use ++key=value to force)",

@@ -110,7 +110,10 @@ def test_override_errors_name_the_override(tmp_path: Path) -> None:
         plan_grid(path, ["defaults.train.stepz=3"])
     issue = info.value.issues[0]
     assert "override 'defaults.train.stepz=3'" in str(issue.mark)
-    assert issue.suggestion == "defaults.train.steps"
+    assert issue.suggestion == "steps"
+    with pytest.raises(GridError) as info:   # outside config sections a key must exist
+        plan_grid(path, ["defaults.trian.steps=3"])
+    assert info.value.issues[0].suggestion == "defaults.train"
     with pytest.raises(GridError) as info:   # an override's bad value is reported against the override
         plan_grid(path, ["defaults.train.steps=many"])
     assert "<override 'defaults.train.steps=many'>" in str(info.value)
