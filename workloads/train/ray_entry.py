@@ -188,9 +188,9 @@ def train_loop_per_worker(cfg: dict) -> None:
                    stop_after=cfg.get("stop_after"), reduce=_allreduce_mean)
     if result.stopped == "stop_after":
         return
-    with engine.full_weights() as module:  # every rank evaluates: ZeRO-3 forwards are collective
-        metrics, records = final_evaluation(module, dataset, tc, step=result.step,
-                                            device=engine.device, autocast=engine.autocast)
+    # Every rank evaluates the same batches: under ZeRO-3 each forward gathers collectively.
+    metrics, records = final_evaluation(engine.module, dataset, tc, step=result.step,
+                                        device=engine.device, autocast=engine.autocast)
     final = {"step": float(result.step), **result.metrics, **metrics}
     if rank == 0:
         (out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records], indent=1))
@@ -248,7 +248,12 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     records_path = out_dir / "records.json"
     records = ([MetricRecord(**r) for r in json.loads(records_path.read_text())]
                if records_path.exists() and stop_after is None else [])
-    metrics = {k: float(v) for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))}
+    # Ray attaches to result.metrics the metrics of the last *checkpointed* report; the final
+    # evaluation (reported after it) is read from what rank 0 wrote.
+    metrics_path = out_dir / "metrics.json"
+    source = (json.loads(metrics_path.read_text()) if metrics_path.exists() and stop_after is None
+              else result.metrics or {})
+    metrics = {k: float(v) for k, v in source.items() if isinstance(v, (int, float))}
     return TrainOutcome(metrics=metrics, checkpoint=Path(result.checkpoint.path) / "model.pt",
                         records=records)
 
