@@ -158,7 +158,8 @@ class MlflowTracker:
             tags["mlflow.source.git.commit"] = git_commit
         parent_cell = None if parent_run_id else {"grid": grid, "grid_id": grid_id, "cell_id": cell_id,
                                                   "cell_key": cell_key, "axes": dict(axes or {})}
-        return cls(tracking_uri=tracking_uri, experiment=grid, spool_path=Path(spool_dir) / f"{stage_hash}.jsonl",
+        return cls(tracking_uri=tracking_uri, experiment=grid,
+                   spool_path=Path(spool_dir) / f"{stage_hash}.jsonl",
                    run_name=run_name or f"{stage_kind}-{stage_hash[:12]}", tags=tags,
                    parent_run_id=parent_run_id, parent_cell=parent_cell, run_id=run_id,
                    artifact_root=artifact_root, rank=rank)

@@ -36,6 +36,10 @@ Methods (the orchestrator's contract, then additions):
 ``record_table_build / latest_table_build``  for ``phaselab tables --check-stale``
 ``revision()``                          the Alembic revision of the database
 ======================================  ===========================================================
+
+The value types (:class:`StageSpec`, :class:`ArtifactSpec`, :class:`StageRow`,
+:class:`StateError`) live in ``catalog.rows`` and the read methods in ``catalog.store_reads``;
+both are importable from here.
 """
 
 from __future__ import annotations
@@ -43,16 +47,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select, update
+from sqlalchemy import Connection, and_, func, select, update
 
 from phaselab.catalog import db
+from phaselab.catalog.rows import (  # noqa: F401  (re-exported: the orchestrator imports them from here)
+    ArtifactSpec,
+    StageRow,
+    StageSpec,
+    StateError,
+    check_hash,
+    check_state,
+)
 from phaselab.catalog.schema import (
     RELATIONS,
-    STATES,
     Artifact,
     Attempt,
     Cell,
@@ -63,10 +73,10 @@ from phaselab.catalog.schema import (
     Metric,
     Stage,
     StageEdge,
-    TableBuild,
     metric_ident,
     utcnow,
 )
+from phaselab.catalog.store_reads import StoreReads
 from phaselab.catalog.tracking import MetricRecord
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -74,94 +84,7 @@ TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 # SUCCEEDED (idempotent retry), and from FAILED (a late report after a heartbeat timeout).
 FINALIZABLE = frozenset({"RUNNING", "SUCCEEDED", "FAILED"})
 
-
-class StateError(ValueError):
-    """A stage is not in a state that allows the requested operation."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageSpec:
-    """What the orchestrator knows about a stage before it runs (one ``stage`` row)."""
-
-    stage_hash: str
-    kind: str
-    config: Mapping[str, Any]
-    cache_key_parts: Mapping[str, Any]
-    name: str | None = None
-    state: str = "PLANNED"
-    ray_run_name: str | None = None
-    storage_uri: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_hash(self.stage_hash)
-        if not isinstance(self.kind, str) or not 0 < len(self.kind) <= 32:
-            raise ValueError(f"stage kind must be a 1..32 character string, got {self.kind!r}")
-        _check_state(self.state)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ArtifactSpec:
-    """A committed output of a stage: where it is and its digest."""
-
-    name: str
-    uri: str
-    sha256: str
-    bytes: int
-    kind: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.sha256, str) or len(self.sha256) != 64 or \
-                any(c not in "0123456789abcdef" for c in self.sha256):
-            raise ValueError(f"artifact {self.name!r}: sha256 must be 64 lowercase hex digits, "
-                             f"got {self.sha256!r}")
-        if isinstance(self.bytes, bool) or not isinstance(self.bytes, int) or self.bytes < 0:
-            raise ValueError(f"artifact {self.name!r}: bytes must be an int >= 0, got {self.bytes!r}")
-        if not self.uri or not self.name:
-            raise ValueError(f"artifact needs a name and a uri, got name={self.name!r} uri={self.uri!r}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageRow:
-    """A read-only snapshot of one ``stage`` row."""
-
-    stage_hash: str
-    kind: str
-    name: str | None
-    config: dict[str, Any]
-    cache_key_parts: dict[str, Any]
-    env: dict[str, Any] | None
-    state: str
-    failure_class: str | None
-    message: str | None
-    attempts: int
-    owner: str | None
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    heartbeat_at: datetime | None
-    gpu_seconds: float | None
-    ray_run_name: str | None
-    storage_uri: str | None
-    mlflow_run_id: str | None
-    backend: str | None
-
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> StageRow:
-        return cls(**{f.name: m[f.name] for f in fields(cls)})
-
-
-def _check_hash(stage_hash: Any) -> None:
-    if not isinstance(stage_hash, str) or not 0 < len(stage_hash) <= 64:
-        raise ValueError(f"stage_hash must be a 1..64 character string, got {stage_hash!r}")
-
-
-def _check_state(state: Any) -> None:
-    if state not in STATES:
-        raise ValueError(f"unknown stage state {state!r}; expected one of {STATES}")
-
-
-class CatalogStore:
+class CatalogStore(StoreReads):
     """See the module docstring. ``url`` None → ``PHASELAB_CATALOG_URL`` or the SQLite default."""
 
     def __init__(self, url: str | None = None) -> None:
@@ -276,7 +199,7 @@ class CatalogStore:
     def stages_in_state(self, states: Iterable[str], *, grid_id: int | None = None) -> list[StageRow]:
         states = set(states)
         for s in states:
-            _check_state(s)
+            check_state(s)
         q = select(Stage.__table__).where(Stage.state.in_(states))
         if grid_id is not None:
             q = q.where(Stage.stage_hash.in_(select(CellStage.stage_hash).join(
@@ -290,11 +213,11 @@ class CatalogStore:
                    failure_class: str | None = None, message: str | None = None) -> bool:
         """Compare-and-set ``state``: moves to ``to_state`` only if the state is in ``expected``.
         Sets ``failure_class``/``message`` as given (None clears them, e.g. on a retry)."""
-        _check_state(to_state)
+        check_state(to_state)
         if not expected:
             raise ValueError("transition needs a non-empty expected set of states")
         for s in expected:
-            _check_state(s)
+            check_state(s)
         if to_state == "SUCCEEDED":
             raise StateError("a stage becomes SUCCEEDED only through finalize_success (DESIGN §5.1)")
         now = utcnow()
@@ -485,89 +408,6 @@ class CatalogStore:
         with self._tx() as conn:
             self._upsert_eval_meta(conn, stage_hash, task, version, config)
 
-    # -- reads --------------------------------------------------------------------------------
-    def get_grid(self, name: str) -> dict[str, Any] | None:
-        with self._tx() as conn:
-            m = conn.execute(select(Grid.__table__).where(Grid.name == name)).mappings().first()
-            if m is None:
-                return None
-            versions = conn.execute(select(GridVersion.__table__).where(GridVersion.grid_id == m["id"])
-                                    .order_by(GridVersion.version)).mappings().all()
-        return {**m, "versions": [dict(v) for v in versions]}
-
-    def cells_for_grid(self, grid_id: int) -> list[dict[str, Any]]:
-        with self._tx() as conn:
-            return [dict(m) for m in conn.execute(select(Cell.__table__).where(Cell.grid_id == grid_id)
-                                                  .order_by(Cell.id)).mappings()]
-
-    def get_cell(self, cell_id: int) -> dict[str, Any] | None:
-        """One cell with its grid's id and name."""
-        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
-                    Grid.id.label("grid_id"), Grid.name.label("grid"))
-             .join(Grid, Grid.id == Cell.grid_id).where(Cell.id == cell_id))
-        with self._tx() as conn:
-            m = conn.execute(q).mappings().first()
-        return None if m is None else dict(m)
-
-    def cells_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
-        """The cells (with grid name, role and axes) a stage belongs to."""
-        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
-                    CellStage.role, Grid.id.label("grid_id"), Grid.name.label("grid"))
-             .join(CellStage, CellStage.cell_id == Cell.id).join(Grid, Grid.id == Cell.grid_id)
-             .where(CellStage.stage_hash == stage_hash).order_by(Cell.id))
-        with self._tx() as conn:
-            return [dict(m) for m in conn.execute(q).mappings()]
-
-    def edges(self, stage_hash: str | None = None) -> list[tuple[str, str, str]]:
-        """(upstream, downstream, relation) edges, all or those touching ``stage_hash``."""
-        q = select(StageEdge.upstream, StageEdge.downstream, StageEdge.relation)
-        if stage_hash is not None:
-            q = q.where(or_(StageEdge.upstream == stage_hash, StageEdge.downstream == stage_hash))
-        with self._tx() as conn:
-            return [tuple(r) for r in conn.execute(q.order_by(StageEdge.upstream, StageEdge.downstream))]
-
-    def metrics_for_stage(self, stage_hash: str) -> list[MetricRecord]:
-        cols = [f.name for f in fields(MetricRecord)]
-        with self._tx() as conn:
-            rows = conn.execute(select(*(getattr(Metric, c) for c in cols))
-                                .where(Metric.stage_hash == stage_hash).order_by(Metric.id)).mappings()
-            return [MetricRecord(**dict(r)) for r in rows]
-
-    def artifacts_for_stage(self, stage_hash: str) -> list[ArtifactSpec]:
-        with self._tx() as conn:
-            rows = conn.execute(select(Artifact.name, Artifact.uri, Artifact.sha256, Artifact.bytes,
-                                       Artifact.kind).where(Artifact.produced_by == stage_hash)
-                                .order_by(Artifact.name)).mappings()
-            return [ArtifactSpec(**dict(r)) for r in rows]
-
-    def attempts_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
-        with self._tx() as conn:
-            return [dict(m) for m in conn.execute(select(Attempt.__table__).where(
-                Attempt.stage_hash == stage_hash).order_by(Attempt.attempt_no)).mappings()]
-
-    def metrics_frame(self, *, grid: str | None = None, succeeded_only: bool = True) -> list[dict[str, Any]]:
-        """Long-format rows, one per (metric, cell the stage belongs to), with the cell's axes
-        (``axes`` dict) and the stage's kind/name/role/state/finish time. Usable as
-        ``pandas.DataFrame(rows)``; ordered by grid, cell, stage, metric id."""
-        q = (select(Grid.name.label("grid"), Grid.id.label("grid_id"), Cell.id.label("cell_id"),
-                    Cell.cell_key, Cell.axes, Stage.stage_hash, Stage.kind.label("stage_kind"),
-                    Stage.name.label("stage_name"), CellStage.role, Stage.state, Stage.attempts,
-                    Stage.finished_at, Stage.backend, Metric.name, Metric.value, Metric.unit,
-                    Metric.step, Metric.context_len, Metric.depth, Metric.task, Metric.split,
-                    Metric.n, Metric.stderr)
-             .select_from(Metric)
-             .join(Stage, Stage.stage_hash == Metric.stage_hash)
-             .join(CellStage, CellStage.stage_hash == Stage.stage_hash)
-             .join(Cell, Cell.id == CellStage.cell_id)
-             .join(Grid, Grid.id == Cell.grid_id))
-        if grid is not None:
-            q = q.where(Grid.name == grid)
-        if succeeded_only:
-            q = q.where(Stage.state == "SUCCEEDED")
-        q = q.order_by(Grid.name, Cell.id, Stage.stage_hash, Metric.id)
-        with self._tx() as conn:
-            return [dict(m) for m in conn.execute(q).mappings()]
-
     def set_cell_mlflow_run(self, cell_id: int, run_id: str) -> str:
         """Store the cell's MLflow parent run id unless one is stored; returns the stored id."""
         with self._tx() as conn:
@@ -577,17 +417,3 @@ class CatalogStore:
         if stored is None:
             raise KeyError(f"no cell {cell_id!r}")
         return stored
-
-    # -- table builds (phaselab tables --check-stale) -----------------------------------------
-    def record_table_build(self, *, table_name: str, grid: str, fmt: str, inputs: Mapping[str, str],
-                           output_sha256: str) -> None:
-        with self._tx() as conn:
-            conn.execute(self._insert(TableBuild).values(table_name=table_name, grid=grid, fmt=fmt,
-                                                         inputs=dict(inputs), output_sha256=output_sha256,
-                                                         built_at=utcnow()))
-
-    def latest_table_build(self, table_name: str) -> dict[str, Any] | None:
-        with self._tx() as conn:
-            m = conn.execute(select(TableBuild.__table__).where(TableBuild.table_name == table_name)
-                             .order_by(TableBuild.id.desc()).limit(1)).mappings().first()
-        return None if m is None else dict(m)

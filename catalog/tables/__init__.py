@@ -71,7 +71,8 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     if record:
-        store.record_table_build(table_name=spec.name, grid="+".join(spec.grids), fmt=fmt, inputs=built.inputs,
+        store.record_table_build(table_name=spec.name, grid="+".join(spec.grids), fmt=fmt,
+                                 inputs=built.inputs,
                                  output_sha256=hashlib.sha256(text.encode()).hexdigest())
     return Rendered(spec.name, text, path=path)
 

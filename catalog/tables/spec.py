@@ -70,7 +70,9 @@ class TableSpec:
     decimals: int = 2
     summary_col: str | None = None
     bold_group: str | None = None
-    reference: Mapping[tuple[Any, ...], Mapping[Any, float | tuple[float, float]]] = field(default_factory=dict)
+    # row key -> column -> published value, or (mean, std) where the paper gives error bars
+    reference: Mapping[tuple[Any, ...], Mapping[Any, float | tuple[float, float]]] = field(
+        default_factory=dict)
     reference_source: str = ""
     caption: str = ""
 
@@ -82,7 +84,8 @@ class TableSpec:
         if self.bold_group is not None and self.bold_group not in [d.field for d in self.rows]:
             raise ValueError(f"table {self.name}: bold_group {self.bold_group!r} is not a row field")
         for key in self.row_keys or ():
-            if len(key) != len(self.rows) or any(v not in d.values for d, v in zip(self.rows, key, strict=False)):
+            if len(key) != len(self.rows) or \
+                    any(v not in d.values for d, v in zip(self.rows, key, strict=False)):
                 raise ValueError(f"table {self.name}: row key {key!r} does not match the row dims")
 
     @property
@@ -234,7 +237,8 @@ def footnote(t: BuiltTable, built_at: datetime, *, code: str = "`") -> str:
     hashes = sorted(h[:12] for h in t.inputs)
     seeds = ", ".join(map(str, spec.seeds))
     names = ", ".join(f"{code}{g}{code}" for g in spec.grids)
-    parts = [f"Source: phaselab catalog, grid{'s' if spec.extra_grids else ''} {names}" + (f" (hash {t.grid_hash})" if t.grid_hash else ""),
+    source = f"Source: phaselab catalog, grid{'s' if spec.extra_grids else ''} {names}"
+    parts = [source + (f" (hash {t.grid_hash})" if t.grid_hash else ""),
              f"Alembic revision {t.revision or '?'}", f"built {built_at.isoformat(timespec='seconds')}",
              f"mean ± sample std over seeds {{{seeds}}}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
     if spec.reference:
@@ -286,7 +290,9 @@ def render_markdown(t: BuiltTable, built_at: datetime) -> str:
     if t.spec.caption:
         out += [t.spec.caption, ""]
     out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "|".join("---" for _ in t.spec.rows) + "|" + "|".join("---:" for _ in head[len(t.spec.rows):]) + "|")
+    n_labels = len(t.spec.rows)
+    out.append("|" + "|".join("---" for _ in range(n_labels)) + "|"
+               + "|".join("---:" for _ in head[n_labels:]) + "|")
     for line in _table_cells(t, bold=("**", "**"), pm=" ± ", hole=HOLE_MD) + \
             _reference_cells(t, pm=" ± ", hole=HOLE_MD):
         out.append("| " + " | ".join(line) + " |")
@@ -321,7 +327,9 @@ def render_latex(t: BuiltTable, built_at: datetime) -> str:
     if refs:
         out.append(r"\midrule")
         out += [row(c, len(spec.rows)) for c in refs]
-    out += [r"\bottomrule", r"\end{tabular}", r"\par\smallskip{\footnotesize " + tex_escape(footnote(t, built_at, code="")) + "}", r"\end{table}", ""]
+    note = tex_escape(footnote(t, built_at, code=""))
+    out += [r"\bottomrule", r"\end{tabular}", r"\par\smallskip{\footnotesize " + note + "}",
+            r"\end{table}", ""]
     return "\n".join(out)
 
 
@@ -332,11 +340,13 @@ def render_csv(t: BuiltTable) -> str:
 
     spec, best, buf = t.spec, t.best(), io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([d.field for d in spec.rows] + [spec.cols.field, "mean", "std", "n", "expected", "best", "stages"])
+    w.writerow([d.field for d in spec.rows]
+               + [spec.cols.field, "mean", "std", "n", "expected", "best", "stages"])
     for rk in t.row_keys:
         for col in spec.cols.values:
             s = t.cells.get((rk, col))
-            w.writerow([*rk, col, "" if s is None else repr(s.mean), "" if s is None or s.std is None else repr(s.std),
+            w.writerow([*rk, col, "" if s is None else repr(s.mean),
+                        "" if s is None or s.std is None else repr(s.std),
                         0 if s is None else s.n, len(spec.seeds), int((rk, col) in best),
                         "" if s is None else " ".join(s.stages)])
     return buf.getvalue()

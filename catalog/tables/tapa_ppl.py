@@ -9,7 +9,8 @@ Grid ``tapa_pg19``; axes ``pe`` (``rope_5e5`` | ``rope_2e8`` | ``pi`` | ``yarn``
 from phaselab.catalog.tables.spec import Dim, TableSpec
 
 CONTEXTS = (1024, 2048, 4096, 8192, 16384, 32768, 49152, 65536)
-PE_LABELS = {"rope_5e5": "RoPE (b=5e5)", "rope_2e8": "RoPE (b=2e8)", "pi": "PI", "yarn": "YaRN", "tapa": "TAPA"}
+PE_LABELS = {"rope_5e5": "RoPE (b=5e5)", "rope_2e8": "RoPE (b=2e8)", "pi": "PI", "yarn": "YaRN",
+             "tapa": "TAPA"}
 _PAPER = {
     "rope_5e5": (12.97, 12.53, 12.22, 11.97, 11.79, 12.96, 938.23, 2280.16),
     "rope_2e8": (13.00, 12.54, 12.23, 11.98, 11.80, 12.96, 942.94, 2284.72),

@@ -52,9 +52,11 @@ def test_export_round_trip(store: CatalogStore, tmp_path: Path, fmt: str) -> Non
 
     table = export.read_metrics(out, fmt, grid="demo")
     got = sorted((r["stage_kind"], r["name"], r["context_len"], r["task"], r["value"], r["stderr"],
-                  r["unit"], json.loads(r["axes_json"])["pe"], r["schema_version"]) for r in table.to_pylist())
+                  r["unit"], json.loads(r["axes_json"])["pe"], r["schema_version"])
+                 for r in table.to_pylist())
     want = sorted((r["stage_kind"], r["name"], r["context_len"], r["task"], r["value"], r["stderr"],
-                   r["unit"], r["axes"]["pe"], export.SCHEMA_VERSION) for r in store.metrics_frame(grid="demo"))
+                   r["unit"], r["axes"]["pe"], export.SCHEMA_VERSION)
+                  for r in store.metrics_frame(grid="demo"))
     assert got == want and len(got) == 5
     if fmt == "parquet":
         part = next(out.glob("metrics/grid=demo/stage_kind=eval/*.parquet"))

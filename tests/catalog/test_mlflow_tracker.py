@@ -35,7 +35,8 @@ def tracking(mlflow_template: Path, tmp_path: Path) -> tuple[str, str]:
     return f"sqlite:///{db}", (tmp_path / "mlartifacts").as_uri()
 
 
-def _stage_tracker(uri: str, root: str | None, tmp_path: Path, stage_hash: str = STAGE, **kw) -> MlflowTracker:
+def _stage_tracker(uri: str, root: str | None, tmp_path: Path, stage_hash: str = STAGE,
+                   **kw: object) -> MlflowTracker:
     kw.setdefault("axes", {"pe": "pope", "size": "124M", "seed": 1})
     return MlflowTracker.for_stage(tracking_uri=uri, grid="owt", grid_id=3, cell_id=7,
                                    cell_key="pe=pope,seed=1,size=124M", stage_hash=stage_hash,
@@ -193,7 +194,8 @@ def test_server_command_refuses_file_store_and_public_bind(tmp_path: Path) -> No
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--workers") + 1] == "1"
 
 
-def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[str, str], tmp_path: Path) -> None:
+def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[str, str],
+                                                               tmp_path: Path) -> None:
     from catalog_testlib import add_stage, cell
     from mlflow import MlflowClient
 

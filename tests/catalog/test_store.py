@@ -148,7 +148,8 @@ def test_finalize_is_idempotent_and_records_everything(store: CatalogStore) -> N
     assert _count(store, "metric") == 6 and _count(store, "artifact") == 1
     assert _count(store, "attempt") == 1 and _count(store, "eval_meta") == 1
     row = store.get_stage(sh)
-    assert (row.state, row.backend, row.mlflow_run_id, row.gpu_seconds) == ("SUCCEEDED", "sdpa", "run123", 7.5)
+    assert (row.state, row.backend, row.mlflow_run_id, row.gpu_seconds) == \
+        ("SUCCEEDED", "sdpa", "run123", 7.5)
     assert sorted(m.value for m in store.metrics_for_stage(sh)) == [0.5, 10.0, 11.0, 12.0, 13.0, 14.0]
     assert store.artifacts_for_stage(sh) == [art]
     attempt = store.attempts_for_stage(sh)[0]

@@ -32,7 +32,8 @@ def populate(store: CatalogStore, spec: TableSpec) -> None:
     column (a hole) and the first cell's last seed (a missing seed). Values are a deterministic
     function of (row, column, seed); one extra metric per stage must be filtered out by ``where``.
     With ``extra_grids``, column i lives in grid i mod (number of grids)."""
-    gids = [store.upsert_grid(name=g, grid_hash=h(g), yaml_submitted="", yaml_resolved="") for g in spec.grids]
+    gids = [store.upsert_grid(name=g, grid_hash=h(g), yaml_submitted="", yaml_resolved="")
+            for g in spec.grids]
     row_keys = build(spec, []).row_keys
     col_is_axis = spec.cols.field.startswith("axes.")
     where = {k: v for k, v in spec.where.items() if not k.startswith("axes.")}
@@ -52,8 +53,8 @@ def populate(store: CatalogStore, spec: TableSpec) -> None:
                     base = (1.0 + 0.5 * ri + 0.25 * ci + 0.125 * spec.seeds.index(seed)) / spec.scale
                     extra = [{}] if col_is_axis else _metric_field_values(spec, col)
                     for j, fields in enumerate(extra):
-                        rec = {"name": spec.metric, "value": base + 0.0625 * j / spec.scale, **where, **fields}
-                        records.append(MetricRecord(**rec))
+                        value = base + 0.0625 * j / spec.scale
+                        records.append(MetricRecord(name=spec.metric, value=value, **where, **fields))
                 records.append(MetricRecord(name=spec.metric, value=999.0, split="noise"))
                 cell_axes = axes | ({spec.cols.field[5:]: cols[0]} if col_is_axis else {})
                 key = ",".join(f"{k}={cell_axes[k]}" for k in sorted(cell_axes))
@@ -74,7 +75,7 @@ def test_table_golden(sqlite_store: CatalogStore, name: str) -> None:
         if UPDATE:
             path.parent.mkdir(exist_ok=True)
             path.write_text(text)
-        assert text == path.read_text(), f"{path} differs; inspect and regenerate with PHASELAB_UPDATE_GOLDEN=1"
+        assert text == path.read_text(), f"{path} differs; inspect, then PHASELAB_UPDATE_GOLDEN=1"
 
 
 def _ii_spec(**kw: Any) -> TableSpec:
@@ -84,8 +85,9 @@ def _ii_spec(**kw: Any) -> TableSpec:
 
 
 def _rows(values: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
-    return [{"name": "acc", "task": "ii", "value": v, "axes": {"pe": pe, "seed": s}, "stage_hash": h(f"{pe}{s}"),
-             "attempts": 1, "finished_at": NOW, "state": "SUCCEEDED"} for (pe, s), v in values.items()]
+    return [{"name": "acc", "task": "ii", "value": v, "axes": {"pe": pe, "seed": s},
+             "stage_hash": h(f"{pe}{s}"), "attempts": 1, "finished_at": NOW, "state": "SUCCEEDED"}
+            for (pe, s), v in values.items()]
 
 
 def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
@@ -121,7 +123,7 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     assert (tmp_path / "pope_indirect_indexing.md").read_text().startswith("### Indirect Indexing")
     assert check_stale(store) == {"pope_indirect_indexing": []}
 
-    rerun = h("pope_indirect_indexing/seed=1,variant=pope/eval/1")                       # the stage re-runs with a new value
+    rerun = h("pope_indirect_indexing/seed=1,variant=pope/eval/1")   # re-runs with a new value
     assert store.transition(rerun, "READY", expected={"SUCCEEDED"})
     assert store.claim(rerun, "c")
     report = check_stale(store)["pope_indirect_indexing"]

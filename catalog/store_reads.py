@@ -1,0 +1,133 @@
+"""Read side of :class:`~phaselab.catalog.store.CatalogStore` (plan, status, lineage, tables,
+export) and the table-build records behind ``phaselab tables --check-stale``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import fields
+from typing import Any
+
+from sqlalchemy import Connection, or_, select
+
+from phaselab.catalog.rows import ArtifactSpec
+from phaselab.catalog.schema import (
+    Artifact,
+    Attempt,
+    Cell,
+    CellStage,
+    Grid,
+    GridVersion,
+    Metric,
+    Stage,
+    StageEdge,
+    TableBuild,
+    utcnow,
+)
+from phaselab.catalog.tracking import MetricRecord
+
+
+class StoreReads:
+    """Mixed into CatalogStore, which provides ``_tx`` and ``_insert``."""
+
+    def _tx(self) -> AbstractContextManager[Connection]:  # pragma: no cover - provided by CatalogStore
+        raise NotImplementedError
+
+    def _insert(self, model: type) -> Any:  # pragma: no cover - provided by CatalogStore
+        raise NotImplementedError
+
+    def get_grid(self, name: str) -> dict[str, Any] | None:
+        with self._tx() as conn:
+            m = conn.execute(select(Grid.__table__).where(Grid.name == name)).mappings().first()
+            if m is None:
+                return None
+            versions = conn.execute(select(GridVersion.__table__).where(GridVersion.grid_id == m["id"])
+                                    .order_by(GridVersion.version)).mappings().all()
+        return {**m, "versions": [dict(v) for v in versions]}
+
+    def cells_for_grid(self, grid_id: int) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [dict(m) for m in conn.execute(select(Cell.__table__).where(Cell.grid_id == grid_id)
+                                                  .order_by(Cell.id)).mappings()]
+
+    def get_cell(self, cell_id: int) -> dict[str, Any] | None:
+        """One cell with its grid's id and name."""
+        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
+                    Grid.id.label("grid_id"), Grid.name.label("grid"))
+             .join(Grid, Grid.id == Cell.grid_id).where(Cell.id == cell_id))
+        with self._tx() as conn:
+            m = conn.execute(q).mappings().first()
+        return None if m is None else dict(m)
+
+    def cells_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
+        """The cells (with grid name, role and axes) a stage belongs to."""
+        q = (select(Cell.id.label("cell_id"), Cell.cell_key, Cell.axes, Cell.mlflow_run_id,
+                    CellStage.role, Grid.id.label("grid_id"), Grid.name.label("grid"))
+             .join(CellStage, CellStage.cell_id == Cell.id).join(Grid, Grid.id == Cell.grid_id)
+             .where(CellStage.stage_hash == stage_hash).order_by(Cell.id))
+        with self._tx() as conn:
+            return [dict(m) for m in conn.execute(q).mappings()]
+
+    def edges(self, stage_hash: str | None = None) -> list[tuple[str, str, str]]:
+        """(upstream, downstream, relation) edges, all or those touching ``stage_hash``."""
+        q = select(StageEdge.upstream, StageEdge.downstream, StageEdge.relation)
+        if stage_hash is not None:
+            q = q.where(or_(StageEdge.upstream == stage_hash, StageEdge.downstream == stage_hash))
+        with self._tx() as conn:
+            return [tuple(r) for r in conn.execute(q.order_by(StageEdge.upstream, StageEdge.downstream))]
+
+    def metrics_for_stage(self, stage_hash: str) -> list[MetricRecord]:
+        cols = [f.name for f in fields(MetricRecord)]
+        with self._tx() as conn:
+            rows = conn.execute(select(*(getattr(Metric, c) for c in cols))
+                                .where(Metric.stage_hash == stage_hash).order_by(Metric.id)).mappings()
+            return [MetricRecord(**dict(r)) for r in rows]
+
+    def artifacts_for_stage(self, stage_hash: str) -> list[ArtifactSpec]:
+        with self._tx() as conn:
+            rows = conn.execute(select(Artifact.name, Artifact.uri, Artifact.sha256, Artifact.bytes,
+                                       Artifact.kind).where(Artifact.produced_by == stage_hash)
+                                .order_by(Artifact.name)).mappings()
+            return [ArtifactSpec(**dict(r)) for r in rows]
+
+    def attempts_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
+        with self._tx() as conn:
+            return [dict(m) for m in conn.execute(select(Attempt.__table__).where(
+                Attempt.stage_hash == stage_hash).order_by(Attempt.attempt_no)).mappings()]
+
+    def metrics_frame(self, *, grid: str | None = None, succeeded_only: bool = True) -> list[dict[str, Any]]:
+        """Long-format rows, one per (metric, cell the stage belongs to), with the cell's axes
+        (``axes`` dict) and the stage's kind/name/role/state/finish time. Usable as
+        ``pandas.DataFrame(rows)``; ordered by grid, cell, stage, metric id."""
+        q = (select(Grid.name.label("grid"), Grid.id.label("grid_id"), Cell.id.label("cell_id"),
+                    Cell.cell_key, Cell.axes, Stage.stage_hash, Stage.kind.label("stage_kind"),
+                    Stage.name.label("stage_name"), CellStage.role, Stage.state, Stage.attempts,
+                    Stage.finished_at, Stage.backend, Metric.name, Metric.value, Metric.unit,
+                    Metric.step, Metric.context_len, Metric.depth, Metric.task, Metric.split,
+                    Metric.n, Metric.stderr)
+             .select_from(Metric)
+             .join(Stage, Stage.stage_hash == Metric.stage_hash)
+             .join(CellStage, CellStage.stage_hash == Stage.stage_hash)
+             .join(Cell, Cell.id == CellStage.cell_id)
+             .join(Grid, Grid.id == Cell.grid_id))
+        if grid is not None:
+            q = q.where(Grid.name == grid)
+        if succeeded_only:
+            q = q.where(Stage.state == "SUCCEEDED")
+        q = q.order_by(Grid.name, Cell.id, Stage.stage_hash, Metric.id)
+        with self._tx() as conn:
+            return [dict(m) for m in conn.execute(q).mappings()]
+
+    # -- table builds (phaselab tables --check-stale) -----------------------------------------
+    def record_table_build(self, *, table_name: str, grid: str, fmt: str, inputs: Mapping[str, str],
+                           output_sha256: str) -> None:
+        with self._tx() as conn:
+            conn.execute(self._insert(TableBuild).values(table_name=table_name, grid=grid, fmt=fmt,
+                                                         inputs=dict(inputs), output_sha256=output_sha256,
+                                                         built_at=utcnow()))
+
+    def latest_table_build(self, table_name: str) -> dict[str, Any] | None:
+        with self._tx() as conn:
+            m = conn.execute(select(TableBuild.__table__).where(TableBuild.table_name == table_name)
+                             .order_by(TableBuild.id.desc()).limit(1)).mappings().first()
+        return None if m is None else dict(m)
