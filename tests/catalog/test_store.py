@@ -297,8 +297,9 @@ def test_import_catalog_does_not_import_torch_or_mlflow() -> None:
     import sys
 
     code = ("import sys, phaselab.catalog, phaselab.catalog.store, phaselab.catalog.mlflow_tracker, "
-            "phaselab.catalog.export, phaselab.catalog.tables, phaselab.catalog.lineage; "
-            "bad = [m for m in ('torch', 'triton', 'mlflow', 'pyarrow') if m in sys.modules]; "
+            "phaselab.catalog.export, phaselab.catalog.tables, phaselab.catalog.lineage, "
+            "phaselab.catalog.figures, phaselab.catalog.fingerprint, phaselab.catalog.mlflow_server; "
+            "bad = [m for m in ('torch', 'triton', 'mlflow', 'pyarrow', 'matplotlib') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
