@@ -132,15 +132,18 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def token_logprobs(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    """log p(target) per position in fp32, computed ``_CE_CHUNK`` rows at a time. Returns [B, T]."""
-    B, T, V = logits_BTV.shape
-    flat_NV = logits_BTV.reshape(B * T, V)
-    flat_N = targets_BT.reshape(B * T)
-    out_N = torch.empty(B * T, dtype=torch.float32, device=logits_BTV.device)
-    for i in range(0, B * T, _CE_CHUNK):
-        j = min(i + _CE_CHUNK, B * T)
-        out_N[i:j] = -F.cross_entropy(flat_NV[i:j].float(), flat_N[i:j], reduction="none")
-    return out_N.view(B, T)
+    """log p(target) per position in fp32, ``_CE_CHUNK`` rows at a time. Returns [B, T].
+
+    Works on views of ``logits_BTV`` (a slice along T is never copied whole), so the extra
+    memory is one fp32 chunk of ``_CE_CHUNK × V``.
+    """
+    B, T, _ = logits_BTV.shape
+    out_BT = torch.empty(B, T, dtype=torch.float32, device=logits_BTV.device)
+    for b in range(B):
+        for i in range(0, T, _CE_CHUNK):
+            j = min(i + _CE_CHUNK, T)
+            out_BT[b, i:j] = -F.cross_entropy(logits_BTV[b, i:j].float(), targets_BT[b, i:j], reduction="none")
+    return out_BT
 
 
 def _batches(windows: list[Window], batch_size: int) -> Iterator[list[Window]]:
