@@ -11,7 +11,8 @@ writes them to ``out_dir/records.json`` and logs its artifacts (plots, arrays, s
 Keys common to every suite:
     suite       "ppl-by-length" | "niah" | "lm-eval" | "task" | "freq"
     data        a DataConfig mapping (``phaselab.workloads.data``): the tokenizer / documents /
-                dataset the suite reads. Required except where noted.
+                dataset the suite reads. Default {kind: text} (Tiny Shakespeare, char level),
+                except for ``task``, whose default is DataConfig() (Indirect Indexing).
     device      "auto" (cuda if available, else cpu) | "cpu" | "cuda" | "cuda:N"   (default auto)
     precision   "auto" (bf16 autocast on CUDA, fp32 on CPU) | "fp32" | "bf16"      (default auto)
 
@@ -31,9 +32,8 @@ depth), n = trials; ``niah_not_attempted`` per length skipped by ``stop_below``;
     niah        {lengths: [..], depths: [0, .1, .., 1], trials: 10, seed: 0, stop_below: null,
                  batch_size: 1, cache_dir: null, answer: digits|letters}   (niah.NiahConfig;
                  "letters" for vocabularies without digits, e.g. char-level Tiny Shakespeare;
-                 cache_dir null -> the data
-                 cache folder /niah; samples are keyed by the dataset digest, which covers the
-                 tokenizer and the source text)
+                 cache_dir null -> <data cache>/niah; samples are keyed by the dataset digest,
+                 which covers the tokenizer and the source text, and the split)
     max_length  model context while decoding (default: the largest length)
 
 Suite ``lm-eval`` (EXPERIMENTS §2.5; DESIGN §5.8; lm_harness.py, bundle.py) — records one row per
@@ -48,7 +48,7 @@ stderr, context_len = max_length; artifacts ``lm_eval_results.json`` (versions, 
     (bundled YAML, Hugging Face data); any lm-eval task, e.g. ``lambada_openai``, ``hellaswag``,
     ``piqa``, ``arc_easy`` (network). When every task is in the BLiMP bundle,
     HF_DATASETS_OFFLINE/HF_HUB_OFFLINE are set to 1. ``prefix``: text of the single token that
-    conditions an empty context, required for tokenizers without EOT (char level: "\n").
+    conditions an empty context, required for tokenizers without EOT (char level: "\\n").
     ``blimp_uids`` restricts the bundle; ``bundle_dir`` defaults to the data cache folder.
 
 Suite ``task`` (EXPERIMENTS §2.1, §2.2; tasks_metrics.py) — one record: ``acc`` [fraction]
