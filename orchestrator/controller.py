@@ -243,7 +243,8 @@ class Controller:
             if not self.store.claim(h, self.owner):
                 continue
             free_cpu, free_gpu = free_cpu - cpu, free_gpu - gpu
-            ref = self._remote.options(**self._options(node)).remote(self._payload(node, rows))
+            payload = self._payload(node, rows) | {"attempt": rows[h].attempts + 1}
+            ref = self._remote.options(**self._options(node)).remote(payload)
             self._inflight[ref] = h
             launched.append(h)
             self.on_event("started", node, f"attempt {rows[h].attempts + 1}")

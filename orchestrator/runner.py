@@ -75,6 +75,9 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
     out_dir = Path(payload["out_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     ml = None
+    recording = None
+    _write_json(out_dir / "running.json", {"pid": os.getpid(), "attempt": payload.get("attempt"),
+                                           "started": time.time()})
     try:
         _write_stage_file(payload, out_dir)
         tracker, recording, ml = _tracker(payload)
@@ -89,6 +92,7 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
             artifacts.append(dict(name=name, uri=str(Path(path).resolve()), sha256=sha, bytes=size,
                                   kind="checkpoint" if name == "checkpoint" else "file"))
         env = _fingerprint(payload)
+        _log_attempt(out_dir, payload, recording, time.monotonic() - start, "succeeded")
         if ml is not None:
             ml.log_env(env)
             ml.end("FINISHED")
@@ -102,8 +106,27 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
             raise
         if ml is not None:
             ml.end("FAILED")
+        _log_attempt(out_dir, payload, recording, time.monotonic() - start, classify(exc))
         return {"ok": False, "failure_class": classify(exc), "message": message_of(exc),
                 "traceback": traceback.format_exc()[-8000:], "seconds": time.monotonic() - start}
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    import json
+
+    path.write_text(json.dumps(obj, sort_keys=True))
+
+
+def _log_attempt(out_dir: Path, payload: Mapping[str, Any], recording: Any, seconds: float, outcome: str) -> None:
+    """One line per attempt in ``attempts.jsonl``: where its training started and ended (a
+    resumed attempt starts after step 1), how long it took and how it ended."""
+    import json
+
+    steps = [s for s, _ in recording.metrics] if recording is not None else []
+    line = {"attempt": payload.get("attempt"), "pid": os.getpid(), "first_step": min(steps, default=None),
+            "last_step": max(steps, default=None), "seconds": round(seconds, 3), "outcome": outcome}
+    with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
 
 
 def _fingerprint(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,194 @@
+"""The controller with REAL tiny stages on a local Ray cluster (2 CPUs, one per module):
+completion, all-cached re-run, kill -9 of the controller then resume, a killed worker retried
+from its checkpoint, and failing stages classified in the catalog."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phaselab.orchestrator.controller import Controller
+from phaselab.orchestrator.dag import build_dag, load_grid
+
+pytestmark = pytest.mark.ray
+
+GRID = """\
+grid: raytiny
+seeds: [0]
+axes:
+  zip:
+    - {pe: [rope, pope], steps: [6, STEPS]}
+defaults:
+  model: {preset: tiny, block_size: 32, n_layer: 1, n_head: 2, d_model: 32, pe: {kind: "${pe}"}}
+  data: {kind: text, block_size: 32}
+  train: {steps: "${steps}", batch_size: 4, warmup: 2, eval_every: 0, final_eval_batches: 2,
+          ckpt_every: 5, log_every: 1, device: cpu}
+  resources: {cpus: 1, memory_gb: 1}
+  launcher: ray_task
+stages:
+  pretrain: {kind: pretrain}
+  ppl:
+    kind: eval
+    needs: [pretrain]
+    eval: {suite: ppl-by-length, ppl: {lengths: [32], max_tokens: 256}, device: cpu}
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    import ray
+
+    ctx = ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
+    yield ctx.address_info["gcs_address"]
+    ray.shutdown()
+
+
+def _grid(tmp_path: Path, steps: int = 8, overrides: tuple[str, ...] = ()) -> tuple[Path, object]:
+    path = tmp_path / "grid.yaml"
+    path.write_text(GRID.replace("STEPS", str(steps)))
+    spec, marks, text, resolved = load_grid(path, list(overrides))
+    return path, build_dag(spec, marks, yaml_submitted=text, yaml_resolved=resolved)
+
+
+def _store(tmp_path: Path):
+    from phaselab.catalog.store import CatalogStore
+
+    store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
+    store.upgrade()
+    return store
+
+
+def _count(store, table: str, where: str = "") -> int:
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        return conn.execute(text(f"SELECT COUNT(*) FROM {table} {where}")).scalar_one()
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_address) -> None:
+    from phaselab.orchestrator.runner import path_digest
+
+    _, dag = _grid(tmp_path)
+    store = _store(tmp_path)
+    summary = Controller(store, dag, runs_root=tmp_path / "runs", heartbeat_s=1.0).run(timeout_s=240)
+    assert summary.ok, summary.failed
+    assert sorted(summary.launched) == sorted(dag.nodes)
+    for h, node in dag.nodes.items():
+        row = store.get_stage(h)
+        assert (row.state, row.attempts) == ("SUCCEEDED", 1)
+        arts = store.artifacts_for_stage(h)
+        assert arts and all(path_digest(Path(a.uri)) == (a.sha256, a.bytes) for a in arts)
+        names = {m.name for m in store.metrics_for_stage(h)}
+        assert names >= ({"ppl", "nll"} if node.kind == "eval" else {"loss", "acc"})
+        assert (tmp_path / "runs" / h / "stage.yaml").is_file()
+    ppl = [m for h, n in dag.nodes.items() if n.kind == "eval" for m in store.metrics_for_stage(h) if m.name == "ppl"]
+    assert all(1.0 < m.value < 66.0 for m in ppl)    # a trained char model: better than uniform over 66
+    n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
+
+    again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)
+    assert again.ok and again.launched == []          # every stage is a cache hit
+    assert again.seconds < 10
+    assert (_count(store, "metric"), _count(store, "artifact")) == (n_metrics, n_artifacts)
+    assert all(store.get_stage(h).attempts == 1 for h in dag.nodes)
+
+
+def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_address) -> None:
+    path, dag = _grid(tmp_path, steps=150)
+    store = _store(tmp_path)
+    db, runs = tmp_path / "catalog.db", tmp_path / "runs"
+    pope = next(h for h, n in dag.nodes.items() if n.kind == "pretrain" and "pe=pope" in n.members[0][0])
+    exe = Path(sys.executable).parent / "phaselab"
+    env = {**os.environ, "RAY_ADDRESS": ray_address}
+    proc = subprocess.Popen([str(exe), "run", str(path), "--catalog", f"sqlite:///{db}", "--runs-root", str(runs),
+                             "--no-mlflow"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        def mid_grid() -> bool:
+            states = {h: r.state for h in dag.nodes if (r := store.get_stage(h)) is not None}
+            return ("SUCCEEDED" in states.values() and states.get(pope) == "RUNNING"
+                    and any((runs / pope / "checkpoints").glob("step_*")))
+        _wait(mid_grid, 180, "one stage done and the slow pretrain checkpointed")
+        before = {h: store.get_stage(h) for h in dag.nodes}
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    done_before = {h for h, r in before.items() if r.state == "SUCCEEDED"}
+    assert before[pope].state == "RUNNING"
+
+    summary = Controller(store, dag, runs_root=runs, heartbeat_s=1.0).run(timeout_s=300)   # resume
+    assert summary.ok, summary.failed
+    assert set(summary.launched).isdisjoint(done_before)        # finished work is not repeated
+    for h in done_before:
+        row = store.get_stage(h)
+        assert row.attempts == 1 and row.finished_at == before[h].finished_at
+        assert _count(store, "attempt", f"WHERE stage_hash = '{h}'") == 1
+    assert store.get_stage(pope).attempts == 2
+    attempts = [json.loads(line) for line in (runs / pope / "attempts.jsonl").read_text().splitlines()]
+    assert attempts[-1]["outcome"] == "succeeded" and attempts[-1]["first_step"] > 1   # resumed from a checkpoint
+    # no duplicate rows: one stage row per hash, one membership per (cell, stage), metrics unique
+    assert _count(store, "stage") == len(dag.nodes)
+    assert _count(store, "cell_stage") == sum(len(s) for s in dag.cell_stages.values())
+    assert _count(store, "metric") == _count(store, "(SELECT DISTINCT stage_hash, ident FROM metric)")
+
+
+def test_killed_worker_is_retried_and_resumes_from_checkpoint(tmp_path: Path, ray_address) -> None:
+    import threading
+
+    _, dag = _grid(tmp_path, steps=150)
+    store = _store(tmp_path)
+    runs = tmp_path / "runs"
+    pope = next(h for h, n in dag.nodes.items() if n.kind == "pretrain" and "pe=pope" in n.members[0][0])
+    controller = Controller(store, dag, runs_root=runs, heartbeat_s=1.0)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=controller.run(timeout_s=300)))
+    thread.start()
+    _wait(lambda: (runs / pope / "running.json").is_file() and any((runs / pope / "checkpoints").glob("step_*")),
+          180, "the slow pretrain to checkpoint")
+    os.kill(json.loads((runs / pope / "running.json").read_text())["pid"], signal.SIGKILL)
+    thread.join(timeout=300)
+    summary = result["summary"]
+    assert summary.ok, summary.failed
+    row = store.get_stage(pope)
+    assert row.state == "SUCCEEDED" and row.attempts == 2
+    attempts = [json.loads(line) for line in (runs / pope / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) == 1 and attempts[0]["first_step"] > 1 and attempts[0]["last_step"] == 150
+
+
+@pytest.mark.parametrize("override,failure_class,fragment", [
+    ("stages.pretrain.model.block_size=16", "config", "block_size"),          # raises in the workload
+    ("defaults.train.lr=1.0e+6", "divergence", "diverged"),                   # NaN gradient
+])
+def test_failing_stage_leaves_a_consistent_catalog(tmp_path: Path, ray_address, override, failure_class,
+                                                   fragment) -> None:
+    overrides = (override, "++defaults.train.grad_clip=0.0")
+    _, dag = _grid(tmp_path, steps=6, overrides=overrides)
+    store = _store(tmp_path)
+    summary = Controller(store, dag, runs_root=tmp_path / "runs", heartbeat_s=1.0).run(timeout_s=240)
+    assert not summary.ok
+    for h, node in dag.nodes.items():
+        row = store.get_stage(h)
+        if node.kind == "pretrain":
+            assert (row.state, row.failure_class, row.attempts) == ("FAILED", failure_class, 1)
+            assert fragment in row.message and "advice:" in row.message
+            assert store.metrics_for_stage(h) == [] and store.artifacts_for_stage(h) == []
+        else:
+            assert row.state == "BLOCKED" and row.attempts == 0
+            assert "is FAILED" in row.message
