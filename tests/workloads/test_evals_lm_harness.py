@@ -153,3 +153,24 @@ def test_blimp_offline_end_to_end(tmp_path, trained_model, tok):  # noqa: F811
     meta = json.loads((tmp_path / "out" / "lm_eval_results.json").read_text())
     assert meta["versions"]["phaselab_blimp"] is not None and "configs" in meta
     assert "lm_eval_results.json" in tracker.artifacts
+
+
+def test_cbt_task_yaml_prompts():
+    """The bundled CBT YAMLs (online data) load with lm-eval's own loader and build the GPT-2-style
+    prompt: sentences + question up to the blank; each option followed by the rest of the question."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from phaselab.workloads.evals.bundle import TASKS_DIR
+
+    cfg = load_yaml(TASKS_DIR / "phaselab_cbt_ne.yaml")
+    assert (cfg["task"], cfg["dataset_path"], cfg["dataset_name"]) == ("phaselab_cbt_ne", "cam-cst/cbt", "NE")
+    doc = {"sentences": ["Tom met Ann .", "She smiled ."], "question": "Then XXXXX waved at Tom .",
+           "answer": "Ann", "options": ["Tom", "Ann", "Bob"]}
+    assert cfg["doc_to_text"](doc) == "Tom met Ann . She smiled . Then"
+    assert cfg["doc_to_choice"](doc) == [" Tom waved at Tom .", " Ann waved at Tom .", " Bob waved at Tom ."]
+    assert cfg["doc_to_target"](doc) == 1 and cfg["target_delimiter"] == ""
+    first = {**doc, "question": "XXXXX waved ."}  # blank first: no doubled or missing space
+    assert cfg["doc_to_text"](first) == "Tom met Ann . She smiled ."
+    assert cfg["doc_to_choice"](first)[1] == " Ann waved ."
+    group = load_yaml(TASKS_DIR / "phaselab_cbt.yaml")
+    assert group["task"] == ["phaselab_cbt_cn", "phaselab_cbt_ne"]

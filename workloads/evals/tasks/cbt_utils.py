@@ -11,8 +11,8 @@ BLANK = "XXXXX"
 
 
 def doc_to_text(doc: dict) -> str:
-    head = doc["question"].split(BLANK, 1)[0]
-    return " ".join(s.strip() for s in doc["sentences"]) + " " + head.rstrip()
+    head = doc["question"].split(BLANK, 1)[0].rstrip()
+    return " ".join([s.strip() for s in doc["sentences"]] + ([head] if head else []))
 
 
 def doc_to_choice(doc: dict) -> list[str]:
