@@ -159,7 +159,6 @@ def test_cbt_task_yaml_prompts():
     """The bundled CBT YAMLs (online data) load with lm-eval's own loader and build the GPT-2-style
     prompt: sentences + question up to the blank; each option followed by the rest of the question."""
     from lm_eval.tasks._yaml_loader import load_yaml
-
     from phaselab.workloads.evals.bundle import TASKS_DIR
 
     cfg = load_yaml(TASKS_DIR / "phaselab_cbt_ne.yaml")
