@@ -173,3 +173,15 @@ def test_cbt_task_yaml_prompts():
     assert cfg["doc_to_choice"](first)[1] == " Ann waved ."
     group = load_yaml(TASKS_DIR / "phaselab_cbt.yaml")
     assert group["task"] == ["phaselab_cbt_cn", "phaselab_cbt_ne"]
+
+
+def test_paper_tasks_selectable_by_name(tmp_path):
+    """The paper's online tasks and phaselab's bundled ones resolve in one TaskManager (no data
+    is loaded: indexing only)."""
+    from lm_eval.tasks import TaskManager
+    from phaselab.workloads.evals.bundle import TASKS_DIR
+
+    root, _ = build_blimp_bundle(tmp_path, uids=["causative"])
+    names = set(TaskManager(include_path=[str(root), str(TASKS_DIR)]).all_tasks)
+    assert {"lambada_openai", "hellaswag", "piqa", "arc_easy", "phaselab_cbt", "phaselab_cbt_cn",
+            "phaselab_cbt_ne", "phaselab_blimp", "phaselab_blimp_causative"} <= names

@@ -256,7 +256,8 @@ def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Su
                                    precision=s.precision, prefix_token_id=_prefix_id(tokenizer, o.prefix))
         results = lm_harness.evaluate_tasks(lm, o.tasks, include_paths=[root, TASKS_DIR],
                                             num_fewshot=o.num_fewshot, limit=o.limit,
-                                            log_samples=o.log_samples, bootstrap_iters=o.bootstrap_iters)
+                                            log_samples=o.log_samples, bootstrap_iters=o.bootstrap_iters,
+                                            include_defaults=not all(t.startswith("phaselab_") for t in o.tasks))
     finally:
         for k, v in saved.items():
             if v is None:

@@ -186,16 +186,18 @@ class PhaseLabLM(TemplateLM):
 
 def evaluate_tasks(lm: PhaseLabLM, tasks: Sequence[str], *, include_paths: Sequence[Path],
                    num_fewshot: int = 0, limit: float | None = None, log_samples: bool = True,
-                   bootstrap_iters: int = 1000) -> dict:
+                   bootstrap_iters: int = 1000, include_defaults: bool = True) -> dict:
     """``lm_eval.simple_evaluate`` on ``tasks`` with our adapter instance and a local TaskManager
     (DESIGN §5.8). Returns lm_eval's results dict. ``limit`` caps examples per task (tests only);
-    ``bootstrap_iters`` feeds bootstrapped stderrs (means have a closed form; 0 disables all)."""
+    ``bootstrap_iters`` feeds bootstrapped stderrs (means have a closed form; 0 disables all).
+    ``include_defaults=False`` skips indexing lm-eval's built-in tasks (seconds of YAML parsing)
+    when only phaselab's bundled tasks are requested."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     if not tasks:
         raise ValueError("lm-eval needs at least one task name")
-    tm = TaskManager(include_path=[str(p) for p in include_paths])
+    tm = TaskManager(include_path=[str(p) for p in include_paths], include_defaults=include_defaults)
     results = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, task_manager=tm,
                                       limit=limit, log_samples=log_samples,
                                       bootstrap_iters=bootstrap_iters)
