@@ -93,13 +93,15 @@ def _log2(x, FAST: tl.constexpr):
 def _amplitude(x, AMP: tl.constexpr, FAST: tl.constexpr):
     """mu = softplus (AMP 0) | relu (1) | identity (2) of fp32 x (MATH §3.1, §3.5, §7.3).
 
-    softplus = max(x, 0) + log1p(exp(-|x|)), with log1p by Goldberg's trick (exact where e^-|x|
-    is below fp32 resolution), and x itself above PyTorch's threshold 20.
+    softplus = max(x, 0) + log1p(y), y = exp(-|x|) in (0, 1], and x itself above PyTorch's
+    threshold 20. log1p(y) is the cubic y (1 - y/2 + y^2/3) for y < 1e-3 (relative error < 3e-10;
+    log2(1 + y) would lose y below fp32 resolution) and log2(1 + y) ln 2 above: no division, two
+    MUFU ops per element (this runs for every key tile element, MATH §6).
     """
     if AMP == 0:
         y = tl.exp2(-tl.abs(x) * 1.4426950408889634)
-        u = 1.0 + y
-        lp = tl.where(u == 1.0, y, _log2(u, FAST) * 0.6931471805599453 * (y / tl.where(u == 1.0, 1.0, u - 1.0)))
+        small = y * (1.0 - y * (0.5 - y * 0.3333333333333333))
+        lp = tl.where(y < 1e-3, small, _log2(1.0 + y, FAST) * 0.6931471805599453)
         mu = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + lp)
     elif AMP == 1:
         mu = tl.maximum(x, 0.0)
@@ -135,10 +137,13 @@ def _count_le(p_pos, n, value, n_iter):
 
 
 @triton.jit
-def _pope_expand(x, pos, theta, bias, m_d, AMP: tl.constexpr, FAST: tl.constexpr):
-    """x [R, BD] raw fp32, pos [R] int -> (mu cos phi, mu sin phi, mu), phi = pos*theta - bias."""
+def _pope_expand(x, pos, theta, bias, m_d, AMP: tl.constexpr, FAST: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """x [R, BD] raw fp32, pos [R] int -> (mu cos phi, mu sin phi, mu), phi = pos*theta - bias
+    (keys pass HAS_BIAS=False: delta sits on the query phase)."""
     mu = tl.where(m_d[None, :], _amplitude(x, AMP, FAST), 0.0)
-    phi = pos.to(tl.float32)[:, None] * theta[None, :] - bias[None, :]
+    phi = pos.to(tl.float32)[:, None] * theta[None, :]
+    if HAS_BIAS:
+        phi = phi - bias[None, :]
     c, s = _cos_sin(phi, FAST)
     return mu * c, mu * s, mu
 
@@ -150,26 +155,29 @@ def _fwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 64, 8, 2), (128, 64, 4, 2), (64, 64, 4, 2), (128, 32, 4, 2)]]
+            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
 
 
 def _bwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 32, 4, 2)]]
+            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2)]]
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """Keep the first config only unless PHASELAB_AUTOTUNE=1 (tests compile one variant each)."""
+    """Without PHASELAB_AUTOTUNE=1 keep one config (tests and first calls compile one variant):
+    the first, or the first with 8 warps for 128-wide heads, whose fp32 accumulators spill at 4
+    warps (measured on the H200, benchmarks/NOTES-device.md). With it, time them all."""
+    width = max(kwargs.get(n, named_args.get(n, 0)) for n in ("BLOCK_D", "BLOCK_V"))
     if os.environ.get("PHASELAB_AUTOTUNE", "0") != "1":
-        return configs[:1]
-    block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 64))
-    kept = [c for c in configs if block_d < 128 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 8192]
-    return kept or configs[:1]
+        wide = [c for c in configs if c.num_warps == 8]
+        return wide[:1] if width >= 128 and wide else configs[:1]
+    # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads
+    return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
 
 
-_TUNE = dict(key=["BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"], prune_configs_by={"early_config_prune": prune_configs})
+_TUNE = dict(key=["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"], prune_configs_by={"early_config_prune": prune_configs})
 
 
 # ----------------------------------------------------------------------------- forward
@@ -189,7 +197,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        kx, ky, _ = _pope_expand(b_k.to(tl.float32), b_pk, theta, theta * 0.0, m_d, AMP, FAST)
+        kx, ky, _ = _pope_expand(b_k.to(tl.float32), b_pk, theta, theta, m_d, AMP, FAST, False)
         # [BM, BD] @ [BD, BN] -> [BM, BN], twice: the 2D-wide dot of MATH §3.3 (log2 units)
         b_s = tl.dot(b_qx, tl.trans(kx.to(b_qx.dtype)), input_precision=DOT_PREC)
         b_s += tl.dot(b_qy, tl.trans(ky.to(b_qy.dtype)), input_precision=DOT_PREC)
@@ -236,7 +244,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
         bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
     b_q = tl.load(p_q + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
-    qx, qy, _ = _pope_expand(b_q.to(tl.float32), b_pq, theta, bias, m_d, AMP, FAST)
+    qx, qy, _ = _pope_expand(b_q.to(tl.float32), b_pq, theta, bias, m_d, AMP, FAST, True)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)  # scale * log2(e) folded into q (MATH §7.9)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
 
@@ -288,7 +296,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
-        qx, qy, _ = _pope_expand(b_q.to(tl.float32), b_pq, theta, bias, m_d, AMP, FAST)
+        qx, qy, _ = _pope_expand(b_q.to(tl.float32), b_pq, theta, bias, m_d, AMP, FAST, True)
         b_qx = (qx * qk_scale).to(b_kx.dtype)
         b_qy = (qy * qk_scale).to(b_kx.dtype)
         # [BN, BD] @ [BD, BM] -> [BN, BM]
@@ -334,7 +342,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
     b_pk = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + o_n, mask=m_n, other=0)
     b_k = tl.load(p_k, mask=m_kd, other=0.0).to(tl.float32)
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
-    kx, ky, _ = _pope_expand(b_k, b_pk, theta, theta * 0.0, m_d, AMP, FAST)
+    kx, ky, _ = _pope_expand(b_k, b_pk, theta, theta, m_d, AMP, FAST, False)
     b_kx, b_ky = kx.to(k.dtype.element_ty), ky.to(k.dtype.element_ty)
 
     n_qb = tl.cdiv(T, BLOCK_M)
@@ -400,7 +408,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        kx, ky, _ = _pope_expand(b_k.to(tl.float32), b_pk, theta, theta * 0.0, m_d, AMP, FAST)
+        kx, ky, _ = _pope_expand(b_k.to(tl.float32), b_pk, theta, theta, m_d, AMP, FAST, False)
         b_kx, b_ky = kx.to(b_qx.dtype), ky.to(b_qx.dtype)
         # [BM, BD] @ [BD, BN] -> [BM, BN]
         b_s = tl.dot(b_qx, tl.trans(b_kx), input_precision=DOT_PREC)
@@ -451,7 +459,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
                    + o_d[None, :], mask=m_qd, other=0.0)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
-    qx, qy, mu = _pope_expand(b_q, b_pq, theta, bias, m_d, AMP, FAST)
+    qx, qy, mu = _pope_expand(b_q, b_pq, theta, bias, m_d, AMP, FAST, True)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
 

@@ -33,13 +33,17 @@ from phaselab.kernels.attention.triton_pope import (LOG2E, _bisect_iters, _bwd_c
                                                     _pos_stride, _sorted_flags, block_d, interpreting,
                                                     prune_configs)
 
-_TUNE = dict(key=["BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"], prune_configs_by={"early_config_prune": prune_configs})
+_TUNE = dict(key=["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"], prune_configs_by={"early_config_prune": prune_configs})
 
 
 @triton.jit
 def _tapa_phase_weight(b_pq, b_pk, alpha, phase_scale, FAST: tl.constexpr):
-    """w [BM, BN] = phase_scale * |m - n|^alpha in fp32; 0 on the diagonal (0^alpha = 0)."""
-    d = tl.abs(b_pq[:, None] - b_pk[None, :]).to(tl.float32)  # exact integer difference first
+    """w [BM, BN] = phase_scale * |m - n|^alpha in fp32; 0 on the diagonal (0^alpha = 0).
+
+    Positions become fp32 per vector (exact below 2**24, as in every phaselab angle) so that the
+    per-score work is one subtraction: the difference of two exact integers is exact.
+    """
+    d = tl.abs(b_pq.to(tl.float32)[:, None] - b_pk.to(tl.float32)[None, :])
     pw = tl.exp2(alpha * _log2(tl.maximum(d, 1.0), FAST))
     return phase_scale * tl.where(d > 0.0, pw, 0.0)
 

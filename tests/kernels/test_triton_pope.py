@@ -85,6 +85,19 @@ def test_pope_interpreter_amplitude_ablations(amplitude):
 
 
 @needs_interpreter
+def test_pope_interpreter_softplus_extremes():
+    """Raw q/k spread over [-30, 30]: softplus' log1p branch (x < -7) and threshold (x > 20)."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 1, 1, 16, 16, 32, torch.float32, "cpu")
+    q, k = q * 12, k * 12
+    do = torch.randn_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    assert (q < -9).any() and (q > 20).any()
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"softplus-extremes-{name}", r, o, 1e-5)
+
+
+@needs_interpreter
 def test_pope_interpreter_decode_unsorted_and_empty_rows():
     """T=1 decode at pos S-1 (MATH §7.6); shuffled key positions (no block skipping); a query
     before every key sees nothing and outputs exactly 0 with zero gradients."""
@@ -189,16 +202,17 @@ def torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 
 
-GPU_CASES = [  # (B, H, G, T, S, D, causal)
-    (2, 4, 4, 63, 63, 32, True), (2, 4, 2, 217, 217, 48, True), (1, 4, 4, 500, 500, 64, False),
-    (2, 4, 1, 256, 256, 128, True), (1, 4, 4, 100, 733, 64, True), (1, 2, 2, 1, 1024, 128, True),
-    (1, 8, 2, 1000, 1000, 64, True), (1, 4, 4, 77, 300, 48, False)]
+GPU_CASES = [  # (B, H, G, T, S, D, causal, dtype): every head dim, both dtypes, T<S, decode, GQA
+    (2, 4, 4, 63, 63, 32, True, torch.bfloat16), (2, 4, 2, 217, 217, 48, True, torch.float16),
+    (1, 4, 4, 500, 500, 64, False, torch.bfloat16), (2, 4, 1, 256, 256, 128, True, torch.bfloat16),
+    (1, 4, 4, 100, 733, 64, True, torch.float16), (1, 2, 2, 1, 1024, 128, True, torch.bfloat16),
+    (1, 8, 2, 1000, 1000, 64, True, torch.bfloat16), (1, 4, 4, 77, 300, 48, False, torch.bfloat16)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("B,H,G,T,S,D,causal", GPU_CASES,
-                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6]) for c in GPU_CASES])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", GPU_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
+                              for c in GPU_CASES])
 def test_pope_gpu_calibrated(B, H, G, T, S, D, causal, dtype):
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
     do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
@@ -210,14 +224,16 @@ def test_pope_gpu_calibrated(B, H, G, T, S, D, causal, dtype):
 
 
 @pytest.mark.gpu
-def test_pope_gpu_fp32_and_large_positions():
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.float32, "cuda",
+def test_pope_gpu_large_positions():
+    """Positions near 2**17 (MATH §7.4) through the GPU's range reduction + approximate cos/sin."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda",
                                                          offset=2**17 - 300)
     do = torch.randn_like(q)
-    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True, dtype=torch.float32)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    for name, r, o in zip(NAMES, ref, out):
-        assert_close(f"pope-fp32-{name}", r, o, 5e-4)
+    for name, r, lo, o in zip(NAMES, ref, low, out):
+        calibrated_close(f"pope-bigpos-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
@@ -231,3 +247,45 @@ def test_pope_gpu_deterministic_long():
     mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
     ref = reference.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=0.125, score_mod=mod)
     assert_close("pope-4k-out", ref.float(), first[0].float(), 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["pope", "tapa"])
+def test_triton_backend_trains_like_reference(kind):
+    """A tiny model trained 6 steps (bf16 autocast) on the triton backend reproduces the reference
+    backend's losses (issue 3 acceptance). Both models start from the same seed and batch.
+
+    The Transformer resolves its backend with an AttnCall of device 'cpu' at build time, which the
+    triton backend refuses honestly; so both are built on `reference`, and the triton model's
+    layers are then resolved through the public registry with the real CUDA call.
+    """
+    import dataclasses
+
+    from phaselab.workloads.models.presets import preset
+    from phaselab.workloads.models.transformer import Transformer
+
+    losses = {}
+    for backend in ("reference", "triton"):
+        torch.manual_seed(0)
+        cfg = preset("tiny", pe={"kind": kind, "pope": {"delta_init": "uniform"}})
+        model = Transformer(cfg).cuda()
+        if backend == "triton":
+            for block in model.h:
+                call = dataclasses.replace(block.attn.built_call, device_type="cuda", dtype=torch.bfloat16)
+                block.attn.backend = registry.resolve("triton", call, layer=block.attn.layer)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=generator(0, "cuda"), device="cuda")
+        y = torch.roll(x, -1, dims=1)
+        losses[backend] = []
+        for _ in range(6):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = model(x, targets_BT=y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            model.after_optimizer_step()
+            losses[backend].append(loss.item())
+    ref, tri = losses["reference"], losses["triton"]
+    assert tri[-1] < tri[0] - 0.05, tri  # it trains
+    for step, (a, b) in enumerate(zip(ref, tri)):
+        assert abs(a - b) <= 2e-2 * abs(a), (step, ref, tri)

@@ -130,22 +130,21 @@ def torch_same_dtype(q, k, v, pos_q, pos_k, do, *, causal, params):
     return out, *[t.grad for t in leaves]
 
 
-GPU_CASES = [  # (B, H, G, T, S, D, causal, params)
-    (2, 4, 4, 63, 63, 64, True, dict(alpha=0.1)),
-    (2, 4, 2, 217, 217, 128, True, dict(alpha=0.5, phase_scale=1.0)),
-    (1, 4, 4, 500, 500, 64, False, dict(alpha=0.1, phase="linear")),
-    (1, 4, 4, 100, 733, 128, True, dict(alpha=0.1)),
-    (1, 2, 2, 1, 1024, 128, True, dict(alpha=0.1)),
-    (1, 8, 2, 1000, 1000, 128, True, dict(alpha=0.1, phase="linear")),
-    (1, 4, 4, 300, 300, 96, True, dict(alpha=0.1, theta=0.25)),
+GPU_CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
+    (2, 4, 4, 63, 63, 64, True, dict(alpha=0.1), torch.bfloat16),
+    (2, 4, 2, 217, 217, 128, True, dict(alpha=0.5, phase_scale=1.0), torch.float16),
+    (1, 4, 4, 500, 500, 64, False, dict(alpha=0.1, phase="linear"), torch.bfloat16),
+    (1, 4, 4, 100, 733, 128, True, dict(alpha=0.1), torch.bfloat16),
+    (1, 2, 2, 1, 1024, 128, True, dict(alpha=0.1), torch.float16),
+    (1, 8, 2, 1000, 1000, 128, True, dict(alpha=0.1, phase="linear"), torch.bfloat16),
+    (1, 4, 4, 300, 300, 96, True, dict(alpha=0.1, theta=0.25), torch.bfloat16),
 ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("B,H,G,T,S,D,causal,params", GPU_CASES,
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", GPU_CASES,
                          ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6],
-                                       phase=c[7].get("phase", "quadratic")) for c in GPU_CASES])
+                                       phase=c[7].get("phase", "quadratic"), dtype=c[8]) for c in GPU_CASES])
 def test_tapa_gpu_calibrated(B, H, G, T, S, D, causal, params, dtype):
     q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
     do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
@@ -157,13 +156,16 @@ def test_tapa_gpu_calibrated(B, H, G, T, S, D, causal, params, dtype):
 
 
 @pytest.mark.gpu
-def test_tapa_gpu_fp32_deterministic():
-    q, k, v, pos_q, pos_k = make_inputs(1, 4, 2, 300, 300, 64, torch.float32, "cuda", phase_std=10.0)
+def test_tapa_gpu_large_phase_deterministic():
+    """|w Phi| in the hundreds (MATH §7.4) through the GPU's range reduction + cos.approx; two
+    backward passes are bitwise equal (no atomics, MATH §7.8)."""
+    q, k, v, pos_q, pos_k = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda", phase_std=10.0)
     do = torch.randn_like(q)
     params = dict(alpha=0.1)
     ref = run(q, k, v, pos_q, pos_k, do, causal=True, params=params, dtype=torch.float64)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=True, params=params)
     first = run(q, k, v, pos_q, pos_k, do, causal=True, params=params)
     second = run(q, k, v, pos_q, pos_k, do, causal=True, params=params)
-    for name, r, a, b in zip(NAMES, ref, first, second):
-        assert_close(f"tapa-fp32-{name}", r, a, 5e-4)
+    for name, r, lo, a, b in zip(NAMES, ref, low, first, second):
+        calibrated_close(f"tapa-bigphase-{name}", r, a, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
         assert torch.equal(a, b)

@@ -1,0 +1,215 @@
+"""Attention kernel benchmark (issue 3; EXPERIMENTS §3.6): fused PoPE / TAPA vs PyTorch SDPA.
+
+Methods, each timed forward and forward+backward (CUDA events, median of `--iters` after
+`--warmup`):
+    sdpa-flash     F.scaled_dot_product_attention, FLASH_ATTENTION backend (FlashAttention-2)
+    sdpa-cudnn     the same, CUDNN_ATTENTION backend
+    pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable)
+    pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
+    tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
+    tapa-material  the reference (fp32 logits materialised) where it fits in memory
+TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (both PoPE paths),
+TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
+at the same shape and mode. Peak memory is the allocator's peak above the inputs.
+
+Usage (the H200; no install needed):
+    python benchmarks/attention.py --out benchmarks/results/attention-h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shim  # noqa: E402
+
+shim.install()
+os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from phaselab.kernels.attention import reference  # noqa: E402
+from phaselab.kernels.attention.function import pope_attention, tapa_attention  # noqa: E402
+from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq  # noqa: E402
+
+FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
+METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
+               "tapa-fused": "tapa", "tapa-material": "tapa"}
+
+
+def sdpa(backend):
+    def run(q, k, v, pos, ctx):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return run
+
+
+def pope_fused(q, k, v, pos, ctx):
+    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"])
+
+
+def pope_unfused(q, k, v, pos, ctx):
+    qh, kh = reference.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"],
+                                   delta_HD=ctx["delta"])
+    v_pad = F.pad(v, (0, v.shape[-1]))  # FlashAttention needs one head dim for q, k and v
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(qh, kh, v_pad, is_causal=True, scale=q.shape[-1] ** -0.5)
+    return out[..., : v.shape[-1]]
+
+
+def tapa_fused(q, k, v, pos, ctx):
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5)
+
+
+def tapa_material(q, k, v, pos, ctx):
+    return reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, causal=True,
+                               score_mod=ScoreMod(kind="tapa", params={"alpha": 0.1}))
+
+
+METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "tapa-fused": tapa_fused,
+           "tapa-material": tapa_material}
+
+
+def time_ms(fn, warmup: int, iters: int) -> float:
+    """Median milliseconds of fn() over `iters` CUDA-event-timed calls after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: int, iters: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(42)
+    dev, dt = "cuda", torch.bfloat16
+    leaves = [torch.randn(B, H, N, D, generator=gen, device=dev, dtype=dt).requires_grad_(mode == "fwd+bwd")
+              for _ in range(3)]
+    pos = torch.arange(N, device=dev)[None]
+    ctx = {"inv_freq": pope_inv_freq(D).to(dev),
+           "delta": (-2 * math.pi * torch.rand(H, D, device=dev)).requires_grad_(mode == "fwd+bwd")}
+    do = torch.randn(B, H, N, D, generator=gen, device=dev, dtype=dt)
+    fn = METHODS[method]
+
+    def step():
+        if mode == "fwd":
+            with torch.no_grad():
+                fn(*leaves, pos, ctx)
+        else:
+            for t in (*leaves, ctx["delta"]):
+                t.grad = None
+            fn(*leaves, pos, ctx).backward(do)
+
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        ms = time_ms(step, warmup, iters)
+    except torch.OutOfMemoryError:
+        return {"status": "OOM"}
+    except RuntimeError as exc:  # e.g. an SDPA backend that refuses the shape
+        return {"status": f"error: {str(exc).splitlines()[0][:120]}"}
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    fwd_c, fb_c = FLOPS_PER_L2D[METHOD_KIND[method]]
+    flops = (fwd_c if mode == "fwd" else fb_c) * N * N * D * B * H * 0.5  # causal halves (MATH §6)
+    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "peak_gib": peak}
+
+
+def run(args, save=None) -> list[dict]:
+    """All rows; `save(rows)` after each one, so a run cut short still leaves its results."""
+    rows = []
+    for D in args.head_dims:
+        for N in args.lengths:
+            B = max(1, args.tokens // N)
+            for mode in ("fwd", "fwd+bwd"):
+                for method in args.methods:
+                    if method == "tapa-material" and B * args.heads * N * N * 4 > args.material_limit_gib * 2**30:
+                        rows.append(dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, status="skipped (memory)"))
+                        continue
+                    big = N >= 32768
+                    res = bench_one(method, B, args.heads, N, D, mode, 3 if big else args.warmup,
+                                    10 if big else args.iters)
+                    row = dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, **res)
+                    rows.append(row)
+                    torch.cuda.empty_cache()
+                    print(json.dumps(row), flush=True)
+                    if save is not None:
+                        add_ratios(rows)
+                        save(rows)
+    add_ratios(rows)
+    return rows
+
+
+def add_ratios(rows: list[dict]) -> None:
+    index = {(r["method"], r["N"], r["D"], r["mode"]): r for r in rows}
+    for r in rows:
+        for base in ("sdpa-flash", "sdpa-cudnn"):
+            b = index.get((base, r["N"], r["D"], r["mode"]))
+            if r.get("status") == "ok" and b is not None and b.get("status") == "ok":
+                r[f"x_{base}"] = r["ms"] / b["ms"]
+
+
+def table(rows: list[dict]) -> str:
+    head = "| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    lines = []
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | |")
+            continue
+        fx = f"{r['x_sdpa-flash']:.2f}" if "x_sdpa-flash" in r else "-"
+        cx = f"{r['x_sdpa-cudnn']:.2f}" if "x_sdpa-cudnn" in r else "-"
+        lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['ms']:.3f} | "
+                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=65536, help="tokens per batch (B = tokens // N)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--material-limit-gib", type=float, default=8.0,
+                   help="skip tapa-material when one fp32 B*H*N*N tensor exceeds this")
+    p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
+    meta = dict(card=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), torch=torch.__version__, triton=__import__("triton").__version__,
+        command="python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        dtype="bf16", causal=True, heads=args.heads, tokens_per_batch=args.tokens,
+        timing=f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)")
+
+    def save(rows: list[dict]) -> None:
+        if args.out:
+            Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            md = "\n".join(f"- {k}: {v}" for k, v in meta.items())
+            Path(args.out + ".md").write_text(f"# Attention benchmark\n\n{md}\n\n{table(rows)}")
+
+    rows = run(args, save)
+    save(rows)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
