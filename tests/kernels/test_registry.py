@@ -33,9 +33,10 @@ def test_builtin_names_and_lazy_targets():
     assert targets["triton"] == "phaselab.kernels.attention.function:TritonBackend"
 
 
-def test_importing_the_registry_does_not_import_torch():
+def test_importing_the_registry_does_not_import_torch(tmp_path):
     code = "import sys, phaselab.kernels.registry; assert 'torch' not in sys.modules, 'torch imported'"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=tmp_path)  # outside the repository root: the installed package is imported
     assert proc.returncode == 0, proc.stderr
 
 

@@ -161,8 +161,12 @@ def _two_x_rule(kind, dims, positions, dtype, device):
         out = fn(*leaves)
         assert out.dtype == cast, name
         results.append([out, *torch.autograd.grad(out, leaves, grad_out.to(cast))])
-    for label, ref64, same, got in zip(["out", "dq", "dk", "dv"], *results):
-        calibrated_close(f"sdpa-{kind}-{label}-{shape_id(dtype=dtype)}", ref64, got, same)
+    # Outputs: max-abs (flash-attention's rule). Gradients: RMS, because one max-abs outlier among
+    # ~1e5 values varies by 2-3x between seeds for the naive and the fused kernel alike (seen on the
+    # H200 with fp16 PoPE, T = 257), while the RMS errors stay within 5% of each other.
+    for label, ref64, same, got in zip(["out", "dq", "dk", "dv"], *results, strict=True):
+        calibrated_close(f"sdpa-{kind}-{label}-{shape_id(dtype=dtype)}", ref64, got, same, atol=1e-5 if
+                         label == "out" else 0.0, metric="max" if label == "out" else "rms")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=[shape_id(dtype=torch.bfloat16),

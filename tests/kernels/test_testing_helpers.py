@@ -43,6 +43,14 @@ def test_calibrated_close_is_the_2x_rule():
     calibrated_close("factor", ref, torch.full((10,), 0.029), torch_err, factor=3.0, atol=0.0)
     with pytest.raises(AssertionError):
         calibrated_close("nan", ref, torch.full((10,), float("nan")), torch_err)
+    one_outlier = torch.zeros(10)
+    one_outlier[0] = 0.05  # max 0.05 > 2 x 0.01, but rms 0.0158 <= 2 x 0.01
+    with pytest.raises(AssertionError, match="max error"):
+        calibrated_close("max", ref, one_outlier, torch_err, atol=0.0)
+    assert calibrated_close("rms", ref, one_outlier, torch_err, atol=0.0, metric="rms")[0] == pytest.approx(
+        0.05 / math.sqrt(10))
+    with pytest.raises(ValueError, match="'median'"):
+        calibrated_close("bad-metric", ref, torch_err, torch_err, metric="median")
 
 
 def test_shape_id_format():
