@@ -148,14 +148,36 @@ def cached_samples(tokenizer: Any, haystack: np.ndarray, *, digest: str, length:
     return s
 
 
-def model_step(model: torch.nn.Module, *, max_length: int, precision: str = "auto") -> Step:
-    """Next-token logits_BV of ``model`` for ids_BT (left-truncated to ``max_length``)."""
+def model_step(model: torch.nn.Module, *, max_length: int, precision: str = "auto",
+               kv_cache: bool = True) -> Step:
+    """Next-token logits_BV of ``model`` for ids_BT.
+
+    With ``kv_cache`` (the model's ``KVCache``), a call whose ids extend the previous call's by
+    one token feeds only that token, so greedy decoding costs one prefill plus one step per new
+    token instead of a full forward each time; any other call starts a fresh cache. The prefill
+    is left-truncated to ``max_length``; decoded tokens then extend past it (positions keep
+    counting, as in ordinary generation). Without the cache every call re-reads the last
+    ``max_length`` ids.
+    """
+    from phaselab.workloads.models.transformer import KVCache
+
     device = model_device(model)
+    state: dict[str, Any] = {"ids": None, "cache": None}
 
     @torch.no_grad()
     def step(ids_BT: torch.Tensor) -> torch.Tensor:
+        ids_BT = ids_BT.to(device)
+        prev = state["ids"]
+        extends = (kv_cache and prev is not None and ids_BT.shape == (prev.shape[0], prev.shape[1] + 1)
+                   and torch.equal(ids_BT[:, :-1], prev))
+        if extends:
+            new_BT = ids_BT[:, -1:]
+        else:
+            state["cache"] = KVCache(len(model.h)) if kv_cache else None
+            new_BT = ids_BT[:, -max_length:]
         with autocast(device, precision):
-            logits_BTV, _ = model(ids_BT[:, -max_length:].to(device))
+            logits_BTV, _ = model(new_BT, kv_cache=state["cache"]) if kv_cache else model(new_BT)
+        state["ids"] = ids_BT if kv_cache else None
         return logits_BTV[:, -1].float()
 
     return step
