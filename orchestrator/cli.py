@@ -27,6 +27,10 @@ CATALOG = typer.Option(None, "--catalog", help="Catalog URL (default: $PHASELAB_
 RUNS = typer.Option(None, "--runs-root", help="Stage outputs root (default ./.phaselab/runs).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
 OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
+CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
+SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
+SUITE_OPTIONS = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128]).")
+EVAL_OUT = typer.Option(Path(".phaselab/eval"), "--out", help="Output folder.")
 
 
 def _console() -> Any:
@@ -371,10 +375,8 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
 
 
 @app.command("eval")
-def eval_(checkpoint: Path = typer.Argument(..., help="model.pt or a checkpoint folder."),
-          suite: str = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq"),
-          options: list[str] = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128])."),
-          out_dir: Path = typer.Option(Path(".phaselab/eval"), "--out"), as_json: bool = JSON) -> None:
+def eval_(checkpoint: Path = CHECKPOINT, suite: str = SUITE, options: list[str] = SUITE_OPTIONS,
+          out_dir: Path = EVAL_OUT, as_json: bool = JSON) -> None:
     """Evaluate one checkpoint outside any grid (workloads.evals.api.run_eval)."""
     from phaselab.catalog.tracking import RecordingTracker
     from phaselab.orchestrator.overrides import apply_overrides
@@ -426,6 +428,6 @@ def gc(catalog: str = CATALOG, runs_root: Path = RUNS,
         _console().print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MiB")
 
 
-from phaselab.orchestrator import cli_catalog as _cli_catalog  # noqa: E402  (registers export/tables/mlflow)
+from phaselab.orchestrator import cli_catalog as _cli_catalog
 
 _cli_catalog.register(app)

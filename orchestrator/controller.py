@@ -299,7 +299,6 @@ class Controller:
         if not self.mlflow:
             return
         import mlflow
-
         from phaselab.catalog.mlflow_tracker import ensure_cell_run
 
         client = mlflow.MlflowClient(tracking_uri=self.mlflow["tracking_uri"])
@@ -396,10 +395,10 @@ class Controller:
         for h, row in rows.items():
             if row.state != "RUNNING" or h in mine or row.owner == self.owner:
                 continue
-            if h in stale or owner_is_dead(row.owner):
-                if self.store.transition(h, "READY", expected={"RUNNING"}, failure_class="preemption",
-                                         message=f"reclaimed from controller {row.owner}"):
-                    self.on_event("reclaimed", self.dag.nodes[h], f"from {row.owner}")
+            if (h in stale or owner_is_dead(row.owner)) and self.store.transition(
+                    h, "READY", expected={"RUNNING"}, failure_class="preemption",
+                    message=f"reclaimed from controller {row.owner}"):
+                self.on_event("reclaimed", self.dag.nodes[h], f"from {row.owner}")
 
 
 def _execute_remote(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from phaselab.orchestrator.grid import Cell, ResolvedStage, expand_cells, map_config_error, resolve_cell
 from phaselab.orchestrator.hashing import (
-    CacheKey, CodeVersion, canonical_json, code_version, make_key, package_root, sha256_hex)
+    CacheKey,
+    CodeVersion,
+    canonical_json,
+    code_version,
+    make_key,
+    package_root,
+    sha256_hex,
+)
 from phaselab.orchestrator.overrides import apply_overrides
 from phaselab.orchestrator.spec import TRAINING_KINDS, GridSpec, validate_spec
 from phaselab.orchestrator.stages import RELATION, STAGES, Resources, data_digest

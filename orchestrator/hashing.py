@@ -114,7 +114,7 @@ def package_root(package: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"package {package!r} is not importable")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def code_version(packages: tuple[str, ...] = CODE_PACKAGES, roots: Mapping[str, Path] | None = None) -> CodeVersion:
@@ -139,7 +139,7 @@ class CacheKey:
     parts: Mapping[str, Any]
     code_modules: Mapping[str, str] = field(default_factory=dict, compare=False)
 
-    def explain(self, other: "CacheKey | Mapping[str, Any]", other_modules: Mapping[str, str] | None = None) -> list[str]:
+    def explain(self, other: CacheKey | Mapping[str, Any], other_modules: Mapping[str, str] | None = None) -> list[str]:
         """Human-readable differences between this key and ``other`` (a key or stored parts)."""
         o_parts = other.parts if isinstance(other, CacheKey) else other
         o_mods = other.code_modules if isinstance(other, CacheKey) else (other_modules or {})

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-
 from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
-_CALL_RE = re.compile(r"^(range|choice)\((.*)\)$", re.S)
+_CALL_RE = re.compile(r"^(range|choice)\((.*)\)$", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +141,7 @@ def _parent(doc: Any, ov: Override, *, create: bool) -> Any:
     for i, p in enumerate(ov.path[:-1]):
         if isinstance(node, Mapping) and p not in node and create:
             node[p] = {}
-        if isinstance(node, Mapping) and p in node:
-            node = node[p]
-        elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+        if isinstance(node, Mapping) and p in node or isinstance(node, list) and isinstance(p, int) and p < len(node):
             node = node[p]
         else:
             raise _missing(doc, ov, ov.path[: i + 1])

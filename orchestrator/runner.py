@@ -89,8 +89,8 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
         artifacts = []
         for name, path in sorted(result.artifacts.items()):
             sha, size = path_digest(path)
-            artifacts.append(dict(name=name, uri=str(Path(path).resolve()), sha256=sha, bytes=size,
-                                  kind="checkpoint" if name == "checkpoint" else "file"))
+            artifacts.append({"name": name, "uri": str(Path(path).resolve()), "sha256": sha, "bytes": size,
+                              "kind": "checkpoint" if name == "checkpoint" else "file"})
         env = _fingerprint(payload)
         _log_attempt(out_dir, payload, recording, time.monotonic() - start, "succeeded")
         if ml is not None:
@@ -101,7 +101,7 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
         return {"ok": True, "records": [r.to_dict() for r in result.records], "artifacts": artifacts,
                 "env": env, "backend": _backend(env), "mlflow_run_id": getattr(ml, "run_id", None),
                 "seconds": seconds, "gpu_seconds": seconds * res.get("gpus", 0) * res.get("num_workers", 1)}
-    except BaseException as exc:  # noqa: BLE001 - classified and reported, never swallowed
+    except BaseException as exc:
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
             raise
         if ml is not None:

@@ -32,9 +32,8 @@ import types
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, suggest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"   # names become run names and path parts
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
@@ -210,7 +209,7 @@ def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
         lengths = {len(v) for v in group.values()}
         if base[1] == "zip" and len(lengths) > 1:
             issues.append(Issue(marks.at(base), dotted(base), f"zip lists must have equal lengths, "
-                                f"got {dict((k, len(v)) for k, v in group.items())}"))
+                                f"got {({k: len(v) for k, v in group.items()})}"))
         for axis, values in group.items():
             path = (*base, axis)
             if axis in names:

@@ -77,7 +77,7 @@ class SectionError(ValueError):
         self.key, self.message, self.suggestion = key, message, suggestion
 
 
-_PATH_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.*)$", re.S)
+_PATH_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.*)$", re.DOTALL)
 _MEAN_RE = re.compile(r"did you mean '([^']+)'\?")
 
 

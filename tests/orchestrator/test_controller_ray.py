@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from phaselab.orchestrator.controller import Controller
 from phaselab.orchestrator.dag import build_dag, load_grid
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 
 import pytest
-
 from phaselab.orchestrator.failures import POLICIES, classify, message_of
 
 

@@ -6,10 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from phaselab.orchestrator.dag import build_dag, load_grid
 from phaselab.orchestrator.hashing import (
-    CodeVersion, ast_hash, canonical_json, code_version, make_key, sha256_hex)
+    CodeVersion,
+    ast_hash,
+    canonical_json,
+    code_version,
+    make_key,
+    sha256_hex,
+)
+
 from tests.orchestrator._grids import BASE
 
 CODE = CodeVersion(digest="c" * 64, modules={"phaselab.workloads.train.loop": "1" * 64})
