@@ -297,3 +297,26 @@ def test_pre_expanded_pope_with_narrow_v_matches_fused_reference():
         out = R.attention(q_hat, k_hat, v, pos_q_BT=pos, pos_k_BS=pos, scale=D**-0.5)
         fused = R.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D**-0.5, score_mod=mod)
         assert_close(f"pope-expanded-{layout}", fused, out, 2e-6)
+
+
+def test_scoremod_reference_logits_scale_the_score_and_add_the_alibi_bias_unscaled():
+    H, T, D = 4, 6, 8
+    q, k = _rand(1, H, T, D, seed=1), _rand(1, H, T, D, seed=2)
+    pos = torch.tensor([[0, 2, 3, 7, 8, 20]])
+    mod = _mod("alibi", H, D)
+    dot = q.double() @ k.double().transpose(-1, -2)
+    dist = (pos[0][:, None] - pos[0][None, :]).double()
+    bias = -mod.params["slopes"].double()[:, None, None] * dist
+    assert_close("alibi-logits", 0.3 * dot + bias, mod.reference(q, k, pos, pos, scale=0.3), 1e-6)
+    assert torch.equal(R.scores(q, k, pos_q_BT=pos, pos_k_BS=pos, score_mod=mod), q @ k.transpose(-1, -2))
+    assert bool((bias[H // 2:] == 0).all()) and bool((bias[0] != 0).any())  # half the heads are NoPE
+    tapa = _mod("tapa", H, D)
+    assert torch.equal(tapa.reference(q, k, pos, pos),
+                       R.scores(q, k, pos_q_BT=pos, pos_k_BS=pos, score_mod=tapa))
+
+
+def test_alibi_slopes_are_press_et_al():
+    assert torch.equal(alibi_slopes(8), torch.tensor([2.0 ** -(j + 1) for j in range(8)]))
+    assert torch.equal(alibi_slopes(4, 2), torch.tensor([2.0**-4, 2.0**-8, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="n_alibi_heads=5"):
+        alibi_slopes(4, 5)
