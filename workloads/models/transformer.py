@@ -259,9 +259,11 @@ class Transformer(nn.Module):
         Returns:
             (logits_BTV with V = vocab_size (padding rows dropped), loss fp32 scalar or None).
         """
+        # packed documents can only come from explicit positions: the default needs no host sync
+        packed = pos_BT is not None and kv_cache is None
         start = 0 if kv_cache is None else kv_cache.length
         pos_BT = self.positions(idx_BT, pos_BT, start)
-        cu_seqlens = None if kv_cache is not None else document_segments(pos_BT)
+        cu_seqlens = document_segments(pos_BT) if packed else None
         x_BTC = self.wte(idx_BT)
         if self.input_pe is not None:
             x_BTC = x_BTC + self.input_pe(pos_BT).to(x_BTC.dtype)
@@ -312,8 +314,8 @@ class Transformer(nn.Module):
             "delta_HD": [H, D] (PoPE only) the effective phase bias δ.
         Raises ValueError for encodings without frequencies.
         """
+        cu_seqlens = None if pos_BT is None else document_segments(pos_BT)
         pos_BT = self.positions(idx_BT, pos_BT)
-        cu_seqlens = document_segments(pos_BT)
         x_BTC = self.drop(self.wte(idx_BT))
         features = []
         for block in self.h:
