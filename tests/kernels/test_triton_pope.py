@@ -56,6 +56,11 @@ def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitud
 
 NAMES = ("out", "dq", "dk", "dv", "ddelta")
 
+
+def seeded_like(x, seed=7):
+    """A seeded standard-normal tensor like x (the upstream gradient dO)."""
+    return torch.randn(x.shape, generator=generator(seed, x.device.type), device=x.device).to(x.dtype)
+
 # (B, H, G, T, S, D, causal): N=37 D=32; T<S; GQA with D=48 padded to 64 in registers
 CPU_CASES = [(1, 2, 1, 37, 37, 32, True), (1, 2, 2, 7, 45, 32, True), (2, 4, 2, 20, 20, 48, False),
              (1, 2, 1, 19, 33, 16, False)]
@@ -77,7 +82,7 @@ def test_pope_interpreter_matches_float64_reference(B, H, G, T, S, D, causal):
 @pytest.mark.parametrize("amplitude", ["relu", "identity"])
 def test_pope_interpreter_amplitude_ablations(amplitude):
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 21, 21, 32, torch.float32, "cpu", delta=False)
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
     for name, r, o in zip(NAMES[:4], ref, out):
@@ -89,12 +94,13 @@ def test_pope_interpreter_softplus_extremes():
     """Raw q/k spread over [-30, 30]: softplus' log1p branch (x < -7) and threshold (x > 20)."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 1, 1, 16, 16, 32, torch.float32, "cpu")
     q, k = q * 12, k * 12
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     assert (q < -9).any() and (q > 20).any()
     for name, r, o in zip(NAMES, ref, out):
-        assert_close(f"softplus-extremes-{name}", r, o, 1e-5)
+        # logits reach ~|30 * 30| / sqrt(32): fp32 rounding is amplified accordingly
+        assert_close(f"softplus-extremes-{name}", r, o, 5e-5)
 
 
 @needs_interpreter
@@ -102,7 +108,7 @@ def test_pope_interpreter_decode_unsorted_and_empty_rows():
     """T=1 decode at pos S-1 (MATH §7.6); shuffled key positions (no block skipping); a query
     before every key sees nothing and outputs exactly 0 with zero gradients."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 1, 40, 32, torch.float32, "cpu")
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     for name, r, o in zip(NAMES, reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True),
                           triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)):
         assert_close(f"decode-{name}", r, o, 1e-5)
@@ -111,7 +117,7 @@ def test_pope_interpreter_decode_unsorted_and_empty_rows():
     pos_k = pos_k[:, perm].contiguous()
     pos_q = pos_q.clone()
     pos_q[0, :3] = -1  # three queries placed before every key
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     for name, r, o in zip(NAMES, ref, out):
@@ -143,7 +149,7 @@ def reference_err(ref64, other):
 @needs_interpreter
 def test_pope_interpreter_backward_is_deterministic_and_registry_resolves():
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 18, 18, 32, torch.float32, "cpu")
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     first = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     second = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     for a, b in zip(first, second):
@@ -228,7 +234,7 @@ def test_pope_gpu_large_positions():
     """Positions near 2**17 (MATH §7.4) through the GPU's range reduction + approximate cos/sin."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda",
                                                          offset=2**17 - 300)
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
@@ -239,7 +245,7 @@ def test_pope_gpu_large_positions():
 @pytest.mark.gpu
 def test_pope_gpu_deterministic_long():
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 4, 4096, 4096, 64, torch.bfloat16, "cuda")
-    do = torch.randn_like(q)
+    do = seeded_like(q)
     first = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     second = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
     for a, b in zip(first, second):
