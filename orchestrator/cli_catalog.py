@@ -1,12 +1,68 @@
-"""CLI verbs backed by the catalog package: export, tables, mlflow (issue 7's functions)."""
+"""CLI verbs backed by the catalog package (issue 7): export, tables, mlflow."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+FORMAT = typer.Option("parquet", "--format", help="parquet | csv")
+OUT = typer.Option(Path(".phaselab/export"), "--out", help="Output folder (hive-partitioned by grid, stage kind).")
+TABLE_NAMES = typer.Argument(None, help="Table names (default: every table whose grid is in the catalog).")
+TABLE_FORMAT = typer.Option("md", "--format", help="md | latex | csv")
+TABLE_OUT = typer.Option(None, "--out", help="Also write <name>.<ext> files here.")
+CHECK_STALE = typer.Option(False, "--check-stale", help="Fail if an input stage re-ran or changed since the last build.")
 
 
 def register(app: typer.Typer) -> None:
-    from phaselab.orchestrator.cli import CATALOG, JSON, _emit
+    from phaselab.orchestrator.cli import CATALOG, JSON, _console, _emit, _fail, _store
+
+    @app.command()
+    def export(grid: str = typer.Argument(..., help="Grid name in the catalog."), fmt: str = FORMAT,
+               out: Path = OUT, catalog: str = CATALOG, as_json: bool = JSON) -> None:
+        """Partitioned Parquet (or CSV) export of a grid's metrics and stages, with provenance."""
+        from phaselab.catalog.export import export_grid
+
+        store = _store(catalog, create=False)
+        if store is None:
+            _fail(as_json, "the catalog does not exist yet")
+        try:
+            summary = export_grid(store, grid, fmt, out)
+        except ValueError as err:
+            _fail(as_json, str(err))
+        _emit(as_json, {"ok": True, **summary, "out": str(out)})
+        if not as_json:
+            _console().print(f"exported {summary['metric_rows']} metric rows and {summary['stage_rows']} "
+                             f"stage rows of {grid} to {out} ({fmt})")
+
+    @app.command()
+    def tables(names: list[str] = TABLE_NAMES, fmt: str = TABLE_FORMAT, out: Path = TABLE_OUT,
+               check_stale: bool = CHECK_STALE, catalog: str = CATALOG, as_json: bool = JSON) -> None:
+        """Regenerate paper tables from the catalog (mean ± std over seeds, holes shown)."""
+        from phaselab.catalog import tables as tbl
+
+        store = _store(catalog, create=False)
+        if store is None:
+            _fail(as_json, "the catalog does not exist yet")
+        try:
+            if check_stale:
+                report = tbl.check_stale(store, names or None)
+                stale = {k: v for k, v in report.items() if v}
+                _emit(as_json, {"ok": not stale, "stale": stale, "checked": sorted(report)})
+                if not as_json:
+                    for name, reasons in report.items():
+                        _console().print(f"{name}: " + ("[red]stale[/]\n  " + "\n  ".join(reasons)
+                                                        if reasons else "[green]up to date[/]"))
+                raise typer.Exit(1 if stale else 0)
+            rendered = tbl.render_all(store, fmt, out_dir=out, names=names or None)
+        except ValueError as err:
+            _fail(as_json, str(err))
+        _emit(as_json, {"ok": True, "tables": [{"name": r.name, "text": r.text, "skipped": r.skipped,
+                                               "path": str(r.path) if r.path else None} for r in rendered]})
+        if not as_json:
+            for r in rendered:
+                _console().print(r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})",
+                                 markup=False)
 
     @app.command()
     def mlflow(host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean it)."),
@@ -17,4 +73,3 @@ def register(app: typer.Typer) -> None:
         _emit(as_json, {"ok": True, "url": f"http://{host}:{port}"})
         code = serve(host=host, port=port, catalog_url=catalog, block=True)
         raise typer.Exit(0 if code == 0 else 1)
-

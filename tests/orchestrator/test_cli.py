@@ -144,3 +144,24 @@ def test_db_upgrade_and_gc(tmp_path: Path, env) -> None:
     assert paths == {old.resolve(), runs / ("f" * 64)} and old.exists()
     code, out = _cli("gc", "--catalog", url, "--runs-root", str(runs), "--json")
     assert code == 0 and not old.exists() and keep.exists() and not (runs / ("f" * 64)).exists()
+
+
+def test_export_and_tables(tmp_path: Path, env) -> None:
+    grid, url, store = env
+    dag = plan_grid(grid)
+    Controller(store, dag).submit()
+    _succeed(store, _nodes(dag, "pretrain")[0])
+    out = tmp_path / "export"
+    code, text = _cli("export", "t", "--out", str(out), "--catalog", url, "--json")
+    assert code == 0, text
+    summary = json.loads(text)
+    assert (summary["metric_rows"], summary["stage_rows"]) == (1, 4)
+    assert (out / "metrics" / "grid=t" / "stage_kind=pretrain").is_dir()
+    code, text = _cli("export", "nope", "--out", str(out), "--catalog", url, "--json")
+    assert code == 1 and "not in the catalog" in text
+    code, text = _cli("tables", "quickstart_ppl", "--catalog", url, "--json")
+    assert code == 0 and json.loads(text)["tables"][0]["skipped"]        # its grid is not in this catalog
+    code, text = _cli("tables", "--check-stale", "--catalog", url, "--json")
+    assert code == 0 and json.loads(text)["stale"] == {}
+    code, text = _cli("tables", "no_such_table", "--catalog", url, "--json")
+    assert code == 1 and "unknown table" in text

@@ -191,3 +191,18 @@ def test_failing_stage_leaves_a_consistent_catalog(tmp_path: Path, ray_address, 
         else:
             assert row.state == "BLOCKED" and row.attempts == 0
             assert "is FAILED" in row.message
+
+
+def test_ray_train_launcher_names_the_run_by_the_stage_hash(tmp_path: Path, ray_address) -> None:
+    _, dag = _grid(tmp_path, steps=4, overrides=("axes.zip.0.pe=[rope]", "axes.zip.0.steps=[4]",
+                                                 "defaults.launcher=ray_train", "~stages.ppl"))
+    store = _store(tmp_path)
+    runs = tmp_path / "runs"
+    summary = Controller(store, dag, runs_root=runs, heartbeat_s=1.0).run(timeout_s=300)
+    assert summary.ok, summary.failed
+    (h,) = dag.nodes
+    row = store.get_stage(h)
+    assert row.ray_run_name == h and row.attempts == 1
+    assert (runs / "ray_train" / h).is_dir()                    # Ray Train V2 storage: <runs>/ray_train/<hash>
+    ckpt = store.artifacts_for_stage(h)[0]
+    assert Path(ckpt.uri).is_file() and {m.name for m in store.metrics_for_stage(h)} >= {"loss", "acc"}
