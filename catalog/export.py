@@ -6,8 +6,9 @@ Writes two hive-partitioned datasets under ``DIR``::
     DIR/stages/grid=<grid>/stage_kind=<kind>/part-0.<ext>    one row per stage of the grid
     DIR/_export_<grid>.json                                  the provenance below, for CSV readers
 
-with an explicit pyarrow schema (:data:`METRIC_SCHEMA`, :data:`STAGE_SCHEMA`), a
-``schema_version`` column, and schema metadata ``phaselab.grid``, ``phaselab.grid_hash``,
+for the grid's current version (its latest submission), with an explicit pyarrow schema
+(:func:`metric_schema`, :func:`stage_schema`), a ``schema_version`` column, and schema metadata
+``phaselab.grid``, ``phaselab.grid_hash``, ``phaselab.grid_version``,
 ``phaselab.export_time``, ``phaselab.alembic_revision``, ``phaselab.git_sha`` and
 ``phaselab.schema_version``. ``existing_data_behavior="delete_matching"`` with a fixed
 ``basename_template`` makes a re-export replace the grid's partitions instead of adding files.
@@ -79,7 +80,7 @@ def metric_rows(store: CatalogStore, grid: str) -> list[dict[str, Any]]:
 
 def stage_rows(store: CatalogStore, grid_id: int, grid: str) -> list[dict[str, Any]]:
     rows = []
-    for s in store.stages_for_grid(grid_id):
+    for s in store.stages_for_grid(grid_id, current_only=True):
         row = {name: getattr(s, name, None) for name, _ in _STAGE_FIELDS}
         row.update(schema_version=SCHEMA_VERSION, grid=grid, stage_kind=s.kind,
                    config_json=_canonical(s.config), cache_key_parts_json=_canonical(s.cache_key_parts))
@@ -93,6 +94,8 @@ def provenance(store: CatalogStore, grid: dict[str, Any], now: datetime | None =
     sha, dirty = git_state()
     return {"phaselab.schema_version": str(SCHEMA_VERSION), "phaselab.grid": grid["name"],
             "phaselab.grid_hash": grid["grid_hash"],
+            "phaselab.grid_version": str(next((v["version"] for v in grid["versions"]
+                                               if v["grid_hash"] == grid["grid_hash"]), "")),
             "phaselab.export_time": (now or datetime.now(UTC)).isoformat(),
             "phaselab.alembic_revision": store.revision() or "",
             "phaselab.git_sha": (sha or "") + ("+dirty" if dirty else "")}

@@ -9,7 +9,7 @@ grid           grid name (its latest hash)
 grid_version   (grid, grid hash): the YAML as submitted and as resolved
 cell           (grid, cell key): the axis values as JSON
 stage          stage content hash (PK): kind, config, cache-key parts, state, timings, ...
-cell_stage     (cell, stage) membership; stages are shared between cells and grids
+cell_stage     (cell, stage) membership with the grid version that last linked it
 stage_edge     (upstream, downstream, relation): init_from | finetunes | evaluates | uses
 metric         (stage, identity of a MetricRecord): long format, see ``catalog.tracking``
 artifact       (producing stage, artifact name): uri, sha256, bytes, kind
@@ -172,6 +172,10 @@ class CellStage(Base):
     stage_hash: Mapped[str] = mapped_column(ForeignKey("stage.stage_hash", ondelete="CASCADE"),
                                             primary_key=True)
     role: Mapped[str | None] = mapped_column(String(200))
+    # grid_version.version of the submission that last linked this stage to the cell (0002):
+    # a grid's current view is the version of its grid_hash, so stages superseded by a code or
+    # config change drop out of tables and exports without being deleted.
+    grid_version: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (Index(None, "stage_hash"),)
 

@@ -76,7 +76,7 @@ from phaselab.catalog.schema import (
     metric_ident,
     utcnow,
 )
-from phaselab.catalog.store_reads import StoreReads
+from phaselab.catalog.store_reads import StoreReads, current_version_clause
 from phaselab.catalog.tracking import MetricRecord
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -170,9 +170,18 @@ class CatalogStore(StoreReads):
         return inserted is not None
 
     def link_cell_stage(self, cell_id: int, stage_hash: str, *, role: str | None = None) -> None:
+        """Idempotent membership; records the grid's current version (the one of its latest
+        ``upsert_grid``) as the version that last linked the stage (see ``current_version``)."""
         with self._tx() as conn:
-            conn.execute(self._insert(CellStage).values(cell_id=cell_id, stage_hash=stage_hash, role=role)
-                         .on_conflict_do_nothing())
+            version = conn.execute(
+                select(GridVersion.version).join(Grid, and_(Grid.id == GridVersion.grid_id,
+                                                            Grid.grid_hash == GridVersion.grid_hash))
+                .join(Cell, Cell.grid_id == Grid.id).where(Cell.id == cell_id)).scalar()
+            stmt = self._insert(CellStage).values(cell_id=cell_id, stage_hash=stage_hash, role=role,
+                                                  grid_version=version)
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=["cell_id", "stage_hash"],
+                set_={"role": stmt.excluded.role, "grid_version": stmt.excluded.grid_version}))
 
     def add_edge(self, upstream: str, downstream: str, relation: str) -> None:
         if relation not in RELATIONS:
@@ -188,9 +197,12 @@ class CatalogStore(StoreReads):
             m = conn.execute(select(Stage.__table__).where(Stage.stage_hash == stage_hash)).mappings().first()
         return None if m is None else StageRow.from_mapping(m)
 
-    def stages_for_grid(self, grid_id: int) -> list[StageRow]:
+    def stages_for_grid(self, grid_id: int, *, current_only: bool = False) -> list[StageRow]:
+        """Stages linked to the grid's cells (``current_only``: by its current version)."""
         members = select(CellStage.stage_hash).join(Cell, Cell.id == CellStage.cell_id) \
             .where(Cell.grid_id == grid_id)
+        if current_only:
+            members = members.join(Grid, Grid.id == Cell.grid_id).where(current_version_clause())
         q = select(Stage.__table__).where(Stage.stage_hash.in_(members)) \
             .order_by(Stage.created_at, Stage.stage_hash)
         with self._tx() as conn:

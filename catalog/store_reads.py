@@ -27,6 +27,15 @@ from phaselab.catalog.schema import (
 from phaselab.catalog.tracking import MetricRecord
 
 
+def current_version_clause() -> Any:
+    """SQL condition: the cell_stage row belongs to its grid's current version (rows linked
+    before migration 0002 have no version and count as current)."""
+    current = (select(GridVersion.version)
+               .where(GridVersion.grid_id == Cell.grid_id, GridVersion.grid_hash == Grid.grid_hash)
+               .correlate(Cell, Grid).scalar_subquery())
+    return or_(CellStage.grid_version.is_(None), CellStage.grid_version == current)
+
+
 class StoreReads:
     """Mixed into CatalogStore, which provides ``_tx`` and ``_insert``."""
 
@@ -95,16 +104,19 @@ class StoreReads:
             return [dict(m) for m in conn.execute(select(Attempt.__table__).where(
                 Attempt.stage_hash == stage_hash).order_by(Attempt.attempt_no)).mappings()]
 
-    def metrics_frame(self, *, grid: str | None = None, succeeded_only: bool = True) -> list[dict[str, Any]]:
+    def metrics_frame(self, *, grid: str | None = None, succeeded_only: bool = True,
+                      current_only: bool = True) -> list[dict[str, Any]]:
         """Long-format rows, one per (metric, cell the stage belongs to), with the cell's axes
-        (``axes`` dict) and the stage's kind/name/role/state/finish time. Usable as
+        (``axes`` dict) and the stage's kind/name/role/state/finish time and the grid version
+        that linked it. ``current_only``: only stages of each grid's current version (the one
+        of its latest submission; stages superseded by a code/config change drop out). Usable as
         ``pandas.DataFrame(rows)``; ordered by grid, cell, stage, metric id."""
         q = (select(Grid.name.label("grid"), Grid.id.label("grid_id"), Cell.id.label("cell_id"),
                     Cell.cell_key, Cell.axes, Stage.stage_hash, Stage.kind.label("stage_kind"),
                     Stage.name.label("stage_name"), CellStage.role, Stage.state, Stage.attempts,
                     Stage.finished_at, Stage.backend, Metric.name, Metric.value, Metric.unit,
                     Metric.step, Metric.context_len, Metric.depth, Metric.task, Metric.split,
-                    Metric.n, Metric.stderr)
+                    Metric.n, Metric.stderr, CellStage.grid_version)
              .select_from(Metric)
              .join(Stage, Stage.stage_hash == Metric.stage_hash)
              .join(CellStage, CellStage.stage_hash == Stage.stage_hash)
@@ -114,6 +126,8 @@ class StoreReads:
             q = q.where(Grid.name == grid)
         if succeeded_only:
             q = q.where(Stage.state == "SUCCEEDED")
+        if current_only:
+            q = q.where(current_version_clause())
         q = q.order_by(Grid.name, Cell.id, Stage.stage_hash, Metric.id)
         with self._tx() as conn:
             return [dict(m) for m in conn.execute(q).mappings()]

@@ -48,16 +48,18 @@ def test_migrations_upgrade_downgrade_match_models(catalog_url: str) -> None:
     store = CatalogStore(catalog_url)
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == db.head_revision() == "0001"
+    assert store.revision() == db.head_revision() == "0002"
     assert CATALOG_TABLES <= set(sa.inspect(store.engine).get_table_names())
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
                                 Base.metadata)
     assert diff == [], f"migration head and schema.py differ: {diff}"
+    db.downgrade(store.engine, "0001")
+    assert "grid_version" not in {c["name"] for c in sa.inspect(store.engine).get_columns("cell_stage")}
     db.downgrade(store.engine, "base")
     assert set(sa.inspect(store.engine).get_table_names()) & CATALOG_TABLES == set()
     store.upgrade()  # and back up from empty
-    assert store.revision() == "0001"
+    assert store.revision() == "0002"
     store.dispose()
 
 
@@ -271,6 +273,30 @@ def test_metrics_frame_joins_cell_axes(store: CatalogStore) -> None:
     assert {r["grid"] for r in rows} == {"ii"} and all(r["state"] == "SUCCEEDED" for r in rows)
     assert store.metrics_frame(grid="other") == []
     assert len(store.metrics_frame()) == 4
+
+
+def test_resubmitted_grid_shows_only_its_current_version(store: CatalogStore) -> None:
+    gid = store.upsert_grid(name="g", grid_hash="v1", yaml_submitted="", yaml_resolved="")
+    cid = cell(store, gid, {"pe": "rope", "seed": 0})
+    old = add_stage(store, cid, "ppl-old", role="ppl")
+    shared = add_stage(store, cid, "dataset", kind="dataset")
+    run_stage(store, old, [MetricRecord(name="ppl", value=9.0, context_len=64)])
+    run_stage(store, shared, [MetricRecord(name="tokens", value=100.0)])
+    store.upsert_grid(name="g", grid_hash="v2", yaml_submitted="", yaml_resolved="")  # code changed
+    new = add_stage(store, cid, "ppl-new", role="ppl")
+    store.link_cell_stage(cid, shared, role="dataset")                                  # unchanged stage
+    run_stage(store, new, [MetricRecord(name="ppl", value=8.0, context_len=64)])
+
+    def seen(**kw: object) -> list[tuple[str, float, int]]:
+        return sorted((r["role"], r["value"], r["grid_version"]) for r in store.metrics_frame(grid="g", **kw))
+
+    assert seen() == [("dataset", 100.0, 2), ("ppl", 8.0, 2)]
+    assert seen(current_only=False) == [("dataset", 100.0, 2), ("ppl", 8.0, 2), ("ppl", 9.0, 1)]
+    assert {s.stage_hash for s in store.stages_for_grid(gid, current_only=True)} == {new, shared}
+    store.upsert_grid(name="g", grid_hash="v1", yaml_submitted="", yaml_resolved="")  # back to v1
+    store.link_cell_stage(cid, old, role="ppl")
+    store.link_cell_stage(cid, shared, role="dataset")
+    assert seen() == [("dataset", 100.0, 1), ("ppl", 9.0, 1)]
 
 
 def test_default_url_and_validation(tmp_path, monkeypatch) -> None:  # noqa: ANN001
