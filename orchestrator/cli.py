@@ -180,7 +180,12 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
     if store is not None and store.revision() is not None:
         rows = {h: r for h in dag.nodes if (r := store.get_stage(h)) is not None}
         all_rows = [r for r in store.stages_in_state({"SUCCEEDED"})]
-    prow = plan_rows(dag, rows, all_rows)
+    env_now = None
+    if rows:
+        from phaselab.catalog.fingerprint import env_fingerprint
+
+        env_now = env_fingerprint()
+    prow = plan_rows(dag, rows, all_rows, env_now)
     if as_json:
         _emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
                      "cells": [c.key for c in dag.cells], "stages": prow})

@@ -40,9 +40,24 @@ def measured_throughput(rows: Iterable[Any]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in out.items()}
 
 
-def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = ()) -> list[dict[str, Any]]:
-    """One dict per node: status vs the catalog (``rows``: hash -> StageRow of any grid) and a
-    GPU-hour estimate from measured throughput of the same model config where known."""
+def env_differences(stored: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """Package and Python versions that differ between a stored fingerprint and ``now`` (the
+    code itself is in the key; these are what a cache hit silently carries over, DESIGN §5.4)."""
+    if not stored or not now:
+        return []
+    out = []
+    if stored.get("python") != now.get("python"):
+        out.append(f"python {stored.get('python')} -> {now.get('python')}")
+    old, new = stored.get("packages") or {}, now.get("packages") or {}
+    out += [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return out
+
+
+def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = (),
+              env_now: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One dict per node: status vs the catalog (``rows``: hash -> StageRow of any grid), a
+    GPU-hour estimate from measured throughput of the same model config where known, and for
+    cache hits the environment differences (``env_now``: this machine's fingerprint)."""
     tput = measured_throughput(all_rows)
     out = []
     for h, node in dag.nodes.items():
@@ -57,6 +72,7 @@ def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = ()) -
                     "failure_class": row.failure_class if row is not None else None,
                     "cells": [c for c, _ in node.members], "upstream": dict(node.upstream),
                     "gpu_hours_est": est, "launcher": node.launcher,
+                    "env_differs": env_differences(row.env, env_now) if status == "cached" else [],
                     "resources": {"cpus": node.resources.cpus, "gpus": node.resources.gpus,
                                   "num_workers": node.resources.num_workers}})
     return out
@@ -80,8 +96,9 @@ def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
         est_s = "" if r["kind"] not in TRAINING else (
             " ~? GPU-h" if est is None else " CPU" if r["resources"]["gpus"] == 0 else f" ~{est:.2f} GPU-h")
         status = r["status"] + (f"({r['failure_class']})" if r["failure_class"] and r["status"] == "failed" else "")
+        env = f" [yellow]env differs: {escape(', '.join(r['env_differs']))}[/]" if r["env_differs"] else ""
         return (f"[{STYLE.get(r['status'], 'white')}]{status:<9}[/] {r['kind']:<8} {escape(r['label'])} "
-                f"[dim]{r['hash'][:12]}{est_s}[/]")
+                f"[dim]{r['hash'][:12]}{est_s}[/]{env}")
 
     def add(node: Any, h: str) -> None:
         branch = node.add(label(by_hash[h]))
@@ -130,6 +147,24 @@ def render_status(console: Any, grid: str, srows: list[dict[str, Any]]) -> None:
                       "" if r["seconds"] is None else f"{r['seconds']:.1f}", r["hash"][:12], escape(r["message"] or ""))
     console.print(table)
     console.print(ProgressBar(total=max(len(srows), 1), completed=done, width=60))
+    eta = eta_seconds(srows)
+    if eta is not None:
+        console.print(f"ETA ~{eta / 60:.1f} min (mean duration of finished stages of each kind)")
+
+
+def eta_seconds(srows: list[dict[str, Any]]) -> float | None:
+    """Remaining time: pending stages x the mean duration of finished stages of their kind,
+    spread over the stages running now (at least one). None when nothing is known."""
+    means: dict[str, list[float]] = {}
+    for r in srows:
+        if r["state"] == "SUCCEEDED" and r["seconds"] is not None:
+            means.setdefault(r["kind"], []).append(r["seconds"])
+    pending = [r for r in srows if r["state"] in ("PLANNED", "READY", "RUNNING")]
+    if not pending or not means:
+        return None
+    overall = sum(sum(v) for v in means.values()) / sum(len(v) for v in means.values())
+    work = sum(sum(means[r["kind"]]) / len(means[r["kind"]]) if r["kind"] in means else overall for r in pending)
+    return work / max(1, sum(1 for r in srows if r["state"] == "RUNNING"))
 
 
 def results_table(frame: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:

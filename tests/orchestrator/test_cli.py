@@ -165,3 +165,19 @@ def test_export_and_tables(tmp_path: Path, env) -> None:
     assert code == 0 and json.loads(text)["stale"] == {}
     code, text = _cli("tables", "no_such_table", "--catalog", url, "--json")
     assert code == 1 and "unknown table" in text
+
+
+def test_plan_warns_when_a_hit_came_from_another_environment(env) -> None:
+    from phaselab.catalog.fingerprint import env_fingerprint
+
+    grid, url, store = env
+    dag = plan_grid(grid)
+    Controller(store, dag).submit()
+    pre = _nodes(dag, "pretrain")[0]
+    _succeed(store, pre)
+    now = env_fingerprint()
+    store.record_attempt(pre, {**now, "packages": {**now["packages"], "torch": "0.0.1"}})
+    code, out = _cli("plan", str(grid), "--catalog", url, "--json")
+    rows = {s["hash"]: s for s in json.loads(out)["stages"]}
+    assert rows[pre]["env_differs"] == [f"torch 0.0.1 -> {now['packages']['torch']}"]
+    assert all(r["env_differs"] == [] for h, r in rows.items() if h != pre)
