@@ -178,6 +178,7 @@ def test_plan_warns_when_a_hit_came_from_another_environment(env) -> None:
     now = env_fingerprint()
     store.record_attempt(pre, {**now, "packages": {**now["packages"], "torch": "0.0.1"}})
     code, out = _cli("plan", str(grid), "--catalog", url, "--json")
+    assert code == 0, out
     rows = {s["hash"]: s for s in json.loads(out)["stages"]}
     assert rows[pre]["env_differs"] == [f"torch 0.0.1 -> {now['packages']['torch']}"]
     assert all(r["env_differs"] == [] for h, r in rows.items() if h != pre)
