@@ -15,15 +15,16 @@ into plain mappings, and `from_dict` turns a mapping into the typed config:
 hashing, run params and checkpoints. `from_dict(cls, to_dict(cfg)) == cfg` for every config.
 
 Example:
+    >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True, kw_only=True)
     ... class Opt:
     ...     lr: float = 1e-3
     >>> from_dict(Opt, {"lr": 3})
     Opt(lr=3.0)
-    >>> from_dict(Opt, {"lrr": 3})
+    >>> from_dict(Opt, {"lrr": 3})  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     ...
-    phaselab.workloads.config.ConfigError: lrr: unknown key for Opt; did you mean 'lr'? (valid keys: lr)
+    ConfigError: lrr: unknown key for Opt; did you mean 'lr'? (valid keys: lr)
 
 This module imports no torch: the orchestrator parses configs without loading it.
 """
