@@ -52,3 +52,28 @@ def test_ppl_by_length_to_64k_memory_linear(pe, backend):
         assert b["peak_mib"] <= 2.3 * a["peak_mib"], (a, b)  # linear (x2), not quadratic (x4)
     # random init: close to uniform over the vocabulary at every length
     assert all(abs(x["nll"] - np.log(50257)) < 1.5 for x in rows)
+
+
+@pytest.mark.gpu
+def test_niah_at_64k_completes_with_kv_cache(tmp_path):
+    """A 65 536-token NIAH cell decodes through the KV cache on the GPU (random-init char model:
+    accuracy is ~0, the point is that the long-context path runs and what it costs)."""
+    from phaselab.workloads.data import DataConfig, build_dataset
+    from phaselab.workloads.evals import niah
+
+    ds = build_dataset(DataConfig(kind="text"))
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny", vocab_size=ds.vocab_size, block_size=1024, n_layer=4, d_model=256,
+                               attention={"backend": "sdpa"})).cuda().eval()
+    cfg = niah.NiahConfig(lengths=(65536,), depths=(0.5,), trials=2, batch_size=2, answer="letters")
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    grid = niah.run_grid(niah.model_step(model, max_length=65536, precision="bf16"), ds.tokenizer,
+                         ds.tokens("valid"), cfg, digest=ds.digest, cache_dir=tmp_path)
+    row = {"suite": "niah", "context_len": 65536, "acc": grid[(65536, 0.5)], "seconds": time.perf_counter() - t0,
+           "peak_mib": torch.cuda.max_memory_allocated() / 2**20}
+    print(json.dumps(row))
+    if os.environ.get("PHASELAB_GPU_RESULTS"):
+        with open(os.environ["PHASELAB_GPU_RESULTS"], "a") as f:
+            f.write(json.dumps(row) + "\n")
+    assert grid[(65536, 0.5)] <= 0.5
