@@ -19,6 +19,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_extensions"))
 os.environ.setdefault("RAY_TMPDIR", "/tmp/phaselab-ray")
+# Tiny-shape tests on 2 cores run far faster single-threaded (0.014 s vs 0.65 s per training step
+# measured under load); set before torch is imported so Ray/DeepSpeed workers inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _has_cuda() -> bool:
