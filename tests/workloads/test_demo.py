@@ -1,0 +1,34 @@
+"""The issue-2 demo at a drastically reduced step count: the table lists RoPE, PoPE and TAPA with
+accuracies measured from real argmax predictions on the whole test split."""
+
+import re
+
+import pytest
+from rich.console import Console
+
+from phaselab.workloads.demo import main, render, run_demo
+
+
+def test_demo_table_reports_measured_accuracies(tmp_path):
+    console = Console(record=True, width=120)
+    rows = run_demo(steps=3, out_dir=tmp_path / "runs", console=console)
+    assert [r.pe for r in rows] == ["rope", "pope", "tapa"]
+    for r in rows:
+        assert r.n_test == 2000  # ii_tiny's test split, every example scored once
+        assert 0.0 <= r.test_acc <= 1.0 and 0.0 <= r.valid_acc <= 1.0
+        correct = r.test_acc * r.n_test  # a count of correct argmax predictions
+        assert abs(correct - round(correct)) < 1e-6
+        assert r.seconds > 0 and r.train_loss > 0
+    console.print(render(rows, steps=3))
+    out = console.export_text()
+    assert "3 steps" in out and "3/3" in out  # the table and the finished progress bars
+    for r in rows:
+        line = next(line for line in out.splitlines() if re.search(rf"\b{r.pe}\b.*%", line))
+        test_pct, valid_pct = (float(v) for v in re.findall(r"(\d+\.\d) %", line))
+        assert test_pct == pytest.approx(round(100 * r.test_acc, 1))
+        assert valid_pct == pytest.approx(round(100 * r.valid_acc, 1))
+
+
+def test_demo_cli_rejects_bad_steps():
+    with pytest.raises(SystemExit):
+        main(["--steps", "0"])
