@@ -217,7 +217,8 @@ class Controller:
     @staticmethod
     def _demand(node: StageNode) -> tuple[float, float]:
         r = node.resources
-        return r.cpus * r.num_workers, r.gpus * r.num_workers
+        n = node.config["tune"]["max_concurrent"] if node.kind == "tune" else r.num_workers
+        return r.cpus * n, r.gpus * n
 
     def _launch(self, rows: Mapping[str, Any]) -> list[str]:
         import ray
@@ -253,8 +254,8 @@ class Controller:
     def _options(self, node: StageNode) -> dict[str, Any]:
         r = node.resources
         opts: dict[str, Any] = {"max_retries": 0, "name": f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"}
-        if node.launcher == "ray_train" and node.kind in ("pretrain", "cpt", "finetune"):
-            opts.update(num_cpus=0, num_gpus=0)   # the driver only; Ray Train schedules the workers
+        if node.kind == "tune" or (node.launcher == "ray_train" and node.kind in ("pretrain", "cpt", "finetune")):
+            opts.update(num_cpus=0, num_gpus=0)   # the driver only; Ray Train / Tune schedule the workers
         else:
             opts.update(num_cpus=r.cpus, num_gpus=r.gpus, memory=int(r.memory_gb * 2**30))
             if r.accelerator:
@@ -345,8 +346,39 @@ class Controller:
         except StateError as err:   # cancelled while running: the outputs stay, the state too
             self.on_event("skipped", node, str(err))
             return None
+        if out.get("children"):
+            self._record_children(node, out["children"], out["env"])
         self.on_event("succeeded", node, f"{out.get('seconds', 0):.1f} s")
         return None
+
+    def _record_children(self, node: StageNode, children: list[Mapping[str, Any]], env: Mapping[str, Any]) -> None:
+        """Tune trials as child stages (kind ``trial``): completed ones SUCCEEDED with their
+        metrics and checkpoint, early-stopped ones CANCELLED; idempotent on a re-run."""
+        from phaselab.catalog.store import ArtifactSpec, StageSpec
+        from phaselab.catalog.tracking import MetricRecord
+        from phaselab.orchestrator.hashing import canonical_json, sha256_hex
+
+        cells = {c["cell_key"]: c["id"] for c in self.store.cells_for_grid(self.grid_id)}
+        for child in children:
+            parts = {"kind": "trial", "parent": node.hash, "overrides": child["overrides"]}
+            h = sha256_hex(canonical_json(parts))
+            self.store.upsert_stage(StageSpec(
+                stage_hash=h, kind="trial", name=f"{node.name}/trial-{child['id']}",
+                config={"parent": node.hash, "overrides": child["overrides"]},
+                cache_key_parts={"parts": parts}, state="RUNNING" if child["completed"] else "PLANNED",
+                storage_uri=str(self.out_dir(node.hash) / "trials" / child["id"])))
+            self.store.add_edge(h, node.hash, "uses")
+            for cell_key, _ in node.members:
+                self.store.link_cell_stage(cells[cell_key], h, role=f"{node.name}/trial")
+            if child["completed"]:
+                records = [MetricRecord(**r) for r in child["records"] if math.isfinite(r["value"])]
+                self.store.finalize_success(h, metrics=records, artifacts=[ArtifactSpec(**child["artifact"])],
+                                            env=env, backend=None, mlflow_run_id=None)
+            else:
+                self.store.transition(h, "CANCELLED", expected={"PLANNED"}, failure_class="early_stopped",
+                                      message=f"stopped by the scheduler at step {child.get('step')} "
+                                              f"(objective {child['objective']:.4g})"
+                                              + (f": {child['error']}" if child.get("error") else ""))
 
     def _fail(self, h: str, out: Mapping[str, Any]) -> None:
         node, cls = self.dag.nodes[h], out["failure_class"]

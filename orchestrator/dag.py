@@ -142,7 +142,7 @@ def _inputs(rs: ResolvedStage, spec: GridSpec, hashes: Mapping[str, str]) -> dic
     others = []
     for need in rs.template.needs:
         kind = spec.stages[need].kind
-        if kind in TRAINING_KINDS:
+        if kind in TRAINING_KINDS:   # includes tune: its best trial's checkpoint
             inputs["checkpoint"] = hashes[need]
         elif kind == "dataset":
             inputs["dataset"] = hashes[need]

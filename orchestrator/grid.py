@@ -150,7 +150,7 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
             merged = deep_merge(base or {}, over or {}, ("defaults", sec), ("stages", name, sec),
                                 origins, sec)
             sections[sec] = interpolate(merged, cell.axes, sec, origins, marks)
-        if st.kind in ("pretrain", "cpt", "finetune"):
+        if st.kind in ("pretrain", "cpt", "finetune", "tune"):
             train = sections.setdefault("train", {})
             if "seed" not in train:   # the grid's seed axis drives the training seed
                 train["seed"] = cell.axes["seed"]
@@ -158,7 +158,7 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
         res = {**(spec.defaults.resources.model_dump(exclude_unset=True) if spec.defaults.resources else {}),
                **(st.resources.model_dump(exclude_unset=True) if st.resources else {})}
         launcher = st.launcher or spec.defaults.launcher or (
-            "ray_train" if st.kind in ("pretrain", "cpt", "finetune") else "ray_task")
+            "ray_train" if st.kind in ("pretrain", "cpt", "finetune") else "ray_task")   # tune: trials are Tune's
         out.append(ResolvedStage(name=name, cell=cell, template=st, sections=sections,
                                  origins=origins, resources=res, launcher=launcher))
     return out

@@ -91,6 +91,14 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
             sha, size = path_digest(path)
             artifacts.append({"name": name, "uri": str(Path(path).resolve()), "sha256": sha, "bytes": size,
                               "kind": "checkpoint" if name == "checkpoint" else "file"})
+        children = []
+        for child in result.children:
+            child = dict(child)
+            if child.get("checkpoint"):
+                sha, size = path_digest(Path(child["checkpoint"]))
+                child["artifact"] = {"name": "checkpoint", "uri": str(Path(child["checkpoint"]).resolve()),
+                                     "sha256": sha, "bytes": size, "kind": "checkpoint"}
+            children.append(child)
         env = _fingerprint(payload)
         _log_attempt(out_dir, payload, recording, time.monotonic() - start, "succeeded")
         if ml is not None:
@@ -99,7 +107,7 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
         seconds = time.monotonic() - start
         res = payload["resources"]
         return {"ok": True, "records": [r.to_dict() for r in result.records], "artifacts": artifacts,
-                "env": env, "backend": _backend(env), "mlflow_run_id": getattr(ml, "run_id", None),
+                "env": env, "backend": _backend(env), "children": children, "mlflow_run_id": getattr(ml, "run_id", None),
                 "seconds": seconds, "gpu_seconds": seconds * res.get("gpus", 0) * res.get("num_workers", 1)}
     except BaseException as exc:
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):

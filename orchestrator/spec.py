@@ -37,11 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"   # names become run names and path parts
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-STAGE_KINDS = ("dataset", "pretrain", "cpt", "finetune", "eval", "analysis")
-TRAINING_KINDS = ("pretrain", "cpt", "finetune")
-SECTIONS = ("model", "data", "train", "extend", "eval")
+STAGE_KINDS = ("dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune")
+TRAINING_KINDS = ("pretrain", "cpt", "finetune", "tune")   # stages whose output is a checkpoint
+SECTIONS = ("model", "data", "train", "extend", "eval", "tune")
 
-StageKind = Literal["dataset", "pretrain", "cpt", "finetune", "eval", "analysis"]
+StageKind = Literal["dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune"]
 Launcher = Literal["ray_train", "ray_task"]
 Scalar = str | int | float | bool | None
 
@@ -68,6 +68,7 @@ class DefaultsSpec(_Frozen):
     train: dict[str, Any] | None = None
     extend: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
+    tune: dict[str, Any] | None = None
     resources: ResourcesSpec | None = None
     launcher: Launcher | None = None
 
@@ -89,6 +90,7 @@ class StageTemplate(_Frozen):
     train: dict[str, Any] | None = None
     extend: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
+    tune: dict[str, Any] | None = None
     salt: str = ""
     max_retries: int = Field(3, ge=0)
 
@@ -232,7 +234,7 @@ def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> l
     issues: list[Issue] = []
     ups = [spec.stages[n].kind for n in st.needs if n in spec.stages]
     producers = [k for k in ups if k in TRAINING_KINDS]
-    if st.kind == "pretrain" and producers:
+    if st.kind in ("pretrain", "tune") and producers:
         issues.append(Issue(marks.at((*base, "needs")), f"{dotted(base)}.needs",
                             "a pretrain stage starts from scratch; use kind 'cpt' or 'finetune' "
                             "to start from another training stage"))
@@ -250,12 +252,16 @@ def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> l
     if st.kind in TRAINING_KINDS + ("dataset",) and st.eval is not None:
         issues.append(Issue(marks.at((*base, "eval")), f"{dotted(base)}.eval",
                             f"a {st.kind} stage takes no 'eval' section (add an eval stage)"))
-    if st.kind not in ("pretrain",) and st.model is not None:
+    if st.kind == "tune" and st.tune is None and spec.defaults.tune is None:
+        issues.append(Issue(marks.at(base), dotted(base), "a tune stage needs a 'tune' section (space, metric, ...)"))
+    if st.kind != "tune" and st.tune is not None:
+        issues.append(Issue(marks.at((*base, "tune")), f"{dotted(base)}.tune", f"a {st.kind} stage takes no 'tune' section"))
+    if st.kind not in ("pretrain", "tune") and st.model is not None:
         issues.append(Issue(marks.at((*base, "model")), f"{dotted(base)}.model",
                             f"a {st.kind} stage takes no 'model' section" + (
                                 " (its model comes from the upstream checkpoint)"
                                 if st.kind in ("cpt", "finetune") else "")))
-    if st.kind in ("pretrain", "dataset") and st.extend is not None:
+    if st.kind in ("pretrain", "dataset", "tune") and st.extend is not None:
         issues.append(Issue(marks.at((*base, "extend")), f"{dotted(base)}.extend",
                             f"context extension belongs to cpt/finetune stages, not {st.kind}"))
     return issues

@@ -1,4 +1,4 @@
-"""phaselab.orchestrator.stages: the six stage kinds (DESIGN §3.3), by kind name."""
+"""phaselab.orchestrator.stages: the stage kinds (DESIGN §3.3, plus ``tune``), by kind name."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from phaselab.orchestrator.stages.dataset import DatasetStage, data_digest
 from phaselab.orchestrator.stages.evaluate import EvalStage
 from phaselab.orchestrator.stages.finetune import FinetuneStage
 from phaselab.orchestrator.stages.pretrain import PretrainStage
+from phaselab.orchestrator.stages.tune import TuneStage
 
 STAGES: dict[str, Stage] = {s.kind: s for s in (DatasetStage(), PretrainStage(), CptStage(),
-                                                  FinetuneStage(), EvalStage(), AnalysisStage())}
+                                                  FinetuneStage(), EvalStage(), AnalysisStage(), TuneStage())}
 
 # Lineage relation of a stage to its upstream (catalog schema RELATIONS).
 RELATION = {"pretrain": "uses", "cpt": "init_from", "finetune": "finetunes", "eval": "evaluates",
-            "analysis": "evaluates", "dataset": "uses"}
+            "analysis": "evaluates", "dataset": "uses", "tune": "uses", "trial": "uses"}
 
 __all__ = ["RELATION", "STAGES", "Resources", "Stage", "StageContext", "StageResult", "data_digest"]

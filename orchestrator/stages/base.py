@@ -45,6 +45,7 @@ class StageResult:
     artifacts: Mapping[str, Path]
     records: list[MetricRecord] = field(default_factory=list)
     backend: str | None = None
+    children: list[dict[str, Any]] = field(default_factory=list)   # tune: one dict per trial
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,7 +218,7 @@ class Stage:
             out["train"] = normalize_train(sections.get("train", {}))
         if "extend" in self.sections and sections.get("extend") is not None:
             out["extend"] = normalize_extend(sections["extend"])
-        if "eval" in self.sections:
+        if "eval" in self.sections and "train" not in self.sections:
             out["eval"] = normalize_eval(sections.get("eval") or {}, out.pop("data", None))
         return out
 

@@ -206,3 +206,57 @@ def test_ray_train_launcher_names_the_run_by_the_stage_hash(tmp_path: Path, ray_
     assert (runs / "ray_train" / h).is_dir()                    # Ray Train V2 storage: <runs>/ray_train/<hash>
     ckpt = store.artifacts_for_stage(h)[0]
     assert Path(ckpt.uri).is_file() and {m.name for m in store.metrics_for_stage(h)} >= {"loss", "acc"}
+
+
+TUNE = """\
+grid: tunetiny
+seeds: [0]
+axes:
+  product:
+    pe: [rope]
+defaults:
+  model: {preset: tiny, block_size: 32, n_layer: 1, n_head: 2, d_model: 32, pe: {kind: "${pe}"}}
+  data: {kind: text, block_size: 32}
+  train: {steps: 6, batch_size: 4, warmup: 2, eval_every: 2, eval_batches: 2, final_eval_batches: 2,
+          ckpt_every: 3, device: cpu}
+  resources: {cpus: 1, memory_gb: 1}
+stages:
+  tune_lr:
+    kind: tune
+    tune:
+      space: {train.lr: {grid: [1.0e-3, 3.0e-2]}}
+      metric: valid/loss
+      scheduler: asha
+      max_concurrent: 2
+  ppl:
+    kind: eval
+    needs: [tune_lr]
+    eval: {suite: ppl-by-length, ppl: {lengths: [32], max_tokens: 256}, device: cpu}
+"""
+
+
+def test_tune_stage_records_trials_and_feeds_the_best_checkpoint(tmp_path: Path, ray_address) -> None:
+    path = tmp_path / "tune.yaml"
+    path.write_text(TUNE)
+    spec, marks, text, resolved = load_grid(path)
+    dag = build_dag(spec, marks, yaml_submitted=text, yaml_resolved=resolved)
+    store = _store(tmp_path)
+    summary = Controller(store, dag, runs_root=tmp_path / "runs", heartbeat_s=1.0).run(timeout_s=300)
+    assert summary.ok, summary.failed
+    tune_hash = next(h for h, n in dag.nodes.items() if n.kind == "tune")
+    trials = [r for r in store.stages_in_state({"SUCCEEDED", "CANCELLED"}) if r.kind == "trial"]
+    assert len(trials) == 2 and {tuple(r.config["overrides"].items()) for r in trials} == \
+        {(("train.lr", 1e-3),), (("train.lr", 3e-2),)}
+    assert all((t.stage_hash, tune_hash, "uses") in store.edges(tune_hash) for t in trials)
+    done = [t for t in trials if t.state == "SUCCEEDED"]
+    assert done and all(t.failure_class == "early_stopped" for t in trials if t.state == "CANCELLED")
+    loss = {t.stage_hash: next(m.value for m in store.metrics_for_stage(t.stage_hash)
+                               if m.name == "loss" and m.split == "valid") for t in done}
+    best = min(loss, key=loss.get)
+    best_ckpt = store.artifacts_for_stage(best)[0].uri
+    tune_ckpt = next(a for a in store.artifacts_for_stage(tune_hash) if a.name == "checkpoint").uri
+    assert tune_ckpt == best_ckpt
+    # a second run is all cached, and the trials are not duplicated
+    again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)
+    assert again.ok and again.launched == []
+    assert len([r for r in store.stages_in_state({"SUCCEEDED", "CANCELLED"}) if r.kind == "trial"]) == 2

@@ -44,6 +44,9 @@ CASES = [
     ("bad-grid-name", [("grid: t", "grid: ../etc")], "grid:", "should match pattern", None),
     ("unknown-resource-key", [("  launcher: ray_task", "  launcher: ray_task\n  resources: {gpu: 1}")], "gpu:", "unknown key 'gpu'", "gpus"),
     ("unknown-launcher", [("launcher: ray_task", "launcher: ray_tsk")], "launcher:", "ray_train", None),
+    ("tune-unknown-field", [("    kind: pretrain\n", "    kind: tune\n    tune: {space: {train.lrr: {grid: [0.1]}}}\n")], "train.lrr", "is not a field", "train.lr"),
+    ("tune-bad-distribution", [("    kind: pretrain\n", "    kind: tune\n    tune: {space: {train.lr: {gird: [0.1]}}}\n")], "train.lr: {gird", "give exactly one of", None),
+    ("tune-without-tune", [("    kind: pretrain\n", "    kind: tune\n")], "  pretrain:", "needs a 'tune' section", None),
     ("finetune-with-model", [("  ppl:\n", "  ft:\n    kind: finetune\n    needs: [pretrain]\n    model: {n_layer: 3}\n  ppl:\n")], "    model: {n_layer: 3}", "takes no 'model' section", None),
 ]
 
