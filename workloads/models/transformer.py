@@ -80,7 +80,7 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer: str, device_type: str) -> None:
         super().__init__()
         C, H, G, D = cfg.d_model, cfg.n_head, cfg.kv_heads, cfg.head_dim
         self.n_head, self.n_kv_head, self.head_dim, self.layer = H, G, D, layer
@@ -95,7 +95,7 @@ class CausalSelfAttention(nn.Module):
         self.deterministic = cfg.attention.deterministic
         score_mod = self.pe.score_mod()
         self.built_call = AttnCall(
-            dtype=torch.get_default_dtype(), device_type="cpu", head_dim=D, qk_width=self.pe.qk_width(D),
+            dtype=torch.get_default_dtype(), device_type=device_type, head_dim=D, qk_width=self.pe.qk_width(D),
             causal=True, q_shorter_than_k=False, varlen=False,
             score_mod=None if score_mod is None else score_mod.kind, needs_grad=True,
             deterministic=self.deterministic)
@@ -169,10 +169,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, device_type: str) -> None:
         super().__init__()
         self.ln_1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = CausalSelfAttention(cfg, layer=f"h.{index}.attn")
+        self.attn = CausalSelfAttention(cfg, layer=f"h.{index}.attn", device_type=device_type)
         self.ln_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
@@ -211,13 +211,18 @@ def document_segments(pos_BT: Tensor) -> Tensor | None:
 class Transformer(nn.Module):
     """Decoder-only LM. `cfg` is kept up to date by `extended` and embedded in checkpoints."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, *, device_type: str | None = None) -> None:
+        """`device_type` is where the model will run ("cpu" | "cuda"); the attention backend is
+        checked for it at build time (a model built on the host and moved to the GPU must resolve
+        the triton backend). None: "cuda" when a GPU is visible, else "cpu"."""
         super().__init__()
+        if device_type is None:
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.d_model)
         self.input_pe = build_input_pe(cfg)  # sinusoidal / learned absolute positions, else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.h = nn.ModuleList(Block(cfg, i, device_type) for i in range(cfg.n_layer))
         self.ln_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False)
         if cfg.tie_embeddings:
