@@ -28,18 +28,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shim  # noqa: E402
+import shim
 
 shim.install()
 os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-
-from phaselab.kernels.attention import reference  # noqa: E402
-from phaselab.kernels.attention.function import pope_attention, tapa_attention  # noqa: E402
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq  # noqa: E402
+import torch
+import torch.nn.functional as F
+from phaselab.kernels.attention import reference
+from phaselab.kernels.attention.function import pope_attention, tapa_attention
+from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
@@ -140,7 +139,7 @@ def run(args, save=None) -> list[dict]:
             for mode in ("fwd", "fwd+bwd"):
                 for method in args.methods:
                     if method == "tapa-material" and B * args.heads * N * N * 4 > args.material_limit_gib * 2**30:
-                        rows.append(dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, status="skipped (memory)"))
+                        rows.append({"method": method, "N": N, "B": B, "H": args.heads, "D": D, "mode": mode, "status": "skipped (memory)"})
                         continue
                     big = N >= 32768
                     res = bench_one(method, B, args.heads, N, D, mode, 3 if big else args.warmup,
@@ -194,11 +193,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
-    meta = dict(card=torch.cuda.get_device_name(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), torch=torch.__version__, triton=__import__("triton").__version__,
-        command="python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        dtype="bf16", causal=True, heads=args.heads, tokens_per_batch=args.tokens,
-        timing=f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)")
+    meta = {"card": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(
+        timespec="seconds"), "torch": torch.__version__, "triton": __import__("triton").__version__,
+        "command": "python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "dtype": "bf16", "causal": True, "heads": args.heads, "tokens_per_batch": args.tokens,
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)"}
 
     def save(rows: list[dict]) -> None:
         if args.out:

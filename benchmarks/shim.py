@@ -1,7 +1,8 @@
 """Make `phaselab.kernels` importable from a plain checkout (the GPU machine has no install).
 
 Maps the package names onto the repository folders exactly as pyproject's package-dir does
-("phaselab.kernels" = "kernels"), without installing anything. Used by benchmarks/attention.py and,
+("phaselab.kernels" = "kernels", likewise workloads, catalog, orchestrator), without installing
+anything. Used by benchmarks/attention.py and,
 on the H200, as `python benchmarks/shim.py -m gpu tests/kernels` (runs pytest with the mapping).
 """
 
@@ -15,8 +16,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+PACKAGES = {"kernels": "kernels", "workloads": "workloads", "catalog": "catalog", "orchestrator": "orchestrator"}
+
+
 def install() -> None:
-    """Register phaselab and phaselab.kernels in sys.modules unless they import already."""
+    """Register phaselab and its four sub-packages in sys.modules unless phaselab imports already.
+
+    Sub-packages load lazily through their own __path__, so a missing optional dependency (ray,
+    mlflow on the GPU image) only matters to code that imports it.
+    """
     try:
         import phaselab.kernels  # noqa: F401
         return
@@ -25,12 +33,20 @@ def install() -> None:
     pkg = types.ModuleType("phaselab")
     pkg.__path__ = [str(ROOT / "phaselab")]
     sys.modules["phaselab"] = pkg
-    spec = importlib.util.spec_from_file_location("phaselab.kernels", ROOT / "kernels" / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT / "kernels")])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["phaselab.kernels"] = module
-    spec.loader.exec_module(module)
-    pkg.kernels = module
+    for name, folder in PACKAGES.items():
+        spec = importlib.util.spec_from_file_location(f"phaselab.{name}", ROOT / folder / "__init__.py",
+                                                      submodule_search_locations=[str(ROOT / folder)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"phaselab.{name}"] = module
+        try:
+            spec.loader.exec_module(module)
+        except ImportError as exc:  # e.g. a package needing mlflow, absent on the GPU image
+            del sys.modules[f"phaselab.{name}"]
+            if name == "kernels":
+                raise
+            print(f"shim: phaselab.{name} not importable here ({exc})", file=sys.stderr)
+            continue
+        setattr(pkg, name, module)
 
 
 if __name__ == "__main__":

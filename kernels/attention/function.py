@@ -18,10 +18,9 @@ import math
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
-
 from phaselab.kernels.attention import triton_pope, triton_tapa
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
+from torch import Tensor
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -35,7 +34,7 @@ class PopeAttentionFunction(torch.autograd.Function):
         out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
                                         amplitude=amplitude)
         ctx.save_for_backward(q, k, v, delta, pos_q, pos_k, inv_freq, out, lse)
-        ctx.cfg = dict(scale=scale, causal=causal, amplitude=amplitude)
+        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude}
         return out
 
     @staticmethod
@@ -52,7 +51,7 @@ class TapaAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal):
-        cfg = dict(d_amp=d_amp, alpha=alpha, phase_scale=phase_scale, linear=linear, scale=scale, causal=causal)
+        cfg = {"d_amp": d_amp, "alpha": alpha, "phase_scale": phase_scale, "linear": linear, "scale": scale, "causal": causal}
         out, lse = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **cfg)
         ctx.save_for_backward(q, k, v, pos_q, pos_k, out, lse)
         ctx.cfg = cfg
@@ -175,10 +174,10 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
     q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
-    B, H, T, D = q.shape
+    B, _H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
     pos_k = _check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
-    ScoreMod(kind="tapa", params=dict(alpha=alpha, theta=theta, phase_scale=phase_scale, phase=phase))
+    ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale, "phase": phase})
     d_amp, _ = tapa_split(D, theta)
     return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(alpha), float(phase_scale),
                                        phase == "linear", _check_scale(scale), bool(causal))

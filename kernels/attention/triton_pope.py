@@ -177,7 +177,8 @@ def prune_configs(configs, named_args, **kwargs):
     return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
 
 
-_TUNE = dict(key=["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"], prune_configs_by={"early_config_prune": prune_configs})
+_TUNE = {"key": ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"],
+         "prune_configs_by": {"early_config_prune": prune_configs}}
 
 
 # ----------------------------------------------------------------------------- forward
@@ -555,8 +556,8 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     k_sorted, q_sorted = _sorted_flags(pos_k), _sorted_flags(pos_q)
-    common = dict(D=D, BLOCK_D=block_d(D), CAUSAL=causal, AMP=AMPLITUDE_CODES[amplitude],
-                  HAS_DELTA=delta is not None, FAST=not interpreting(), DOT_PREC=_dot_precision(q.dtype))
+    common = {"D": D, "BLOCK_D": block_d(D), "CAUSAL": causal, "AMP": AMPLITUDE_CODES[amplitude],
+              "HAS_DELTA": delta is not None, "FAST": not interpreting(), "DOT_PREC": _dot_precision(q.dtype)}
     delta_arg = delta if delta is not None else inv_freq
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))

@@ -27,13 +27,24 @@ import math
 import torch
 import triton
 import triton.language as tl
+from phaselab.kernels.attention.triton_pope import (
+    LOG2E,
+    _bisect_iters,
+    _bwd_configs,
+    _cos_sin,
+    _count_le,
+    _dot_precision,
+    _fwd_configs,
+    _log2,
+    _pos_stride,
+    _sorted_flags,
+    block_d,
+    interpreting,
+    prune_configs,
+)
 
-from phaselab.kernels.attention.triton_pope import (LOG2E, _bisect_iters, _bwd_configs, _cos_sin,
-                                                    _count_le, _dot_precision, _fwd_configs, _log2,
-                                                    _pos_stride, _sorted_flags, block_d, interpreting,
-                                                    prune_configs)
-
-_TUNE = dict(key=["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"], prune_configs_by={"early_config_prune": prune_configs})
+_TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
+         "prune_configs_by": {"early_config_prune": prune_configs}}
 
 
 @triton.jit
@@ -97,7 +108,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_pos
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
+        b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
                                    LINEAR, FAST, DOT_PREC)
         b_s = b_a * c * qk_scale
         if MASKED:
@@ -319,7 +330,7 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
         if CAUSAL:
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
+        _b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
                                     c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, LINEAR, MASKED, FAST,
                                     DOT_PREC)
         # [BM, BN] @ [BN, BA] -> [BM, BA]
@@ -390,8 +401,8 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
 def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype) -> tuple:
     d_phase = D - d_amp
     args = (1.0 / math.sqrt(d_amp), 1.0 / math.sqrt(d_phase), float(alpha), float(phase_scale))
-    meta = dict(D=D, DA=d_amp, DP=d_phase, BLOCK_A=block_d(d_amp), BLOCK_P=block_d(d_phase), BLOCK_V=block_d(D),
-                LINEAR=linear, FAST=not interpreting(), DOT_PREC=_dot_precision(dtype))
+    meta = {"D": D, "DA": d_amp, "DP": d_phase, "BLOCK_A": block_d(d_amp), "BLOCK_P": block_d(d_phase),
+            "BLOCK_V": block_d(D), "LINEAR": linear, "FAST": not interpreting(), "DOT_PREC": _dot_precision(dtype)}
     return args, meta
 
 

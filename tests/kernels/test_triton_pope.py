@@ -11,7 +11,6 @@ import os
 
 import pytest
 import torch
-
 from phaselab.kernels import registry
 from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.function import TritonBackend, pope_attention
@@ -81,7 +80,7 @@ def test_pope_interpreter_matches_float64_reference(B, H, G, T, S, D, causal):
 @needs_interpreter
 @pytest.mark.parametrize("amplitude", ["relu", "identity"])
 def test_pope_interpreter_amplitude_ablations(amplitude):
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 1, 21, 21, 32, torch.float32, "cpu", delta=False)
+    q, k, v, pos_q, pos_k, inv_freq, _delta = make_inputs(1, 2, 1, 21, 21, 32, torch.float32, "cpu", delta=False)
     do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude=amplitude)
@@ -163,8 +162,8 @@ def test_pope_interpreter_backward_is_deterministic_and_registry_resolves():
 
 def test_pope_backend_refusals_and_validation():
     backend = TritonBackend()
-    base = dict(dtype=torch.bfloat16, device_type="cuda", head_dim=64, qk_width=64, causal=True,
-                q_shorter_than_k=False, varlen=False, score_mod="pope", needs_grad=True, deterministic=True)
+    base = {"dtype": torch.bfloat16, "device_type": "cuda", "head_dim": 64, "qk_width": 64, "causal": True,
+                "q_shorter_than_k": False, "varlen": False, "score_mod": "pope", "needs_grad": True, "deterministic": True}
     assert backend.unsupported_reason(registry.AttnCall(**base)) is None
     assert "pope and tapa only" in backend.unsupported_reason(registry.AttnCall(**{**base, "score_mod": None}))
     assert "cu_seqlens" in backend.unsupported_reason(registry.AttnCall(**{**base, "varlen": True}))

@@ -11,7 +11,6 @@ import os
 
 import pytest
 import torch
-
 from phaselab.kernels import registry
 from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.function import tapa_attention
@@ -53,10 +52,10 @@ def run(q, k, v, pos_q, pos_k, do, *, causal, params, dtype=None):
 
 # (B, H, G, T, S, D, causal, params)
 CPU_CASES = [
-    (1, 2, 1, 37, 37, 32, True, dict(alpha=0.1)),
-    (1, 2, 2, 7, 45, 32, True, dict(alpha=0.5, phase="linear")),
-    (2, 4, 2, 20, 20, 64, False, dict(alpha=0.3, theta=0.25, phase_scale=1.0)),
-    (1, 2, 1, 19, 33, 48, True, dict(alpha=0.1, theta=0.5, phase="linear")),
+    (1, 2, 1, 37, 37, 32, True, {"alpha": 0.1}),
+    (1, 2, 2, 7, 45, 32, True, {"alpha": 0.5, "phase": "linear"}),
+    (2, 4, 2, 20, 20, 64, False, {"alpha": 0.3, "theta": 0.25, "phase_scale": 1.0}),
+    (1, 2, 1, 19, 33, 48, True, {"alpha": 0.1, "theta": 0.5, "phase": "linear"}),
 ]
 
 
@@ -81,7 +80,7 @@ def test_tapa_interpreter_large_phase_and_empty_rows():
     pos_q = pos_q.clone()
     pos_q[0, :2] = 0
     do = seeded_like(q)
-    params = dict(alpha=0.5, phase_scale=2 * math.pi)
+    params = {"alpha": 0.5, "phase_scale": 2 * math.pi}
     ref = run(q, k, v, pos_q, pos_k, do, causal=True, params=params, dtype=torch.float64)
     out = run(q, k, v, pos_q, pos_k, do, causal=True, params=params)
     d_amp, d_phase = tapa_split(32, 0.5)
@@ -136,13 +135,13 @@ def torch_same_dtype(q, k, v, pos_q, pos_k, do, *, causal, params):
 
 
 GPU_CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
-    (2, 4, 4, 63, 63, 64, True, dict(alpha=0.1), torch.bfloat16),
-    (2, 4, 2, 217, 217, 128, True, dict(alpha=0.5, phase_scale=1.0), torch.float16),
-    (1, 4, 4, 500, 500, 64, False, dict(alpha=0.1, phase="linear"), torch.bfloat16),
-    (1, 4, 4, 100, 733, 128, True, dict(alpha=0.1), torch.bfloat16),
-    (1, 2, 2, 1, 1024, 128, True, dict(alpha=0.1), torch.float16),
-    (1, 8, 2, 1000, 1000, 128, True, dict(alpha=0.1, phase="linear"), torch.bfloat16),
-    (1, 4, 4, 300, 300, 96, True, dict(alpha=0.1, theta=0.25), torch.bfloat16),
+    (2, 4, 4, 63, 63, 64, True, {"alpha": 0.1}, torch.bfloat16),
+    (2, 4, 2, 217, 217, 128, True, {"alpha": 0.5, "phase_scale": 1.0}, torch.float16),
+    (1, 4, 4, 500, 500, 64, False, {"alpha": 0.1, "phase": "linear"}, torch.bfloat16),
+    (1, 4, 4, 100, 733, 128, True, {"alpha": 0.1}, torch.bfloat16),
+    (1, 2, 2, 1, 1024, 128, True, {"alpha": 0.1}, torch.float16),
+    (1, 8, 2, 1000, 1000, 128, True, {"alpha": 0.1, "phase": "linear"}, torch.bfloat16),
+    (1, 4, 4, 300, 300, 96, True, {"alpha": 0.1, "theta": 0.25}, torch.bfloat16),
 ]
 
 
@@ -166,7 +165,7 @@ def test_tapa_gpu_large_phase_deterministic():
     backward passes are bitwise equal (no atomics, MATH §7.8)."""
     q, k, v, pos_q, pos_k = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda", phase_std=10.0)
     do = seeded_like(q)
-    params = dict(alpha=0.1)
+    params = {"alpha": 0.1}
     ref = run(q, k, v, pos_q, pos_k, do, causal=True, params=params, dtype=torch.float64)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=True, params=params)
     first = run(q, k, v, pos_q, pos_k, do, causal=True, params=params)
