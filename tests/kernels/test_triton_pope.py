@@ -258,26 +258,15 @@ def test_pope_gpu_deterministic_long():
 @pytest.mark.parametrize("kind", ["pope", "tapa"])
 def test_triton_backend_trains_like_reference(kind):
     """A tiny model trained 6 steps (bf16 autocast) on the triton backend reproduces the reference
-    backend's losses (issue 3 acceptance). Both models start from the same seed and batch.
-
-    The Transformer resolves its backend with an AttnCall of device 'cpu' at build time, which the
-    triton backend refuses honestly; so both are built on `reference`, and the triton model's
-    layers are then resolved through the public registry with the real CUDA call.
-    """
-    import dataclasses
-
+    backend's losses (issue 3 acceptance). Both models start from the same seed and batch."""
     from phaselab.workloads.models.presets import preset
     from phaselab.workloads.models.transformer import Transformer
 
     losses = {}
     for backend in ("reference", "triton"):
         torch.manual_seed(0)
-        cfg = preset("tiny", pe={"kind": kind, "pope": {"delta_init": "uniform"}})
-        model = Transformer(cfg).cuda()
-        if backend == "triton":
-            for block in model.h:
-                call = dataclasses.replace(block.attn.built_call, device_type="cuda", dtype=torch.bfloat16)
-                block.attn.backend = registry.resolve("triton", call, layer=block.attn.layer)
+        cfg = preset("tiny", pe={"kind": kind, "pope": {"delta_init": "uniform"}}, attention={"backend": backend})
+        model = Transformer(cfg, device_type="cuda").cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=generator(0, "cuda"), device="cuda")
         y = torch.roll(x, -1, dims=1)
