@@ -4,7 +4,10 @@ PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3).
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
 bottom-right when T < S, MATH §7.6). Their backward never uses atomics, so it is deterministic
-(MATH §7.8) and `deterministic=True` calls are supported.
+(MATH §7.8) and `deterministic=True` calls are supported. Positions enter the kernels as fp32
+(angles, TAPA distances), exact for |pos| < 2**24, as in the reference (MATH §7.2). Loop bounds
+skip fully masked blocks when positions are non-decreasing (checked on the device, no sync);
+other position orders stay exact but visit every block.
 
 Example:
     >>> inv_freq = pope_inv_freq(64)
