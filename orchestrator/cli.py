@@ -26,6 +26,8 @@ CATALOG = typer.Option(None, "--catalog", help="Catalog URL (default: $PHASELAB_
                        "sqlite:///<cwd>/.phaselab/catalog.db).")
 RUNS = typer.Option(None, "--runs-root", help="Stage outputs root (default ./.phaselab/runs).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
+JOBS_ADDRESS = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send the controller "
+                            "there as a Ray job; without it, only register the grid.")
 OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
 CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
 SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
@@ -195,9 +197,7 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
 
 @app.command()
 def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
-           address: str = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send "
-                                       "the controller there as a Ray job; without it, only register."),
-           as_json: bool = JSON) -> None:
+           runs_root: Path = RUNS, address: str = JOBS_ADDRESS, as_json: bool = JSON) -> None:
     """Register the grid in the catalog (idempotent); with --address, launch or attach its controller
     as a Ray job with the deterministic id phaselab-<grid hash>-v<version>."""
     from phaselab.orchestrator.controller import Controller
@@ -209,22 +209,53 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
                            "stages": len(dag.nodes)}
     if address:
-        from ray.job_submission import JobSubmissionClient
-
-        client = JobSubmissionClient(address)
-        job_id = f"phaselab-{dag.grid_hash[:16]}-v{version}"
-        try:
-            out["job"] = {"id": job_id, "status": str(client.get_job_status(job_id)), "attached": True}
-        except RuntimeError:   # no such job yet
-            client.submit_job(entrypoint=f"phaselab resume {dag.spec.grid}", submission_id=job_id,
-                              runtime_env={"env_vars": {k: v for k in ("PHASELAB_CATALOG_URL", "MLFLOW_TRACKING_URI")
-                                                        if (v := os.environ.get(k))}})
-            out["job"] = {"id": job_id, "status": "SUBMITTED", "attached": False}
+        out["job"] = _submit_job(address, dag, store.url, runs_root)
     _emit(as_json, out)
     if not as_json:
         _console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
                          + (f"; Ray job {out['job']['id']} ({out['job']['status']})" if address else
                             f"; run `phaselab resume {dag.spec.grid}` to execute"))
+
+
+def _ray_auth_headers() -> dict[str, str] | None:
+    """Ray 2.60 dashboards require token auth by default (STACK.md); the client sends the token
+    only with RAY_AUTH_MODE=token, so pass the user's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token) explicitly when there is one."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if not token and path.is_file():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
+def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None) -> dict[str, Any]:
+    """Launch (or attach to) the grid's controller as a Ray job with a deterministic id; the job
+    runs ``phaselab resume GRID`` against the same catalog and runs root (DESIGN §5.2)."""
+    import shlex
+
+    from phaselab.orchestrator.controller import default_runs_root
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(address, headers=_ray_auth_headers())
+    k = 1
+    while True:   # phaselab-<grid hash>-v<k>: attach to a live or finished job, else the next k
+        job_id = f"phaselab-{dag.grid_hash[:16]}-v{k}"
+        try:
+            status = str(client.get_job_status(job_id))
+        except RuntimeError:   # no job with this id yet
+            break
+        if status.rsplit(".", 1)[-1] not in ("FAILED", "STOPPED"):
+            return {"id": job_id, "status": status, "attached": True}
+        k += 1
+    root = Path(runs_root or default_runs_root()).resolve()
+    # A local cluster runs jobs with this interpreter; a remote one with the image's `python`.
+    host = address.split("://", 1)[-1].split(":", 1)[0]
+    python = sys.executable if host in ("127.0.0.1", "localhost") else "python"
+    entry = " ".join(shlex.quote(a) for a in (python, "-m", "phaselab.orchestrator.cli", "resume", dag.spec.grid,
+                                              "--catalog", catalog_url, "--runs-root", str(root)))
+    env = {k: v for k in ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY") if (v := os.environ.get(k))}
+    client.submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env} if env else None)
+    return {"id": job_id, "status": "SUBMITTED", "attached": False, "entrypoint": entry}
 
 
 def _stored_dag(store: Any, name: str, as_json: bool) -> Any:
@@ -436,3 +467,7 @@ def gc(catalog: str = CATALOG, runs_root: Path = RUNS,
 from phaselab.orchestrator import cli_catalog as _cli_catalog
 
 _cli_catalog.register(app)
+
+
+if __name__ == "__main__":   # `python -m phaselab.orchestrator.cli` (the Ray job entrypoint)
+    app()
