@@ -85,8 +85,12 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
 
     _, dag = _grid(tmp_path)
     store = _store(tmp_path)
-    summary = Controller(store, dag, runs_root=tmp_path / "runs", heartbeat_s=1.0).run(timeout_s=240)
+    mlflow_cfg = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                  "artifact_root": (tmp_path / "mlartifacts").as_uri()}
+    summary = Controller(store, dag, runs_root=tmp_path / "runs", heartbeat_s=1.0, mlflow=mlflow_cfg,
+                         env_vars={"MLFLOW_TRACKING_URI": mlflow_cfg["tracking_uri"]}).run(timeout_s=240)
     assert summary.ok, summary.failed
+    _check_mlflow(mlflow_cfg["tracking_uri"], dag, store)
     assert sorted(summary.launched) == sorted(dag.nodes)
     for h, node in dag.nodes.items():
         row = store.get_stage(h)
@@ -105,6 +109,26 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     assert again.seconds < 10
     assert (_count(store, "metric"), _count(store, "artifact")) == (n_metrics, n_artifacts)
     assert all(store.get_stage(h).attempts == 1 for h in dag.nodes)
+
+
+def _check_mlflow(uri: str, dag, store) -> None:
+    """A parent run per cell, a child run per stage under it, tagged with the stage hash, with the
+    stage's metrics; the catalog stores the child run id (DESIGN §5.5)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(dag.spec.grid)
+    runs = client.search_runs([exp.experiment_id])
+    cells = {r.data.tags["phaselab.cell_key"]: r.info.run_id for r in runs
+             if r.data.tags.get("phaselab.run_level") == "cell"}
+    assert set(cells) == {c.key for c in dag.cells}
+    stages = {r.data.tags["phaselab.stage_hash"]: r for r in runs if r.data.tags.get("phaselab.run_level") == "stage"}
+    assert set(stages) == set(dag.nodes)
+    for h, run in stages.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == cells[dag.nodes[h].members[0][0]]
+        assert store.get_stage(h).mlflow_run_id == run.info.run_id
+        assert run.data.metrics, h
 
 
 def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_address) -> None:
@@ -146,6 +170,32 @@ def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_addre
     assert _count(store, "stage") == len(dag.nodes)
     assert _count(store, "cell_stage") == sum(len(s) for s in dag.cell_stages.values())
     assert _count(store, "metric") == _count(store, "(SELECT DISTINCT stage_hash, ident FROM metric)")
+
+
+def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
+    import threading
+
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    _, dag = _grid(tmp_path, steps=2000)
+    store = _store(tmp_path)
+    runs = tmp_path / "runs"
+    pope = next(h for h, n in dag.nodes.items() if n.kind == "pretrain" and "pe=pope" in n.members[0][0])
+    controller = Controller(store, dag, runs_root=runs, heartbeat_s=0.5)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=controller.run(timeout_s=300)))
+    thread.start()
+    _wait(lambda: (runs / pope / "running.json").is_file(), 120, "the slow pretrain to start")
+    res = CliRunner().invoke(app, ["cancel", "raytiny", "--catalog", f"sqlite:///{tmp_path / 'catalog.db'}", "--json"])
+    assert res.exit_code == 0, res.output
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    states = result["summary"].states
+    assert states[pope] == "CANCELLED"
+    assert all(s in ("SUCCEEDED", "CANCELLED") for s in states.values())
+    assert store.metrics_for_stage(pope) == []
 
 
 def test_killed_worker_is_retried_and_resumes_from_checkpoint(tmp_path: Path, ray_address) -> None:
