@@ -26,6 +26,7 @@ CATALOG = typer.Option(None, "--catalog", help="Catalog URL (default: $PHASELAB_
                        "sqlite:///<cwd>/.phaselab/catalog.db).")
 RUNS = typer.Option(None, "--runs-root", help="Stage outputs root (default ./.phaselab/runs).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
+ALL_VERSIONS = typer.Option(False, "--all-versions", help="Include stages of earlier versions of the grid.")
 JOBS_ADDRESS = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send the controller "
                             "there as a Ray job; without it, only register the grid.")
 OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
@@ -87,6 +88,18 @@ def _grid_id(store: Any, name: str, as_json: bool) -> int:
     if grid is None:
         _fail(as_json, f"grid {name!r} is not in the catalog (run `phaselab run {name}` first)")
     return grid["id"]
+
+
+def _grid_rows(store: Any, name: str, as_json: bool, all_versions: bool) -> list[Any]:
+    """Stage rows of a grid: its latest submitted version (with its tune trials), or every stage
+    ever linked to its cells with ``all_versions``."""
+    from phaselab.orchestrator.controller import version_stages
+
+    rows = store.stages_for_grid(_grid_id(store, name, as_json))
+    current = None if all_versions else version_stages(store.get_grid(name))
+    if current is None:
+        return rows
+    return [r for r in rows if r.stage_hash in current or (r.kind == "trial" and r.config.get("parent") in current)]
 
 
 def _mlflow_settings(catalog: str | None, enabled: bool) -> dict[str, str] | None:
@@ -302,19 +315,18 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
 @app.command()
 def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
            watch: bool = typer.Option(False, "--watch", help="Refresh until nothing is pending."),
-           as_json: bool = JSON) -> None:
-    """Per-stage state of a grid, from the catalog."""
+           all_versions: bool = ALL_VERSIONS, as_json: bool = JSON) -> None:
+    """Per-stage state of a grid (its latest submitted version), from the catalog."""
     from phaselab.orchestrator.views import render_status, status_rows
 
     store = _store(catalog, create=False)
-    grid_id = _grid_id(store, grid, as_json)
     if as_json:
-        srows = status_rows(None, store.stages_for_grid(grid_id))
+        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
         _emit(True, {"ok": True, "grid": grid, "stages": srows})
         return
     console = _console()
     while True:
-        srows = status_rows(None, store.stages_for_grid(grid_id))
+        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
         if watch:
             console.clear()
         render_status(console, grid, srows)
@@ -349,9 +361,10 @@ def retry(grid: str = typer.Argument(...), failed: bool = typer.Option(False, "-
     if failure_class is not None and failure_class not in CLASSES:
         _fail(as_json, f"unknown failure class {failure_class!r}; expected one of {', '.join(CLASSES)}")
     store = _store(catalog, create=False)
-    grid_id = _grid_id(store, grid, as_json)
     moved = []
-    for r in store.stages_for_grid(grid_id):
+    for r in _grid_rows(store, grid, as_json, all_versions=False):   # only what `resume` will run
+        if r.kind == "trial":
+            continue
         if r.state == "FAILED" and failure_class in (None, r.failure_class):
             if store.transition(r.stage_hash, "PLANNED", expected={"FAILED"}):
                 moved.append(r.stage_hash)

@@ -35,6 +35,27 @@ PENDING = ("PLANNED", "READY", "RUNNING")
 DEAD_UPSTREAM = ("FAILED", "CANCELLED", "BLOCKED")
 
 
+def resolved_with_stages(dag: Dag) -> str:
+    """The resolved grid YAML plus an ``x-phaselab`` key (ignored when the grid is read back)
+    listing the version's stage hashes and code digest, so ``status``/``retry`` can tell the
+    current version's stages from those of earlier versions sharing the same cells."""
+    import yaml
+
+    meta = {"x-phaselab": {"stages": list(dag.nodes), "code": dag.code.digest}}
+    return dag.yaml_resolved + yaml.safe_dump(meta, sort_keys=False)
+
+
+def version_stages(grid: Mapping[str, Any]) -> set[str] | None:
+    """Stage hashes of a grid's latest version (``store.get_grid`` row), None if not recorded."""
+    import yaml
+
+    if not grid.get("versions"):
+        return None
+    doc = yaml.safe_load(grid["versions"][-1]["yaml_resolved"]) or {}
+    stages = (doc.get("x-phaselab") or {}).get("stages") if isinstance(doc, dict) else None
+    return set(stages) if stages is not None else None
+
+
 def default_runs_root() -> Path:
     return Path(os.environ.get("PHASELAB_RUNS_ROOT", Path.cwd() / ".phaselab" / "runs")).resolve()
 
@@ -124,7 +145,7 @@ class Controller:
 
         dag, store = self.dag, self.store
         self.grid_id = store.upsert_grid(name=dag.spec.grid, grid_hash=dag.grid_hash,
-                                         yaml_submitted=dag.yaml_submitted, yaml_resolved=dag.yaml_resolved)
+                                         yaml_submitted=dag.yaml_submitted, yaml_resolved=resolved_with_stages(dag))
         cell_ids = {c.key: store.upsert_cell(grid_id=self.grid_id, cell_key=c.key, axes=dict(c.axes))
                     for c in dag.cells}
         for node in dag.nodes.values():

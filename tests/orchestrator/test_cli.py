@@ -182,3 +182,20 @@ def test_plan_warns_when_a_hit_came_from_another_environment(env) -> None:
     rows = {s["hash"]: s for s in json.loads(out)["stages"]}
     assert rows[pre]["env_differs"] == [f"torch 0.0.1 -> {now['packages']['torch']}"]
     assert all(r["env_differs"] == [] for h, r in rows.items() if h != pre)
+
+
+def test_status_and_retry_follow_the_latest_version(env) -> None:
+    grid, url, store = env
+    old = plan_grid(grid)
+    Controller(store, old).submit()
+    for h in old.nodes:
+        store.record_failure(h, failure_class="code", message="boom")
+    new = plan_grid(grid, ["defaults.train.lr=0.01"])
+    Controller(store, new).submit()
+    code, out = _cli("status", "t", "--catalog", url, "--json")
+    assert {s["hash"] for s in json.loads(out)["stages"]} == set(new.nodes)
+    code, out = _cli("status", "t", "--all-versions", "--catalog", url, "--json")
+    assert {s["hash"] for s in json.loads(out)["stages"]} == set(new.nodes) | set(old.nodes)
+    code, out = _cli("retry", "t", "--failed", "--catalog", url, "--json")
+    assert code == 0 and json.loads(out)["requeued"] == []        # the old version's failures stay
+    assert all(store.get_stage(h).state == "FAILED" for h in old.nodes)

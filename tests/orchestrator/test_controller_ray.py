@@ -175,9 +175,8 @@ def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_addre
 def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
     import threading
 
-    from typer.testing import CliRunner
-
     from phaselab.orchestrator.cli import app
+    from typer.testing import CliRunner
 
     _, dag = _grid(tmp_path, steps=2000)
     store = _store(tmp_path)
