@@ -199,3 +199,14 @@ def test_status_and_retry_follow_the_latest_version(env) -> None:
     code, out = _cli("retry", "t", "--failed", "--catalog", url, "--json")
     assert code == 0 and json.loads(out)["requeued"] == []        # the old version's failures stay
     assert all(store.get_stage(h).state == "FAILED" for h in old.nodes)
+
+
+def test_resume_rebuilds_the_latest_version_from_the_catalog(env) -> None:
+    from phaselab.orchestrator.cli import _stored_dag
+
+    grid, url, store = env
+    dag = plan_grid(grid, ["defaults.train.steps=3"])
+    Controller(store, dag).submit()
+    rebuilt = _stored_dag(store, "t", as_json=True)
+    assert list(rebuilt.nodes) == list(dag.nodes)          # same code -> same keys, same order
+    assert rebuilt.spec.defaults.train["steps"] == 3

@@ -104,6 +104,19 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     assert all(1.0 < m.value < 66.0 for m in ppl)    # a trained char model: better than uniform over 66
     n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
 
+    # `phaselab eval CHECKPOINT --suite ...` on a stage's checkpoint, outside any grid
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    ckpt = next(a.uri for h, n in dag.nodes.items() if n.kind == "pretrain" for a in store.artifacts_for_stage(h))
+    res = CliRunner().invoke(app, ["eval", ckpt, "--suite", "ppl-by-length", "ppl.lengths=[16,32]",
+                                   "ppl.max_tokens=128", "data.kind=text", "device=cpu",
+                                   "--out", str(tmp_path / "eval"), "--json"])
+    assert res.exit_code == 0, res.output
+    recs = json.loads(res.output)["records"]
+    assert sorted(r["context_len"] for r in recs if r["name"] == "ppl") == [16, 32]
+
     again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)
     assert again.ok and again.launched == []          # every stage is a cache hit
     assert again.seconds < 10
