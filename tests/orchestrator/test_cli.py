@@ -204,7 +204,7 @@ def test_status_and_retry_follow_the_latest_version(env) -> None:
 def test_resume_rebuilds_the_latest_version_from_the_catalog(env) -> None:
     from phaselab.orchestrator.cli import _stored_dag
 
-    grid, url, store = env
+    grid, _url, store = env
     dag = plan_grid(grid, ["defaults.train.steps=3"])
     Controller(store, dag).submit()
     rebuilt = _stored_dag(store, "t", as_json=True)

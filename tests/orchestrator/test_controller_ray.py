@@ -105,9 +105,8 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
 
     # `phaselab eval CHECKPOINT --suite ...` on a stage's checkpoint, outside any grid
-    from typer.testing import CliRunner
-
     from phaselab.orchestrator.cli import app
+    from typer.testing import CliRunner
 
     ckpt = next(a.uri for h, n in dag.nodes.items() if n.kind == "pretrain" for a in store.artifacts_for_stage(h))
     res = CliRunner().invoke(app, ["eval", ckpt, "--suite", "ppl-by-length", "ppl.lengths=[16,32]",
