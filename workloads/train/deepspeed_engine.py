@@ -135,6 +135,10 @@ class DeepSpeedEngine:
         path, client_state = self.ds.load_checkpoint(str(directory), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {tag!r} from {directory}")
+        if self.zero_stage == 3:
+            # load_checkpoint leaves gathered parameters behind; ZeRO-3 then records a fetch trace
+            # without them and the replay fails ("tracing error at step N"). Re-partition first.
+            self.ds.empty_partition_cache()
         return client_state
 
     @contextlib.contextmanager
