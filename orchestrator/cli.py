@@ -132,9 +132,10 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
 
     controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event)
     controller.submit(requeue=requeue)
-    url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars)
-    if url and not as_json:
-        console.print(f"Ray dashboard: http://{url}")
+    if controller.pending():   # everything cached: no Ray cluster, no MLflow, done in seconds
+        url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars)
+        if url and not as_json:
+            console.print(f"Ray dashboard: http://{url}")
     return store, controller.run()
 
 

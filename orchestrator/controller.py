@@ -170,17 +170,25 @@ class Controller:
         return self.runs_root / stage_hash
 
     # -- the loop -----------------------------------------------------------------------------
-    def run(self, *, timeout_s: float | None = None) -> Summary:
-        """Run until no stage of the grid is PLANNED/READY/RUNNING. Returns the final states."""
-        import ray
-
+    def pending(self) -> bool:
+        """Whether any stage of the DAG still has to run (False: everything is cached or final,
+        and ``run`` needs neither Ray nor MLflow)."""
         if self.grid_id is None:
             self.submit()
-        self.prepare_mlflow()
-        self._remote = ray.remote(_execute_remote)
+        rows = self._rows()
+        self._promote(rows)
+        return any(r.state in PENDING for r in self._rows().values())
+
+    def run(self, *, timeout_s: float | None = None) -> Summary:
+        """Run until no stage of the grid is PLANNED/READY/RUNNING. Returns the final states."""
         start, last_hb = time.monotonic(), 0.0
         summary = Summary(grid=self.dag.spec.grid)
-        while True:
+        if self.pending():
+            import ray
+
+            self.prepare_mlflow()
+            self._remote = ray.remote(_execute_remote)
+        while self._remote is not None:
             rows = self._rows()
             if self._promote(rows):
                 rows = self._rows()
