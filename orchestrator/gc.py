@@ -1,10 +1,11 @@
 """``phaselab gc``: delete checkpoints that no retained stage references (DESIGN §5.7 retention;
 copies have filled head-node disks, ray-project/ray#23688).
 
-Deleted: (a) folders under the runs root whose name is no stage hash in the catalog; (b) inside
-SUCCEEDED stages, ``checkpoints/step_*`` folders that hold none of the stage's committed
-artifacts. Kept: every committed artifact, and all outputs of stages that are not SUCCEEDED
-(they may resume from their checkpoints).
+Deleted: (a) folders under the runs root whose name is no stage hash in the catalog; (b) of
+SUCCEEDED stages, checkpoint folders that hold no committed artifact of any stage: the run's
+``checkpoints/step_*``, Ray Train's copies ``ray_train/<hash>/step_*|checkpoint_*`` and tune
+trials' ``trials/*/checkpoints/step_*``. Kept: every committed artifact, and all outputs of stages
+that are not SUCCEEDED (they may resume from their checkpoints).
 """
 
 from __future__ import annotations
@@ -20,27 +21,34 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
+def _checkpoint_dirs(root: Path, h: str) -> list[Path]:
+    d, ray = root / h, root / "ray_train" / h
+    found = [*d.glob("checkpoints/step_*"), *d.glob("trials/*/checkpoints/step_*"),
+             *ray.glob("step_*"), *ray.glob("checkpoint_*")]
+    return sorted(p.resolve() for p in found if p.is_dir())
+
+
 def collect(store: Any, runs_root: Path | None) -> list[dict[str, Any]]:
     root = Path(runs_root or default_runs_root())
-    if not root.is_dir():
+    if store is None or not root.is_dir():
         return []
+    from phaselab.catalog.schema import STATES
+
+    rows = {r.stage_hash: r for r in store.stages_in_state(STATES)}
+    keep = {Path(a.uri).resolve() for h in rows for a in store.artifacts_for_stage(h)}
     out: list[dict[str, Any]] = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
-        if d.name == "ray_train":
+        if d.name in ("ray_train", "tune"):
             continue
-        row = store.get_stage(d.name) if store is not None else None
-        if row is None:
-            if store is not None:
-                out.append({"path": str(d), "bytes": _size(d), "why": "no such stage in the catalog"})
-            continue
+        if d.name not in rows:
+            out.append({"path": str(d), "bytes": _size(d), "why": "no such stage in the catalog"})
+    for h, row in rows.items():
         if row.state != "SUCCEEDED":
             continue
-        keep = [Path(a.uri).resolve() for a in store.artifacts_for_stage(row.stage_hash)]
-        for ck in sorted((d / "checkpoints").glob("step_*")) if (d / "checkpoints").is_dir() else []:
-            ck = ck.resolve()
+        for ck in _checkpoint_dirs(root, h):
             if not any(k == ck or ck in k.parents for k in keep):
-                out.append({"path": str(ck), "bytes": _size(ck), "why": f"intermediate checkpoint of "
-                            f"succeeded stage {row.stage_hash[:12]}"})
+                out.append({"path": str(ck), "bytes": _size(ck),
+                            "why": f"intermediate checkpoint of succeeded stage {h[:12]}"})
     return out
 
 

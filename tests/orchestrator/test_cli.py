@@ -135,15 +135,17 @@ def test_db_upgrade_and_gc(tmp_path: Path, env) -> None:
     pre = _nodes(dag, "pretrain")[0]
     keep = runs / pre / "checkpoints" / "step_0000002"
     old = runs / pre / "checkpoints" / "step_0000001"
-    for d in (keep, old, runs / ("f" * 64)):
+    ray_copy = runs / "ray_train" / pre / "step_0000001"
+    for d in (keep, old, ray_copy, runs / ("f" * 64)):
         d.mkdir(parents=True)
         (d / "model.pt").write_bytes(b"x" * 10)
     _succeed(store, pre, uri=str(keep / "model.pt"))
     code, out = _cli("gc", "--catalog", url, "--runs-root", str(runs), "--dry-run", "--json")
     paths = {Path(p["path"]) for p in json.loads(out)["paths"]}
-    assert paths == {old.resolve(), runs / ("f" * 64)} and old.exists()
+    assert paths == {old.resolve(), ray_copy.resolve(), runs / ("f" * 64)} and old.exists()
     code, out = _cli("gc", "--catalog", url, "--runs-root", str(runs), "--json")
     assert code == 0 and not old.exists() and keep.exists() and not (runs / ("f" * 64)).exists()
+    assert not ray_copy.exists()
 
 
 def test_export_and_tables(tmp_path: Path, env) -> None:
