@@ -133,7 +133,8 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
     controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event)
     controller.submit(requeue=requeue)
     if controller.pending():   # everything cached: no Ray cluster, no MLflow, done in seconds
-        url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars)
+        url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars,
+                       log_to_driver=not as_json)
         if url and not as_json:
             console.print(f"Ray dashboard: http://{url}")
     return store, controller.run()

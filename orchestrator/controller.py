@@ -81,19 +81,20 @@ def owner_is_dead(owner: str | None) -> bool:
 
 
 def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,
-             env_vars: Mapping[str, str] | None = None) -> str | None:
+             env_vars: Mapping[str, str] | None = None, log_to_driver: bool = True) -> str | None:
     """Connect to ``address`` / RAY_ADDRESS, or start a local cluster bound to 127.0.0.1.
-    Returns the dashboard URL when one runs. Reuses an initialised Ray (tests, notebooks)."""
+    Returns the dashboard URL when one runs. Reuses an initialised Ray (tests, notebooks).
+    ``log_to_driver=False`` keeps worker output off stdout (``--json``)."""
     import ray
 
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS") or None
         runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
         if address:
-            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
         else:
             ctx = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                           runtime_env=runtime_env, log_to_driver=True)
+                           runtime_env=runtime_env, log_to_driver=log_to_driver)
         return getattr(ctx, "dashboard_url", None) or None
     return None
 
