@@ -4,9 +4,8 @@ accuracies measured from real argmax predictions on the whole test split."""
 import re
 
 import pytest
-from rich.console import Console
-
 from phaselab.workloads.demo import main, render, run_demo
+from rich.console import Console
 
 
 def test_demo_table_reports_measured_accuracies(tmp_path):

@@ -1,8 +1,8 @@
-"""Ray Train V2 + DeepSpeed on CPU: a 2-worker ZeRO-2 run that is killed, resumed by re-running
-``fit`` under the same run name, and continues with the uninterrupted run's losses; and a
-1-worker plain-torch run through the real entry with ``debug_steps``.
+"""Ray Train V2 + DeepSpeed on CPU: 2-worker ZeRO-2 and ZeRO-3 runs that are killed, resumed by
+re-running ``fit`` under the same run name, and continue with the uninterrupted run's losses; and
+a 1-worker plain-torch run through the real entry with ``debug_steps``.
 
-Each ``fit`` costs ~30-45 s of Ray/DeepSpeed start-up on 2 cores, so this module runs four.
+Each ``fit`` costs ~30-45 s of Ray/DeepSpeed start-up on 2 cores, so this module runs six.
 The first DeepSpeed comm init JIT-compiles ``deepspeed_shm_comm`` (~30-90 s); the module fixture
 builds it once in the driver so the two workers do not compile it concurrently (STACK.md).
 """
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.checkpoint_io import load_model
 from phaselab.workloads.models.presets import preset
@@ -51,14 +50,20 @@ def _losses(out_dir: Path) -> dict[int, float]:
             if "train/loss" in m}
 
 
-def test_zero2_two_workers_kill_and_resume(ray_cluster, tmp_path):
+@pytest.fixture(scope="module")
+def reference(ray_cluster, tmp_path_factory):
+    """An uninterrupted 2-worker ZeRO-2 run: its losses, outcome and folder."""
     from phaselab.workloads.train.ray_entry import fit
 
-    storage = tmp_path / "ray"
-    spec = _spec(zero_stage=2)
-    ref = fit(spec, out_dir=tmp_path / "ref", run_name="ref", storage_path=storage, num_workers=2)
-    reference = _losses(tmp_path / "ref")
-    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
+    root = tmp_path_factory.mktemp("ref")
+    out = fit(_spec(zero_stage=2), out_dir=root / "out", run_name="ref", storage_path=root / "ray",
+              num_workers=2)
+    return _losses(root / "out"), out
+
+
+def test_zero2_reference_run_checkpoint_layout(reference):
+    losses, ref = reference
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert ref.metrics["step"] == 6 and 0.0 <= ref.metrics["test/acc"] <= 1.0
     files = set(os.listdir(ref.checkpoint.parent))
     assert {"model.pt", "latest", "step_0000006", "rng_rank0.pt", "rng_rank1.pt"} <= files
@@ -66,20 +71,34 @@ def test_zero2_two_workers_kill_and_resume(ray_cluster, tmp_path):
     assert sum("optim_states" in f for f in shards) == 2  # one ZeRO shard per rank, merged by Ray
     assert load_model(ref.checkpoint).cfg.pe.kind == "pope"
 
-    # "Kill" after step 3 (last checkpoint: step 2), then re-run the same run name: Ray Train V2
-    # hands the workers the latest checkpoint and the loop continues from step 2.
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_workers_kill_and_resume(reference, tmp_path, zero_stage):
+    """"Kill" after step 3 (last checkpoint: step 2), then re-run the same run name: Ray Train V2
+    hands the workers the latest checkpoint and the loop continues from step 2."""
+    from phaselab.workloads.train.ray_entry import fit
+
+    ref_losses, ref = reference
+    storage, spec = tmp_path / "ray", _spec(zero_stage=zero_stage)
     fit(spec, out_dir=tmp_path / "a", run_name="killed", storage_path=storage, num_workers=2, stop_after=3)
     assert sorted(_losses(tmp_path / "a")) == [1, 2, 3]
     out = fit(spec, out_dir=tmp_path / "b", run_name="killed", storage_path=storage, num_workers=2)
     resumed = _losses(tmp_path / "b")
     assert sorted(resumed) == [3, 4, 5, 6]
-    # Same CPU, same gloo reduction order: the resumed losses equal the uninterrupted ones exactly.
-    for step, loss in resumed.items():
-        assert loss == reference[step], (step, loss, reference[step])
-    assert out.metrics["test/loss"] == ref.metrics["test/loss"]
-    for (n, p), (_, q) in zip(load_model(out.checkpoint).named_parameters(),
-                              load_model(ref.checkpoint).named_parameters()):
-        assert torch.equal(p, q), n
+    if zero_stage == 2:
+        # Same stage, same CPU, same gloo reduction order: resumed losses equal the
+        # uninterrupted run's exactly, and so do the final weights.
+        assert resumed == {s: ref_losses[s] for s in resumed}
+        for (n, p), (_, q) in zip(load_model(out.checkpoint).named_parameters(),
+                                  load_model(ref.checkpoint).named_parameters()):
+            assert torch.equal(p, q), n
+    else:
+        # ZeRO-3 reduce-scatters parameters instead of all-reducing gradients: the summation
+        # order differs from the ZeRO-2 reference, so the tolerance is fp32 round-off (measured
+        # 6e-8 relative); its own uninterrupted run matched bitwise during development.
+        for step, loss in resumed.items():
+            assert loss == pytest.approx(ref_losses[step], rel=1e-5), step
+    assert out.metrics["test/loss"] == pytest.approx(ref.metrics["test/loss"], rel=1e-5)
 
 
 def test_plain_one_worker_debug_steps(ray_cluster, tmp_path):

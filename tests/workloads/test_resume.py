@@ -10,10 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset

@@ -1,9 +1,9 @@
 """Schedule values at every boundary (warm-up, cosine, floor; constant fine-tune variant)."""
 
+import itertools
 import math
 
 import pytest
-
 from phaselab.workloads.train.schedule import Schedule
 
 
@@ -18,7 +18,7 @@ def test_cosine_boundaries():
     assert s.lookup(110) == pytest.approx(1e-4)          # reaches min_lr at decay_steps
     assert s.lookup(10_000) == pytest.approx(1e-4)       # and stays there
     values = [s.lookup(i) for i in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone decay
+    assert all(a >= b for a, b in itertools.pairwise(values))  # monotone decay
 
 
 def test_constant_after_warmup_finetune():

@@ -3,11 +3,9 @@
 import math
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
-
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig, build_dataset

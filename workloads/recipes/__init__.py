@@ -16,6 +16,7 @@ from typing import Any
 _RECIPES: dict[str, str] = {
     "pope.ii_paper": "phaselab.workloads.recipes.pope:ii_paper",
     "pope.ii_tiny": "phaselab.workloads.recipes.pope:ii_tiny",
+    "pope.ii_demo": "phaselab.workloads.recipes.pope:ii_demo",
     "pope.jsb": "phaselab.workloads.recipes.pope:jsb",
     "pope.maestro": "phaselab.workloads.recipes.pope:maestro",
     "pope.genome": "phaselab.workloads.recipes.pope:genome",

@@ -29,15 +29,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads.config import ConfigError, from_dict, to_dict
 from phaselab.workloads.data import DataConfig, build_dataset
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.train.checkpoint import (
-    LATEST, CheckpointDir, load_train_state, rng_state, seed_everything, set_rng_state, write_json)
-from phaselab.workloads.train.loop import (
-    TorchEngine, TrainConfig, evaluate, resolve_device, train)
+    LATEST,
+    CheckpointDir,
+    load_train_state,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+    write_json,
+)
+from phaselab.workloads.train.loop import TorchEngine, TrainConfig, evaluate, resolve_device, train
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import stop_on_sigterm
 
@@ -154,8 +159,8 @@ def final_evaluation(module, dataset, cfg: TrainConfig, *, step: int, device, au
         ev = evaluate(module, dataset, split, batch_size=cfg.eval_batch_size or cfg.batch_size,
                       max_batches=cfg.final_eval_batches, device=device, autocast=autocast)
         metrics |= {f"{split}/loss": ev["loss"], f"{split}/acc": ev["acc"]}
-        common = dict(step=step, context_len=dataset.block_size, task=dataset.name, split=split,
-                      n=int(ev["tokens"]))
+        common = {"step": step, "context_len": dataset.block_size, "task": dataset.name, "split": split,
+                      "n": int(ev["tokens"])}
         records += [MetricRecord(name="loss", value=ev["loss"], unit="nats/token", **common),
                     MetricRecord(name="acc", value=ev["acc"], unit="fraction", **common)]
     return metrics, records

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
 from phaselab.workloads.train.loop import TrainConfig, check_finite
 from phaselab.workloads.train.optim import build_optimizer, is_delta, set_lr
+from torch import nn
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,12 +28,11 @@ from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from phaselab.catalog.tracking import Tracker
 from phaselab.workloads.train.optim import OptimConfig, set_lr
 from phaselab.workloads.train.schedule import Schedule
 from phaselab.workloads.train.signals import StopFlag, TrainingPreempted
+from torch import nn
 
 
 @dataclass(frozen=True, kw_only=True)

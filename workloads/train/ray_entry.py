@@ -90,9 +90,8 @@ def _barrier() -> None:
 def _report(step: int, metrics: Mapping[str, float], write) -> str:
     """Write this rank's part of a checkpoint into a temp folder, barrier, report (DESIGN §5.7)."""
     import ray.train
-    from ray.train import Checkpoint, CheckpointUploadMode
-
     from phaselab.workloads.train.checkpoint import step_name
+    from ray.train import Checkpoint, CheckpointUploadMode
 
     tmp = Path(tempfile.mkdtemp(prefix=f"phaselab-{step_name(step)}-"))
     write(tmp)
@@ -129,10 +128,8 @@ def train_loop_per_worker(cfg: dict) -> None:
     import ray.train
     import ray.train.torch
     import torch
-
     from phaselab.workloads.train.api import final_evaluation
-    from phaselab.workloads.train.checkpoint import (
-        load_train_state, rng_state, set_rng_state, write_json)
+    from phaselab.workloads.train.checkpoint import load_train_state, rng_state, set_rng_state, write_json
     from phaselab.workloads.train.loop import TorchEngine, train
     from phaselab.workloads.train.optim import build_optimizer
 
@@ -222,9 +219,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         TrainingDiverged / any worker error (re-raised from the Ray result).
     """
     import ray.train
-    from ray.train.torch import TorchTrainer
-
     from phaselab.workloads.train.api import TrainOutcome, parse_spec
+    from ray.train.torch import TorchTrainer
 
     parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
     if num_workers < 1:
