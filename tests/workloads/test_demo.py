@@ -20,7 +20,7 @@ def test_demo_table_reports_measured_accuracies(tmp_path):
         assert r.seconds > 0 and r.train_loss > 0
     console.print(render(rows, steps=3))
     out = console.export_text()
-    assert "3 steps" in out and "3/3" in out  # the table and the finished progress bars
+    assert re.search(r"\b3\s+steps", out) and "3/3" in out  # the table and the finished progress bars
     for r in rows:
         line = next(line for line in out.splitlines() if re.search(rf"\b{r.pe}\b.*%", line))
         test_pct, valid_pct = (float(v) for v in re.findall(r"(\d+\.\d) %", line))
