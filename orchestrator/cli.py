@@ -130,7 +130,8 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
             console.print(f"[{style}]{kind:<9}[/] {node.kind:<8} {escape(node.label)} [dim]{node.hash[:12]}[/] "
                           f"{escape(detail[:300])}")
 
-    controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event)
+    controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event,
+                            fixed_cluster=not (address or os.environ.get("RAY_ADDRESS")))
     controller.submit(requeue=requeue)
     if controller.pending():   # everything cached: no Ray cluster, no MLflow, done in seconds
         url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars,

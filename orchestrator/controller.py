@@ -124,7 +124,8 @@ class Controller:
     def __init__(self, store: Any, dag: Dag, *, runs_root: Path | None = None, owner: str | None = None,
                  heartbeat_s: float = 5.0, stale_after_s: float = 60.0, poll_s: float = 0.25,
                  env_vars: Mapping[str, str] | None = None, mlflow: Mapping[str, Any] | None = None,
-                 on_event: Callable[[str, StageNode, str], None] | None = None) -> None:
+                 on_event: Callable[[str, StageNode, str], None] | None = None,
+                 fixed_cluster: bool | None = None) -> None:
         self.store, self.dag = store, dag
         self.runs_root = Path(runs_root or default_runs_root()).resolve()
         self.owner = owner or new_owner()
@@ -133,6 +134,9 @@ class Controller:
         self.mlflow = dict(mlflow) if mlflow else None   # {"tracking_uri", "artifact_root"}
         self._cell_runs: dict[str, tuple[int, str | None]] = {}
         self.on_event = on_event or (lambda kind, node, detail: None)
+        # A local cluster has fixed resources: a stage it can never fit fails at once (class
+        # config) instead of waiting forever; a remote (possibly autoscaling) one may grow.
+        self.fixed_cluster = not os.environ.get("RAY_ADDRESS") if fixed_cluster is None else fixed_cluster
         self.grid_id: int | None = None
         self._inflight: dict[Any, str] = {}
         self._not_before: dict[str, float] = {}
@@ -262,13 +266,12 @@ class Controller:
             if self._not_before.get(h, 0.0) > time.monotonic():
                 continue
             cpu, gpu = self._demand(node)
-            if cpu > total.get("CPU", 0.0) or gpu > total.get("GPU", 0.0):
-                if not os.environ.get("RAY_ADDRESS"):   # a fixed local cluster can never fit it
-                    self.store.record_failure(h, failure_class="config", message=(
-                        f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
-                        f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}"))
-                    self.on_event("failed", node, "unschedulable")
-                continue
+            why = self._unschedulable(node, total)
+            if why is not None:
+                if self.fixed_cluster:   # a fixed local cluster can never fit it: say so now
+                    self.store.record_failure(h, failure_class="config", message=why)
+                    self.on_event("failed", node, why)
+                continue   # an autoscaling cluster may still add the resources
             if cpu > free_cpu + 1e-9 or gpu > free_gpu + 1e-9:
                 continue
             if not self.store.claim(h, self.owner):
@@ -280,6 +283,18 @@ class Controller:
             launched.append(h)
             self.on_event("started", node, f"attempt {rows[h].attempts + 1}")
         return launched
+
+    def _unschedulable(self, node: StageNode, total: Mapping[str, float]) -> str | None:
+        cpu, gpu = self._demand(node)
+        r = node.resources
+        if cpu > total.get("CPU", 0.0) or gpu > total.get("GPU", 0.0):
+            return (f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
+                    f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}")
+        if node.kind != "tune" and node.launcher == "ray_task" and r.memory_gb * 2**30 > total.get("memory", 0.0):
+            return f"asks for {r.memory_gb:g} GB of memory; the cluster has {total.get('memory', 0) / 2**30:.1f}"
+        if r.accelerator and f"accelerator_type:{r.accelerator}" not in total:
+            return f"asks for accelerator {r.accelerator!r}, which no node of the cluster has"
+        return None
 
     def _options(self, node: StageNode) -> dict[str, Any]:
         r = node.resources

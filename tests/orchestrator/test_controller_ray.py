@@ -321,3 +321,17 @@ def test_tune_stage_records_trials_and_feeds_the_best_checkpoint(tmp_path: Path,
     again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)
     assert again.ok and again.launched == []
     assert len([r for r in store.stages_in_state({"SUCCEEDED", "CANCELLED"}) if r.kind == "trial"]) == 2
+
+
+def test_stage_the_local_cluster_can_never_fit_fails_fast(tmp_path: Path, ray_address) -> None:
+    _, dag = _grid(tmp_path, steps=6, overrides=("++stages.pretrain.resources.gpus=1",))
+    store = _store(tmp_path)
+    summary = Controller(store, dag, runs_root=tmp_path / "runs", fixed_cluster=True).run(timeout_s=60)
+    assert not summary.ok and summary.seconds < 30
+    for h, node in dag.nodes.items():
+        row = store.get_stage(h)
+        if node.kind == "pretrain":
+            assert (row.state, row.failure_class, row.attempts) == ("FAILED", "config", 0)
+            assert "asks for 1 CPUs / 1 GPUs" in row.message
+        else:
+            assert row.state == "BLOCKED"
