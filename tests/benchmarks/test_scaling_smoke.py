@@ -1,0 +1,131 @@
+"""benchmarks/scaling.py and plot_loss_curves.py (issue 8).
+
+The fast tests check the arithmetic on hand-made metrics lines with known answers; the one Ray
+test runs ONE short real ``ray_entry.fit`` (tiny model, DeepSpeed ZeRO-2, 1 CPU worker, fp32) and
+checks what scaling.py derives from the metrics.jsonl it wrote against the loop's own numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import plot_loss_curves
+import scaling
+
+
+def _bench(**kw) -> scaling.Bench:
+    base = {"device": "cpu", "steps": 8, "warmup_steps": 2, "batch_size": 8, "max_world": 2,
+            "block_size": 64, "ckpt_at": 4, "lr": 1e-3}
+    return scaling.Bench(**(base | kw))
+
+
+def _lines(seconds: dict[int, float], tokens_per_step: int) -> list[dict]:
+    out = [{"step": 1, "train/loss": 4.0}]
+    for s, t in sorted(seconds.items()):
+        out.append({"step": s, "train/loss": 4.0 - 0.1 * s, "train/steps_per_s": 1 / t,
+                    "train/tokens_per_s": tokens_per_step / t})
+    return out
+
+
+def test_throughput_and_save_time_known_answers():
+    bench = _bench()  # 8 x 64 = 512 tokens per step
+    secs = {2: 9.0, 3: 0.5, 4: 0.25, 5: 1.25, 6: 0.25, 7: 0.5, 8: 0.5}  # step 5 follows the ckpt
+    lines = _lines(secs, bench.tokens_per_step)
+    got = scaling.throughput(lines, bench=bench, world=2, after_ckpt=5)
+    # kept: steps 3, 4, 6, 7, 8 (warm-up 1-2 and step 5 out): 5 steps in 2.0 s
+    assert got["tokens_per_s"] == pytest.approx(5 * 512 / 2.0, rel=1e-12)
+    assert got["tokens_per_s_per_gpu"] == pytest.approx(5 * 512 / 2.0 / 2, rel=1e-12)
+    assert got["step_ms_median"] == pytest.approx(500.0)
+    assert got["steps_measured"] == 5
+    # step 5 took 1.25 s, the median of the other measured steps (3, 4, 6, 7, 8) is 0.5 s
+    assert scaling.save_seconds(lines, ckpt_at=4, warmup_steps=2) == pytest.approx(0.75)
+    assert scaling.save_seconds(lines, ckpt_at=8, warmup_steps=2) is None  # no step after it
+
+
+def test_efficiency_pairs_each_world_with_its_one_worker_run():
+    rows = [{"preset": "p", "encoding": "rope", "zero_stage": 2, "world": 1, "error": None, "tokens_per_s": 1000.0},
+            {"preset": "p", "encoding": "rope", "zero_stage": 2, "world": 2, "error": None, "tokens_per_s": 1800.0},
+            {"preset": "p", "encoding": "pope", "zero_stage": 2, "world": 2, "error": None, "tokens_per_s": 900.0}]
+    eff = scaling.add_efficiency(rows)
+    assert eff == [{"preset": "p", "encoding": "rope", "zero_stage": 2, "from": 1, "to": 2, "efficiency": 0.9}]
+    assert rows[1]["efficiency_vs_1"] == pytest.approx(0.9)
+    assert "efficiency_vs_1" not in rows[2]  # no 1-worker pope run to compare with
+
+
+def test_bench_rejects_bad_settings_naming_the_value():
+    with pytest.raises(ValueError, match="ckpt_at=7"):
+        _bench(ckpt_at=7)
+    with pytest.raises(ValueError, match="--batch 6"):
+        _bench(batch_size=6, max_world=4)
+    with pytest.raises(ValueError, match="every --workers value must divide"):
+        scaling.parse_args(["--device", "cpu", "--workers", "2,3"])
+
+
+def test_spec_keeps_micro_batches_identical_across_world_sizes():
+    """grad_accum * world is constant, so every world size draws the same micro-batch indices."""
+    from phaselab.workloads.train.api import parse_spec
+
+    bench = _bench(max_world=4)
+    micro = set()
+    for world in (1, 2, 4):
+        spec = parse_spec(scaling.build_spec(scaling.Case(preset="tiny", encoding="pope", zero_stage=3,
+                                                          world=world), bench))
+        assert spec.train.grad_accum * world == 4
+        assert spec.train.zero_stage == 3 and spec.train.precision == "fp32"
+        assert spec.model.pe.kind == "pope"
+        micro.add(spec.train.micro_batch(world))
+    assert micro == {2}
+
+
+def test_loss_curve_diff_and_plot(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(json.dumps(x) for x in [{"step": 1, "train/loss": 4.0}, {"step": 2, "train/loss": 2.0},
+                                                     {"step": 2, "valid/loss": 9.0}]) + "\n")
+    b.write_text("\n".join(json.dumps(x) for x in [{"step": 1, "train/loss": 4.2}, {"step": 2, "train/loss": 2.2},
+                                                     {"step": 3, "train/loss": 1.0}]) + "\n")
+    diffs = plot_loss_curves.compare({"1": a, "2": b}, tmp_path / "c.png", title="t")
+    assert diffs["2"]["max_rel_diff"] == pytest.approx(0.1)  # |2.2-2|/2 > |4.2-4|/4
+    assert diffs["2"]["at_step"] == 2 and diffs["2"]["steps_compared"] == 2
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="share no step"):
+        plot_loss_curves.max_rel_diff({1: 1.0}, {2: 1.0})
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_one_real_fit_measured(tmp_path):
+    """One real fit (ZeRO-2, 1 worker, 6 steps, checkpoint at 3): the numbers scaling.py derives
+    agree with the loop's own per-step accounting."""
+    ray = pytest.importorskip("ray")
+    from phaselab.workloads.train.deepspeed_engine import configure_environment
+    from phaselab.workloads.train.ray_entry import read_metrics
+
+    configure_environment()
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
+        case = scaling.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
+        row = scaling.run_case(case, bench, tmp_path, "t")
+    finally:
+        ray.shutdown()
+    assert row["error"] is None
+    lines = [m for m in read_metrics(Path(row["metrics_path"])) if "train/loss" in m]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
+    for m in lines[1:]:  # the loop counts global tokens: batch 8 x 64 per step
+        assert m["train/tokens_per_s"] / m["train/steps_per_s"] == pytest.approx(512, rel=1e-9)
+    kept = [1 / m["train/steps_per_s"] for m in lines if m["step"] not in (1, 4)]
+    assert row["steps_measured"] == 4
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(4 * 512 / sum(kept), rel=1e-9)
+    assert row["ckpt_save_s"] is not None and math.isfinite(row["ckpt_save_s"]) and row["ckpt_save_s"] > 0
+    assert row["final_loss"] < row["first_loss"] < 4.3  # ln(66) = 4.19 at init
+    assert row["first_line_s"] is not None and 0 < row["first_line_s"] < row["wall_s"]
+    ckpts = sorted(p.name for p in (tmp_path / "ray_train" / "scal-tiny-rope-z2-w1-t").glob("step_*"))
+    assert ckpts == ["step_0000003", "step_0000006"]
