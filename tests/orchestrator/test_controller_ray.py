@@ -64,11 +64,21 @@ def _store(tmp_path: Path):
     return store
 
 
-def _count(store, table: str, where: str = "") -> int:
+_COUNTS = {  # fixed statements; values are bound parameters
+    "metric": "SELECT COUNT(*) FROM metric",
+    "metric_distinct": "SELECT COUNT(*) FROM (SELECT DISTINCT stage_hash, ident FROM metric)",
+    "artifact": "SELECT COUNT(*) FROM artifact",
+    "stage": "SELECT COUNT(*) FROM stage",
+    "cell_stage": "SELECT COUNT(*) FROM cell_stage",
+    "attempt_of": "SELECT COUNT(*) FROM attempt WHERE stage_hash = :h",
+}
+
+
+def _count(store, what: str, **params) -> int:
     from sqlalchemy import text
 
     with store.engine.connect() as conn:
-        return conn.execute(text(f"SELECT COUNT(*) FROM {table} {where}")).scalar_one()
+        return conn.execute(text(_COUNTS[what]), params).scalar_one()
 
 
 def _wait(pred, timeout: float, what: str) -> None:
@@ -174,14 +184,14 @@ def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_addre
     for h in done_before:
         row = store.get_stage(h)
         assert row.attempts == 1 and row.finished_at == before[h].finished_at
-        assert _count(store, "attempt", f"WHERE stage_hash = '{h}'") == 1
+        assert _count(store, "attempt_of", h=h) == 1
     assert store.get_stage(pope).attempts == 2
     attempts = [json.loads(line) for line in (runs / pope / "attempts.jsonl").read_text().splitlines()]
     assert attempts[-1]["outcome"] == "succeeded" and attempts[-1]["first_step"] > 1   # resumed from a checkpoint
     # no duplicate rows: one stage row per hash, one membership per (cell, stage), metrics unique
     assert _count(store, "stage") == len(dag.nodes)
     assert _count(store, "cell_stage") == sum(len(s) for s in dag.cell_stages.values())
-    assert _count(store, "metric") == _count(store, "(SELECT DISTINCT stage_hash, ident FROM metric)")
+    assert _count(store, "metric") == _count(store, "metric_distinct")
 
 
 def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
