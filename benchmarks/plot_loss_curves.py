@@ -81,11 +81,14 @@ def plot(curves: Mapping[str, Mapping[int, float]], out_png: Path, *, title: str
     return out_png
 
 
-def compare(runs: Mapping[str, Path], out_png: Path | None, *, title: str) -> dict[str, dict[str, float]]:
-    """Load the runs (the first is the reference), plot them, return each one's max rel diff."""
+def compare(runs: Mapping[str, Path | Mapping[int, float]], out_png: Path | None, *,
+            title: str) -> dict[str, dict[str, float]]:
+    """Load the runs (a metrics.jsonl path or ``{step: loss}``; the first is the reference),
+    plot them, return each one's max rel diff from the reference."""
     if len(runs) < 2:
         raise ValueError(f"compare needs at least two runs, got {list(runs)}")
-    curves = {label: load_losses(path) for label, path in runs.items()}
+    curves = {label: load_losses(r) if isinstance(r, (str, Path)) else {int(k): float(v) for k, v in r.items()}
+              for label, r in runs.items()}
     ref_label = next(iter(curves))
     diffs = {label: max_rel_diff(curves[ref_label], c) for label, c in curves.items() if label != ref_label}
     if out_png is not None:
@@ -93,16 +96,17 @@ def compare(runs: Mapping[str, Path], out_png: Path | None, *, title: str) -> di
     return diffs
 
 
-def groups_from_results(results: Mapping) -> dict[str, dict[str, Path]]:
-    """From a scaling JSON: ``{"owt-124m-rope-z2": {"1 GPU": metrics.jsonl, "2 GPUs": ...}}``."""
-    groups: dict[str, dict[str, Path]] = {}
+def groups_from_results(results: Mapping) -> dict[str, dict[str, Path | Mapping[int, float]]]:
+    """From a scaling JSON: ``{"owt-124m-rope-z2": {"1 GPU": losses, "2 GPUs": ...}}`` with the
+    losses embedded in the JSON (``case["losses"]``) or else the case's metrics.jsonl path."""
+    groups: dict[str, dict[str, Path | Mapping[int, float]]] = {}
     for case in sorted(results["cases"], key=lambda c: c["world"]):
         if case.get("error"):
             continue
         key = f"{case['preset']}-{case['encoding']}-z{case['zero_stage']}"
         unit = "GPU" if results["device"] == "cuda" else "worker"
         label = f"{case['world']} {unit}{'s' if case['world'] > 1 else ''}"
-        groups.setdefault(key, {})[label] = Path(case["metrics_path"])
+        groups.setdefault(key, {})[label] = case.get("losses") or Path(case["metrics_path"])
     return {k: v for k, v in groups.items() if len(v) > 1}
 
 

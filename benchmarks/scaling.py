@@ -247,6 +247,7 @@ def run_case(case: Case, bench: Bench, work: Path, tag: str) -> dict:
     row |= throughput(train, bench=bench, world=case.world, after_ckpt=bench.ckpt_at + 1)
     row["ckpt_save_s"] = save_seconds(train, ckpt_at=bench.ckpt_at, warmup_steps=bench.warmup_steps)
     row["first_loss"], row["final_loss"] = train[0]["train/loss"], train[-1]["train/loss"]
+    row["losses"] = {str(int(m["step"])): m["train/loss"] for m in train}  # plots without the run folder
     row["valid_loss"] = r["metrics"].get("valid/loss")
     peaks = r["peak_mib_by_gpu"]
     row["peak_mem_gib_max_gpu"] = max(peaks.values()) / 1024 if peaks else None
@@ -386,7 +387,8 @@ def markdown(results: dict) -> str:
         for key, chk in results["loss_curves"].items():
             parts = [f"{label}: max rel. diff {d['max_rel_diff']:.2e} at step {int(d['at_step'])}"
                      for label, d in chk.items() if label != "png"]
-            lines.append(f"- {key}: {'; '.join(parts)} (![plot]({Path(chk['png']).name}))")
+            plot = f" ![{key}]({Path(chk['png']).name})" if chk.get("png") else ""
+            lines.append(f"- {key}: {'; '.join(parts)}{plot}")
     if results["missing"]:
         lines += ["", "## Not measured", ""] + [f"- {m}" for m in results["missing"]]
     return "\n".join(lines) + "\n"
@@ -421,6 +423,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="ZeRO stages whose kill+resume is timed (first encoding, largest world)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scaling-h200")
     p.add_argument("--work-dir", type=Path, default=ROOT / "runs/scaling")
+    p.add_argument("--no-plots", action="store_true", help="no PNGs (device runs: 8 files come back)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                   help="merge result files of several calls into --out (no training)")
     args = p.parse_args(argv)
     cpu = args.device == "cpu"
     args.steps = args.steps or (10 if cpu else 30)
@@ -447,8 +452,88 @@ def init_ray(device: str, max_world: int) -> None:
     ray.init(include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True, **kwargs)
 
 
+def describe(args: argparse.Namespace, bench: Bench, command: str) -> dict:
+    """Everything in the results file except the per-case numbers."""
+    cpu = args.device == "cpu"
+    return {
+        "title": "Scaling, CPU SMOKE (not H200 results)" if cpu else "Scaling: DeepSpeed ZeRO on Ray Train V2",
+        "device": args.device, "card": card(args.device),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": command, "software": _software(),
+        "setup": (f"global batch {bench.batch_size} x {bench.block_size} tokens, micro-batch "
+                  f"{bench.micro_batch}, grad_accum = {bench.max_world}/world, {bench.steps} steps, "
+                  f"first {bench.warmup_steps} steps and step {bench.ckpt_at + 1} (after the mid-run "
+                  f"checkpoint) excluded, {'fp32/gloo' if cpu else 'bf16/NCCL'}, "
+                  f"data: Tiny Shakespeare ({'char' if cpu else 'GPT-2 BPE'})"),
+        "bench": dataclasses.asdict(bench),
+        "notes": ([("CPU smoke: tiny model, fp32, gloo, Ray workers sharing a 2-core machine with other "
+                    "jobs. These numbers check the measuring machinery; they say NOTHING about GPU "
+                    "scaling (the 2 workers compete for the same cores).")] if cpu else [])
+                 + ["tokens/s per worker = global tokens/s / world (rank 0's wall clock, log_every=1).",
+                    ("ckpt save s = the step after the mid-run checkpoint minus the median step "
+                     "(blocking part: shards, consolidated model.pt, barrier, ray.train.report with "
+                     "async upload)."),
+                    ("restore s (est.) = time to the first metrics line of the resumed fit minus that "
+                     "of the fresh fit: includes Ray start-up jitter (seconds on a loaded CPU).")],
+        "missing": [
+            ("Peak memory per GPU from the training loop: loop.train logs no memory. "
+             + ("Measured here from nvidia-smi memory.used (context + allocator cache). " if not cpu
+                else "Not measured on CPU. ")
+             + "To add: in loop.train's log_every metrics, `train/peak_mem_gib = "
+               "torch.cuda.max_memory_allocated(device) / 2**30` on CUDA (and reset_peak_memory_stats "
+               "after the first step)."),
+            ("Checkpoint save/load times are not logged by the loop/ray_entry; to add: time "
+             "`_report` (save) and the `engine.load` block in train_loop_per_worker and log them as "
+             "`ckpt/save_s` / `ckpt/load_s` to metrics.jsonl (rank 0).")],
+    }
+
+
+def write_results(results: dict, out: Path, *, plots: bool) -> None:
+    """Efficiency and loss-curve checks from the cases, then ``out``.json and ``out``.md."""
+    from plot_loss_curves import groups_from_results, max_rel_diff
+
+    results["efficiency"] = add_efficiency(results["cases"])
+    if plots:
+        results["loss_curves"] = loss_curve_checks(results, out.parent, out.name)
+    else:  # the numbers without the PNGs (device runs: at most 8 files come back)
+        results["loss_curves"] = {}
+        for key, runs in groups_from_results(results).items():
+            labels = list(runs)
+            results["loss_curves"][key] = {"png": "", **{
+                lab: max_rel_diff({int(k): v for k, v in runs[labels[0]].items()},
+                                  {int(k): v for k, v in runs[lab].items()}) for lab in labels[1:]}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    out.with_suffix(".md").write_text(markdown(results))
+
+
+def merge(files: Sequence[Path], out: Path, *, plots: bool) -> dict:
+    """Several result files of one study (one per device call) -> one; later cases replace
+    earlier ones with the same (preset, encoding, zero, world)."""
+    docs = [json.loads(Path(f).read_text()) for f in files]
+    merged = {k: v for k, v in docs[0].items() if k not in ("cases", "resume", "efficiency", "loss_curves")}
+    cases: dict[tuple, dict] = {}
+    resume: dict[tuple, dict] = {}
+    for d in docs:
+        if d["device"] != merged["device"] or d["setup"] != merged["setup"]:
+            raise ValueError(f"cannot merge results of different setups: {d['setup']!r} vs {merged['setup']!r}")
+        for r in d["cases"]:
+            cases[(r["preset"], r["encoding"], r["zero_stage"], r["world"])] = r
+        for r in d["resume"]:
+            resume[(r["preset"], r["encoding"], r["zero_stage"], r["world"])] = r
+    merged["command"] = " ; ".join(d["command"] for d in docs)
+    merged["date"] = ", ".join(sorted({d["date"] for d in docs}))
+    merged["cases"], merged["resume"] = list(cases.values()), list(resume.values())
+    write_results(merged, out, plots=plots)
+    return merged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        merged = merge(args.merge, args.out, plots=not args.no_plots)
+        print_table(merged)
+        return 0
     bench = Bench(device=args.device, steps=args.steps, warmup_steps=args.warmup_steps,
                   batch_size=args.batch, max_world=max(args.workers),
                   block_size=64 if args.device == "cpu" else 1024, ckpt_at=args.steps // 2,
@@ -459,58 +544,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     init_ray(args.device, bench.max_world)
     tag = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
     work = args.work_dir.resolve() / tag  # fresh run names: never an accidental resume
+    command = "python benchmarks/scaling.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    results = describe(args, bench, command) | {"cases": [], "resume": []}
     cases = [Case(preset=p, encoding=e, zero_stage=z, world=w) for p in args.presets
              for e in args.encodings for z in args.zero for w in sorted(args.workers)]
-    rows, resume = [], []
     for case in cases:
         print(f"[scaling] {case.key} ...", flush=True)
-        rows.append(run_case(case, bench, work, tag))
-        print(f"[scaling] {case.key}: {json.dumps({k: rows[-1].get(k) for k in ('tokens_per_s_per_gpu', 'ckpt_save_s', 'error')})}", flush=True)
+        row = run_case(case, bench, work, tag)
+        results["cases"].append(row)
+        print(f"[scaling] {case.key}: " + json.dumps({k: row.get(k) for k in (
+            "tokens_per_s_per_gpu", "ckpt_save_s", "peak_mem_gib_max_gpu", "wall_s", "error")}), flush=True)
         if (case.zero_stage in args.resume_zero and case.world == bench.max_world
-                and case.encoding == args.encodings[0] and not rows[-1]["error"]):
-            resume.append(run_resume(case, bench, work, tag, rows[-1]))
-            print(f"[scaling] resume {case.key}: {json.dumps(resume[-1])}", flush=True)
-    efficiency = add_efficiency(rows)
-    cpu = args.device == "cpu"
-    results = {
-        "title": "Scaling, CPU SMOKE (not H200 results)" if cpu else "Scaling: DeepSpeed ZeRO on Ray Train V2",
-        "device": args.device, "card": card(args.device),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/scaling.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "software": _software(),
-        "setup": (f"global batch {bench.batch_size} x {bench.block_size} tokens, micro-batch "
-                  f"{bench.micro_batch}, grad_accum = {bench.max_world}/world, {bench.steps} steps, "
-                  f"first {bench.warmup_steps} steps and step {bench.ckpt_at + 1} (after the mid-run "
-                  f"checkpoint) excluded, {'fp32/gloo' if cpu else 'bf16/NCCL'}, "
-                  f"data: Tiny Shakespeare ({'char' if cpu else 'GPT-2 BPE'})"),
-        "bench": dataclasses.asdict(bench), "cases": rows, "efficiency": efficiency, "resume": resume,
-        "notes": ([("CPU smoke: tiny model, fp32, gloo, Ray workers sharing a 2-core machine with other "
-                   "jobs. These numbers check the measuring machinery; they say NOTHING about GPU "
-                   "scaling (the 2 workers compete for the same cores).")] if cpu else [])
-                 + ["tokens/s per worker = global tokens/s / world (rank 0's wall clock, log_every=1).",
-                    ("ckpt save s = the step after the mid-run checkpoint minus the median step "
-                    "(blocking part: shards, consolidated model.pt, barrier, ray.train.report with "
-                    "async upload)."),
-                    ("restore s (est.) = time to the first metrics line of the resumed fit minus that "
-                    "of the fresh fit: includes Ray start-up jitter (seconds on a loaded CPU).")],
-        "missing": [
-            "Peak memory per GPU from the training loop: loop.train logs no memory. "
-            + ("Measured here from nvidia-smi memory.used (context + allocator cache). " if not cpu else
-               "Not measured on CPU. ")
-            + "To add: in loop.train's log_every metrics, `train/peak_mem_gib = "
-              "torch.cuda.max_memory_allocated(device) / 2**30` on CUDA (and reset_peak_memory_stats "
-              "after the first step).",
-            ("Checkpoint save/load times are not logged by the loop/ray_entry; to add: time "
-            "`_report` (save) and the `engine.load` block in train_loop_per_worker and log them as "
-            "`ckpt/save_s` / `ckpt/load_s` to metrics.jsonl (rank 0).")],
-    }
-    results["loss_curves"] = loss_curve_checks(results, args.out.parent, args.out.name)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
+                and case.encoding == args.encodings[0] and not row["error"]):
+            results["resume"].append(run_resume(case, bench, work, tag, row))
+            print(f"[scaling] resume {case.key}: {json.dumps(results['resume'][-1])}", flush=True)
+        write_results(results, args.out, plots=False)  # a killed run keeps what it measured
+    write_results(results, args.out, plots=not args.no_plots)
     print_table(results)
     print(f"[scaling] wrote {args.out.with_suffix('.json')} and .md", flush=True)
-    return 0 if all(not r["error"] for r in rows) else 1
+    return 0 if all(not r["error"] for r in results["cases"]) else 1
 
 
 if __name__ == "__main__":
