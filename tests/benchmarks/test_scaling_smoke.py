@@ -129,3 +129,34 @@ def test_one_real_fit_measured(tmp_path):
     assert row["first_line_s"] is not None and 0 < row["first_line_s"] < row["wall_s"]
     ckpts = sorted(p.name for p in (tmp_path / "ray_train" / "scal-tiny-rope-z2-w1-t").glob("step_*"))
     assert ckpts == ["step_0000003", "step_0000006"]
+
+
+def _doc(rows: list[dict], setup: str = "s") -> dict:
+    return {"title": "t", "device": "cuda", "card": "2 x H200", "date": "d", "command": "c", "software": "x",
+            "setup": setup, "bench": {}, "notes": [], "missing": [], "cases": rows, "resume": []}
+
+
+def _row(world: int, tps: float, losses: dict[str, float]) -> dict:
+    return {"preset": "owt-124m", "encoding": "rope", "zero_stage": 1, "world": world, "error": None,
+            "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / world, "micro_batch": 32,
+            "grad_accum": 2 // world, "step_ms_median": 1.0, "peak_mem_gib_max_gpu": 10.0,
+            "ckpt_save_s": 0.5, "first_loss": 11.0, "final_loss": 6.0, "losses": losses,
+            "metrics_path": "/nonexistent"}
+
+
+def test_merge_of_two_device_calls(tmp_path):
+    """Results of two calls (1 GPU, then 2 GPUs) merge into one study with its efficiency and
+    the loss-curve difference computed from the embedded losses."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_doc([_row(1, 100_000.0, {"1": 11.0, "2": 8.0})])))
+    b.write_text(json.dumps(_doc([_row(2, 190_000.0, {"1": 11.0, "2": 8.4})])))
+    merged = scaling.merge([a, b], tmp_path / "out", plots=True)
+    assert merged["efficiency"][0]["efficiency"] == pytest.approx(0.95)
+    assert merged["loss_curves"]["owt-124m-rope-z1"]["2 GPUs"]["max_rel_diff"] == pytest.approx(0.05)
+    assert (tmp_path / "out-loss-owt-124m-rope-z1.png").is_file()
+    md = (tmp_path / "out.md").read_text()
+    assert "| 95.0% |" in md and "| 95,000 |" in md  # efficiency and tokens/s per GPU at 2 GPUs
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(_doc([_row(2, 1.0, {"1": 1.0})], setup="other")))
+    with pytest.raises(ValueError, match="different setups"):
+        scaling.merge([a, c], tmp_path / "out2", plots=False)
