@@ -54,6 +54,7 @@ def _tracker(payload: Mapping[str, Any]):
 
     ml = MlflowTracker.for_stage(**{**mlflow_cfg, "spool_dir": Path(mlflow_cfg["spool_dir"])})
     ml.log_params(payload["config"])
+    ml.log_config((Path(payload["out_dir"]) / "stage.yaml").read_text())   # params may be truncated
     return FanoutTracker(recording, ml), recording, ml
 
 
