@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _orchestrator_grids import BASE
 from phaselab.orchestrator.dag import build_dag, load_grid
 from phaselab.orchestrator.hashing import (
     CodeVersion,
@@ -15,8 +16,6 @@ from phaselab.orchestrator.hashing import (
     make_key,
     sha256_hex,
 )
-
-from tests.orchestrator._grids import BASE
 
 CODE = CodeVersion(digest="c" * 64, modules={"phaselab.workloads.train.loop": "1" * 64})
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _orchestrator_grids import BASE, locate
 from phaselab.orchestrator.dag import plan_grid
 from phaselab.orchestrator.yamlio import GridError
 from typer.testing import CliRunner
-
-from tests.orchestrator._grids import BASE, locate
 
 # (id, old -> new replacements on BASE, needle locating the error, message fragment, suggestion)
 CASES = [

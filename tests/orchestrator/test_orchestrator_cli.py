@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from _orchestrator_grids import BASE
 from phaselab.catalog.store import ArtifactSpec, CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 from phaselab.orchestrator.cli import app
 from phaselab.orchestrator.controller import Controller
 from phaselab.orchestrator.dag import plan_grid
 from typer.testing import CliRunner
-
-from tests.orchestrator._grids import BASE
 
 
 @pytest.fixture
