@@ -16,7 +16,7 @@ EXPECTED = {  # grid -> (cells, stages by kind)
     "quickstart": (3, {"pretrain": 3, "finetune": 1, "eval": 4}),
     "pope_indirect_indexing": (18, {"pretrain": 18, "eval": 18}),
     "pope_jsb": (6, {"pretrain": 6, "eval": 6}),
-    "pope_owt_extrapolation": (6, {"pretrain": 6, "finetune": 6, "eval": 18}),
+    "pope_owt_extrapolation": (6, {"pretrain": 6, "finetune": 6, "eval": 18, "analysis": 6}),
     "tapa_long_context": (2, {"pretrain": 2, "cpt": 5, "eval": 11}),
 }
 
