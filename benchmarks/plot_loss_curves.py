@@ -65,9 +65,11 @@ def plot(curves: Mapping[str, Mapping[int, float]], out_png: Path, *, title: str
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for label, losses in curves.items():
+    for i, (label, losses) in enumerate(curves.items()):
         steps = sorted(losses)
-        ax.plot(steps, [losses[s] for s in steps], marker=".", linewidth=1.2, label=label)
+        # the reference wide and solid, the others dashed on top: identical curves stay visible
+        ax.plot(steps, [losses[s] for s in steps], marker="." if i else "o", linewidth=3.0 if i == 0 else 1.2,
+                linestyle="-" if i == 0 else "--", alpha=0.6 if i == 0 else 1.0, label=label)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("train loss [nats/token]")
     ax.set_title(title, fontsize=9)

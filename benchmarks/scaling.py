@@ -278,8 +278,9 @@ def run_resume(case: Case, bench: Bench, work: Path, tag: str, reference: dict) 
     row["resumed_first_step"] = steps[0]
     row["resumed_last_step"] = steps[-1]
     row["restored_from_checkpoint"] = steps[0] == bench.ckpt_at + 1
+    ref = {int(k): v for k, v in reference["losses"].items()}
     row |= {f"vs_uninterrupted_{k}": v for k, v in max_rel_diff(
-        load_losses(Path(reference["metrics_path"])), load_losses(resumed_dir / "metrics.jsonl")).items()}
+        ref, load_losses(resumed_dir / "metrics.jsonl")).items()}
     if reference.get("first_line_s") and resumed["first_line_s"]:
         row["restore_s_est"] = resumed["first_line_s"] - reference["first_line_s"]
     row["resumed_wall_s"] = resumed["wall_s"]
