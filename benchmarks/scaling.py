@@ -281,8 +281,10 @@ def run_resume(case: Case, bench: Bench, work: Path, tag: str, reference: dict) 
     ref = {int(k): v for k, v in reference["losses"].items()}
     row |= {f"vs_uninterrupted_{k}": v for k, v in max_rel_diff(
         ref, load_losses(resumed_dir / "metrics.jsonl")).items()}
-    if reference.get("first_line_s") and resumed["first_line_s"]:
-        row["restore_s_est"] = resumed["first_line_s"] - reference["first_line_s"]
+    if killed["first_line_s"] and resumed["first_line_s"]:
+        # the killed run is the same spec, world and run name started just before: its time to
+        # the first line is the resumed run's minus the restore (both include one warm-up step)
+        row["restore_s_est"] = resumed["first_line_s"] - killed["first_line_s"]
     row["resumed_wall_s"] = resumed["wall_s"]
     return row
 
@@ -475,7 +477,8 @@ def describe(args: argparse.Namespace, bench: Bench, command: str) -> dict:
                      "(blocking part: shards, consolidated model.pt, barrier, ray.train.report with "
                      "async upload)."),
                     ("restore s (est.) = time to the first metrics line of the resumed fit minus that "
-                     "of the fresh fit: includes Ray start-up jitter (seconds on a loaded CPU).")],
+                     "of the killed fit (same spec and world, started just before): includes Ray "
+                     "start-up jitter (seconds on a loaded CPU).")],
         "missing": [
             ("Peak memory per GPU from the training loop: loop.train logs no memory. "
              + ("Measured here from nvidia-smi memory.used (context + allocator cache). " if not cpu
