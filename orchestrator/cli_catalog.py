@@ -65,6 +65,32 @@ def register(app: typer.Typer) -> None:
                                  markup=False)
 
     @app.command()
+    def verify(stage: str = typer.Argument(..., help="Hash (prefix) of a SUCCEEDED training stage."),
+               steps: int = typer.Option(20, "--steps", help="Re-run this many steps."),
+               rtol: float = typer.Option(1e-4, "--rtol", help="Allowed relative difference of the loss."),
+               catalog: str = CATALOG, as_json: bool = JSON) -> None:
+        """Re-run the first K steps of a training stage and compare its losses with the stored run."""
+        from phaselab.catalog.schema import STATES
+        from phaselab.orchestrator.verify import verify_stage
+
+        store = _store(catalog, create=False)
+        rows = [r for r in (store.stages_in_state(STATES) if store is not None else [])
+                if r.stage_hash.startswith(stage)]
+        if len(rows) != 1:
+            _fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix")
+        try:
+            res = verify_stage(store, rows[0].stage_hash, steps=steps, rtol=rtol)
+        except ValueError as err:
+            _fail(as_json, str(err))
+        _emit(as_json, {"stage": rows[0].stage_hash, **res})
+        if not as_json:
+            for s, a, b, rel in res["compared"]:
+                _console().print(f"step {s:>6}: stored {a:.6f}  re-run {b:.6f}  rel {rel:.2e}")
+            _console().print(("[green]OK[/]" if res["ok"] else "[red]MISMATCH[/]") +
+                             f" max rel {res['max_rel']:.2e} (rtol {rtol:g})")
+        raise typer.Exit(0 if res["ok"] else 1)
+
+    @app.command()
     def mlflow(host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean it)."),
                port: int = typer.Option(5000), catalog: str = CATALOG, as_json: bool = JSON) -> None:
         """Serve the MLflow UI on the tracking store beside the catalog."""

@@ -136,6 +136,9 @@ def _log_attempt(out_dir: Path, payload: Mapping[str, Any], recording: Any, seco
             "last_step": max(steps, default=None), "seconds": round(seconds, 3), "outcome": outcome}
     with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
+    if recording is not None and recording.metrics:   # per-step training metrics, for `phaselab verify`
+        with open(out_dir / "steps.jsonl", "a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n" for step, metrics in recording.metrics)
 
 
 def _fingerprint(payload: Mapping[str, Any]) -> dict[str, Any]:

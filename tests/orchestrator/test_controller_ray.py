@@ -126,6 +126,14 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     recs = json.loads(res.output)["records"]
     assert sorted(r["context_len"] for r in recs if r["name"] == "ppl") == [16, 32]
 
+    # `phaselab verify STAGE --steps K`: the first K losses re-run in this process match the stored run
+    pre = next(h for h, n in dag.nodes.items() if n.kind == "pretrain")
+    res = CliRunner().invoke(app, ["verify", pre[:16], "--steps", "3", "--catalog",
+                                   f"sqlite:///{tmp_path / 'catalog.db'}", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert [c[0] for c in out["compared"]] == [1, 2, 3] and out["max_rel"] <= 1e-4
+
     again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)
     assert again.ok and again.launched == []          # every stage is a cache hit
     assert again.seconds < 10
