@@ -55,14 +55,22 @@ def register(app: typer.Typer) -> None:
                                                         if reasons else "[green]up to date[/]"))
                 raise typer.Exit(1 if stale else 0)
             rendered = tbl.render_all(store, fmt, out_dir=out, names=names or None)
+            figures = []
+            if out is not None:  # the papers' curves (ppl vs context) beside the tables
+                from phaselab.catalog.figures import CURVE_TABLES, render_figures
+                wanted = [n for n in CURVE_TABLES if not names or n in names]
+                figures = render_figures(store, out, names=wanted)
         except ValueError as err:
             _fail(as_json, str(err))
         _emit(as_json, {"ok": True, "tables": [{"name": r.name, "text": r.text, "skipped": r.skipped,
-                                               "path": str(r.path) if r.path else None} for r in rendered]})
+                                               "path": str(r.path) if r.path else None} for r in rendered],
+                        "figures": [str(p) for p in figures]})
         if not as_json:
             for r in rendered:
                 _console().print(r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})",
                                  markup=False)
+            for path in figures:
+                _console().print(f"figure: {path}", markup=False)
 
     @app.command()
     def verify(stage: str = typer.Argument(..., help="Hash (prefix) of a SUCCEEDED training stage."),
