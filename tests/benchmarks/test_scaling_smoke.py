@@ -109,6 +109,11 @@ def test_one_real_fit_measured(tmp_path):
     from phaselab.workloads.train.ray_entry import read_metrics
 
     configure_environment()
+    from deepspeed.accelerator import get_accelerator
+
+    # A fresh clone JIT-compiles DeepSpeed's shm comm op once (~30 s, STACK.md); do it here, in
+    # one process, rather than inside the timed worker.
+    get_accelerator().create_op_builder("ShareMemCommBuilder").load()
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
