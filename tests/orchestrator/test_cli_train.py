@@ -1,0 +1,121 @@
+"""`phaselab train CONFIG.yaml [key=value ...]` (issue 4): one training stage outside the
+orchestrator, on the tiny preset on the CPU. Resume must reproduce the uninterrupted run; bad keys
+must name the file and line (or the override) like the grid loader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from phaselab.orchestrator.cli import app
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """\
+model:
+  preset: tiny
+  block_size: 32
+data:
+  kind: text
+  block_size: 32
+train:
+  steps: 6
+  batch_size: 4
+  lr: 1.0e-3
+  schedule: constant
+  warmup: 2
+  eval_every: 0
+  eval_batches: 1
+  final_eval_batches: 2
+  ckpt_every: 3
+  log_every: 1
+  device: cpu
+"""
+
+
+def _cli(*args: str) -> tuple[int, dict | str]:
+    res = CliRunner().invoke(app, ["train", *args, "--json"])
+    try:
+        return res.exit_code, json.loads(res.output)
+    except json.JSONDecodeError:
+        return res.exit_code, res.output
+
+
+def test_rerun_with_same_out_dir_resumes_like_the_uninterrupted_run(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    code, full = _cli(str(cfg), f"out_dir={tmp_path / 'full'}")
+    assert code == 0, full
+    assert full["resumed_from_step"] == 0 and full["metrics"]["step"] == 6
+
+    # 3 steps, then the same out_dir asked for 6: the second call starts at the step-3 checkpoint.
+    # (The constant schedule makes the learning rate independent of train.steps.)
+    split = f"out_dir={tmp_path / 'split'}"
+    code, first = _cli(str(cfg), split, "train.steps=3")
+    assert code == 0, first
+    assert first["metrics"]["step"] == 3
+    code, second = _cli(str(cfg), split)
+    assert code == 0, second
+    assert second["resumed_from_step"] == 3 and second["metrics"]["step"] == 6
+    assert Path(second["checkpoint"]).is_file()
+    assert Path(second["checkpoint"]).parent.name == "step_0000006"
+    for key in ("train/loss", "valid/loss", "valid/acc"):   # bitwise on the CPU (api.py docstring)
+        assert second["metrics"][key] == full["metrics"][key], key
+    assert full["metrics"]["train/loss"] != first["metrics"]["train/loss"]   # it did train on
+
+    # A finished run only re-evaluates: same step, same numbers, nothing trained.
+    code, again = _cli(str(cfg), split)
+    assert code == 0, again
+    assert again["resumed_from_step"] == 6 and again["metrics"]["valid/loss"] == second["metrics"]["valid/loss"]
+
+
+def test_override_sets_a_field_the_yaml_leaves_at_its_default(tmp_path: Path) -> None:
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    out = tmp_path / "pope"
+    code, got = _cli(str(cfg), f"out_dir={out}", "train.steps=1", "model.pe.kind=pope", "train.seed=3")
+    assert code == 0, got
+    spec = json.loads((out / "checkpoints" / "step_0000001" / "spec.json").read_text())
+    assert spec["model"]["pe"]["kind"] == "pope" and spec["train"]["seed"] == 3
+    assert spec["model"]["n_layer"] == 2 and spec["model"]["d_model"] == 128   # from the preset
+
+
+def test_unknown_keys_name_file_line_or_override(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.replace("  warmup: 2\n", "  wamup: 2\n"))
+    line = CONFIG.splitlines().index("  warmup: 2") + 1
+    code, got = _cli(str(bad), f"out_dir={tmp_path / 'x'}")
+    assert code == 1 and got["ok"] is False
+    assert f"{bad}:{line}:3: train.wamup: unknown key" in got["error"]
+    assert "did you mean 'warmup'?" in got["error"]
+    assert not (tmp_path / "x").exists()   # nothing ran
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    code, got = _cli(str(cfg), "train.lrr=1")
+    assert code == 1 and "<override 'train.lrr=1'>: train.lrr: unknown key" in got["error"]
+    assert "did you mean 'lr'?" in got["error"]
+
+    code, got = _cli(str(cfg), "trian.steps=1")
+    assert code == 1 and "<override 'trian.steps=1'>: trian: unknown key 'trian'" in got["error"]
+    assert "did you mean 'train'?" in got["error"]
+
+    top = tmp_path / "top.yaml"
+    top.write_text(CONFIG + "outdir: /tmp/x\n")
+    code, got = _cli(str(top))
+    assert code == 1 and f"{top}:{len(CONFIG.splitlines()) + 1}:1: outdir: unknown key" in got["error"]
+    assert "did you mean 'out_dir'?" in got["error"]
+
+    code, got = _cli(str(cfg), "model.preset=tiy")
+    assert code == 1 and "did you mean 'tiny'?" in got["error"]
+    code, got = _cli(str(tmp_path / "missing.yaml"))
+    assert code == 1 and "does not exist" in got["error"]
+
+
+def test_shipped_example_config_is_valid() -> None:
+    from phaselab.orchestrator.cli import _train_config
+
+    spec, out_dir, init_from = _train_config(ROOT / "docs" / "examples" / "train_tiny.yaml", ["train.steps=2"])
+    assert spec["model"]["n_layer"] == 2 and spec["data"]["kind"] == "text" and spec["train"]["steps"] == 2
+    assert out_dir == Path(".phaselab/train/train_tiny") and init_from is None
