@@ -1,8 +1,10 @@
 """TAPA Table 3: phase-function ablation, PG-19 test perplexity (trained as for Table 1)
 (EXPERIMENTS §3.3).
 
-Grid ``tapa_phase``; axes ``phase`` (``linear`` | ``quadratic``, i.e. ``tapa.phase``) and
-``seed``; metric ``ppl`` with ``task="pg19"``, ``split="test"`` and ``context_len``.
+Grid ``tapa_phase`` (experiments/tapa_phase.yaml); axes ``phase`` (``linear`` | ``quadratic``,
+i.e. ``tapa.phase``) and ``seed``; metric ``ppl`` of its ``ppl`` stage with ``task="pg19"``,
+``split="test"`` and ``context_len``. The quadratic cell shares its stages with
+tapa_long_context's TAPA cell (same content hashes).
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec

@@ -16,8 +16,12 @@ EXPECTED = {  # grid -> (cells, stages by kind)
     "quickstart": (3, {"pretrain": 3, "finetune": 1, "eval": 4}),
     "pope_indirect_indexing": (18, {"pretrain": 18, "eval": 18}),
     "pope_jsb": (6, {"pretrain": 6, "eval": 6}),
-    "pope_owt_extrapolation": (6, {"pretrain": 6, "finetune": 6, "eval": 18, "analysis": 6}),
+    "pope_maestro": (6, {"pretrain": 6, "eval": 6}),
+    "pope_genome": (6, {"pretrain": 6, "eval": 6}),
+    "pope_owt_extrapolation": (6, {"pretrain": 6, "finetune": 6, "eval": 24, "analysis": 6}),
+    "pope_owt_ablation": (8, {"pretrain": 8, "eval": 8}),
     "tapa_long_context": (2, {"pretrain": 2, "cpt": 5, "eval": 11}),
+    "tapa_phase": (2, {"pretrain": 2, "cpt": 2, "eval": 2}),
 }
 
 
