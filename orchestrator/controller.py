@@ -258,8 +258,13 @@ class Controller:
         import ray
 
         launched = []
-        free_cpu, free_gpu = self._capacity()
         total = ray.cluster_resources()
+        if total.get("CPU", 0.0) <= 0.0:
+            # Right after ray.init() on a loaded machine the local node may not have registered
+            # its resources yet (seen: 0 CPUs / 0 GPUs reported); judging "unschedulable" then
+            # would fail every stage of a healthy cluster. Wait for the next poll.
+            return launched
+        free_cpu, free_gpu = self._capacity()
         for h, node in self.dag.nodes.items():
             if rows[h].state != "READY" or h in self._inflight.values():
                 continue
