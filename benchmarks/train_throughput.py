@@ -32,7 +32,7 @@ import argparse
 import datetime
 import gc
 import json
-import math
+import os
 import platform
 import shlex
 import statistics
@@ -202,7 +202,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"- date: {m['date']}\n- command: `{m['command']}`\n"
             f"- versions: {json.dumps(m['versions'])}\n"
             f"- data: {m['data']}; batch {m['batch_size']} x {m['seq_len']} tokens per step, "
-            f"grad_accum {m['grad_accum']}, torch.compile {m['compile']}\n"
+            f"grad_accum {m['grad_accum']}, torch.compile {m['compile']}, "
+            f"Triton autotune {m['triton_autotune']}\n"
             f"- {m['steps']} timed steps after {m['warmup']} warm-up steps (excluded)\n"
             f"- MFU against {m['peak_tflops']} TFLOP/s; FLOPs per token = 6·N + causal attention "
             f"fwd+bwd without recompute (MATH §6: 12 L²D per head, PoPE 18), see the module docstring\n\n"
@@ -214,14 +215,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--encodings", default="rope,pope,tapa", help="rope,pope,tapa; ENC:BACKEND to pick one")
     p.add_argument("--preset", default="owt-124m")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per optimiser step")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per optimiser step")
     p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--steps", type=int, default=30, help="timed steps (after the warm-up)")
-    p.add_argument("--warmup", type=int, default=5, help="excluded steps (use more with --compile)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=10, help="excluded steps (Triton compile, autotune, --compile)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--precision", choices=["bf16", "fp32", "auto"], default="bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (TrainConfig.compile)")
     p.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    p.add_argument("--autotune", action="store_true",
+                   help="PHASELAB_AUTOTUNE=1: time every Triton config in the first (warm-up) steps")
     p.add_argument("--peak-tflops", type=float, default=H200_DENSE_BF16_TFLOPS,
                    help="the card's dense bf16 peak (default: H200, 989.5)")
     p.add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2", help="Tiny Shakespeare tokenizer")
@@ -237,6 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.autotune:   # read by the kernels' config pruning at their first launch
+        os.environ["PHASELAB_AUTOTUNE"] = "1"
     device = resolve_device(args.device)
     cases = parse_cases(args.encodings, device)
     data_cfg = DataConfig(kind="text", block_size=args.seq_len, text=TextConfig(tokenizer=args.tokenizer))
@@ -247,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             timespec="seconds"), "command": command, "versions": versions(), "preset": args.preset,
             "seq_len": args.seq_len, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
             "steps": args.steps, "warmup": args.warmup, "precision": args.precision, "compile": args.compile,
+            "triton_autotune": os.environ.get("PHASELAB_AUTOTUNE", "0") == "1",
             "peak_tflops": args.peak_tflops, "data": f"{dataset.name} ({len(dataset.tokens('train')):,} train tokens)",
             "mfu_flops": "6*N + n_layer*n_head*c*T*D/2 per token, c = 12 (rope, tapa) / 18 (pope)"}
     rows = []
     for case in cases:
         try:
             row = measure(case, args, device, dataset)
-        except Exception as exc:   # one failing case (OOM, compile error) must not lose the others
+        except Exception as exc:  # noqa: BLE001 - one failing case (OOM, compile) must not lose the others
             row = {"case": case.key, "encoding": case.encoding, "backend_requested": case.backend,
                    "error": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
