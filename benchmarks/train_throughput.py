@@ -22,7 +22,7 @@ kernels/attention/function.py), else the reference; ``--encodings pope:sdpa`` pi
 explicitly. The backend that ran (read from the built model) is recorded in every row.
 
 Usage (the H200; no install needed, see benchmarks/TRAIN_THROUGHPUT.md):
-    python benchmarks/train_throughput.py --out benchmarks/results/train-throughput-h200
+    python benchmarks/train_throughput.py --out benchmarks/results/train-h200
     python benchmarks/train_throughput.py --tiny --device cpu --out /tmp/tt   # CPU smoke (seconds)
 """
 
