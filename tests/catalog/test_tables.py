@@ -143,14 +143,17 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     assert check_stale(store) == {"pope_indirect_indexing": []}
 
 
-def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3",
+                                  "quickstart_ppl"])
+def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path, name: str) -> None:
     from matplotlib.image import imread
 
-    from phaselab.catalog.figures import plot_curves, render_figures
+    from phaselab.catalog.figures import CURVE_TABLES, plot_curves, render_figures
 
-    populate(sqlite_store, get_spec("quickstart_ppl"))
-    paths = render_figures(sqlite_store, tmp_path)
-    assert sorted(p.name for p in paths) == ["quickstart_ppl.pdf", "quickstart_ppl.png"]
+    assert name in CURVE_TABLES  # every curve table has its case here
+    populate(sqlite_store, get_spec(name))
+    paths = render_figures(sqlite_store, tmp_path, names=[name])
+    assert sorted(p.name for p in paths) == [f"{name}.pdf", f"{name}.png"]
     assert paths[1].read_bytes()[:4] == b"%PDF"
     img = imread(paths[0])
     assert img.shape[0] > 300 and img.shape[1] > 500 and img[..., :3].std() > 0.05   # not blank
