@@ -125,7 +125,7 @@ def parse_override(text: str) -> Override:
     return Override(text=text, op=op, path=path, value=_scalar(text, raw))
 
 
-_SECTIONS = ("model", "data", "train", "extend", "eval", "resources")
+_SECTIONS = ("model", "data", "train", "extend", "eval", "noop", "resources")
 
 
 def in_section(path: tuple) -> bool:

@@ -37,11 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"   # names become run names and path parts
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-STAGE_KINDS = ("dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune")
+STAGE_KINDS = ("dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune", "noop")
 TRAINING_KINDS = ("pretrain", "cpt", "finetune", "tune")   # stages whose output is a checkpoint
-SECTIONS = ("model", "data", "train", "extend", "eval", "tune")
+SECTIONS = ("model", "data", "train", "extend", "eval", "tune", "noop")
 
-StageKind = Literal["dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune"]
+StageKind = Literal["dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune", "noop"]
 Launcher = Literal["ray_train", "ray_task"]
 Scalar = str | int | float | bool | None
 
@@ -69,6 +69,7 @@ class DefaultsSpec(_Frozen):
     extend: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
+    noop: dict[str, Any] | None = None
     resources: ResourcesSpec | None = None
     launcher: Launcher | None = None
 
@@ -91,6 +92,7 @@ class StageTemplate(_Frozen):
     extend: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
     tune: dict[str, Any] | None = None
+    noop: dict[str, Any] | None = None   # kind noop only (stages/noop.py: sleep_s, tag)
     salt: str = ""
     max_retries: int = Field(3, ge=0)
 
@@ -249,7 +251,7 @@ def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> l
             if getattr(st, sec) is not None:
                 issues.append(Issue(marks.at((*base, sec)), f"{dotted(base)}.{sec}",
                                     f"a {st.kind} stage takes no '{sec}' section"))
-    if st.kind in TRAINING_KINDS + ("dataset",) and st.eval is not None:
+    if st.kind in TRAINING_KINDS + ("dataset", "noop") and st.eval is not None:
         issues.append(Issue(marks.at((*base, "eval")), f"{dotted(base)}.eval",
                             f"a {st.kind} stage takes no 'eval' section (add an eval stage)"))
     if st.kind == "tune" and st.tune is None and spec.defaults.tune is None:
@@ -264,6 +266,13 @@ def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> l
     if st.kind in ("pretrain", "dataset", "tune") and st.extend is not None:
         issues.append(Issue(marks.at((*base, "extend")), f"{dotted(base)}.extend",
                             f"context extension belongs to cpt/finetune stages, not {st.kind}"))
+    if st.kind == "noop":
+        for sec in ("data", "train", "extend"):
+            if getattr(st, sec) is not None:
+                issues.append(Issue(marks.at((*base, sec)), f"{dotted(base)}.{sec}",
+                                    f"a noop stage takes no '{sec}' section (only 'noop')"))
+    elif st.noop is not None:
+        issues.append(Issue(marks.at((*base, "noop")), f"{dotted(base)}.noop", f"a {st.kind} stage takes no 'noop' section"))
     return issues
 
 
