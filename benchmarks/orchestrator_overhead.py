@@ -126,7 +126,7 @@ def profile_phaselab(n: int, workdir: Path) -> dict[str, float]:
     cats = {"catalog_transactions_s": 0.0, "ray_calls_s": 0.0, "poll_sleep_s": 0.0}
     for (file, _, name), (_, _, _, _, callers) in stats.items():
         from_controller = sum(c[3] for (cf, _, _), c in callers.items() if cf.endswith("orchestrator/controller.py"))
-        if file.endswith("catalog/store.py") or file.endswith("catalog/store_reads.py"):
+        if file.endswith(("catalog/store.py", "catalog/store_reads.py")):
             cats["catalog_transactions_s"] += from_controller
         elif "/ray/" in file:   # ray.wait/get/cluster_resources/.remote (through Ray's wrappers)
             cats["ray_calls_s"] += from_controller
@@ -142,14 +142,16 @@ def profile_phaselab(n: int, workdir: Path) -> dict[str, float]:
 def summarize(ph: list[dict[str, Any]], tu: list[dict[str, Any]], tu_reuse: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over repeats, the ratio, and launch-latency percentiles over all phaselab stages."""
     ph_wall = statistics.median(r["wall_s"] for r in ph)
-    tu_wall = statistics.median(r["wall_s"] for r in tu)
     lat = [x for r in ph for x in r["launch_latency_s"]]
     turn = [x for r in ph for x in r["claim_to_succeeded_s"]]
-    out = {"phaselab_wall_s": ph_wall, "tune_wall_s": tu_wall, "ratio_phaselab_over_tune": ph_wall / tu_wall,
-           "target_ratio": 1.0, "meets_target": ph_wall / tu_wall <= 1.0,
+    out = {"phaselab_wall_s": ph_wall, "target_ratio": 1.0,
            "phaselab_run_only_s": statistics.median(r["run_s"] for r in ph),
            "launch_latency_p50_s": percentile(lat, 50), "launch_latency_p95_s": percentile(lat, 95),
            "claim_to_succeeded_p50_s": percentile(turn, 50), "claim_to_succeeded_p95_s": percentile(turn, 95)}
+    if tu:
+        tu_wall = statistics.median(r["wall_s"] for r in tu)
+        out |= {"tune_wall_s": tu_wall, "ratio_phaselab_over_tune": ph_wall / tu_wall,
+                "meets_target": ph_wall / tu_wall <= 1.0}
     if tu_reuse:
         reuse_wall = statistics.median(r["wall_s"] for r in tu_reuse)
         out |= {"tune_reuse_actors_wall_s": reuse_wall, "ratio_phaselab_over_tune_reuse_actors": ph_wall / reuse_wall}
@@ -173,10 +175,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--num-cpus", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--tune-reuse-actors", action="store_true", help="also time Tune with reuse_actors=True")
+    ap.add_argument("--no-tune-default", action="store_true",
+                    help="skip Tune with its defaults (a fresh actor per trial: ~10 min for 200 on 2 cores)")
     ap.add_argument("--profile", action="store_true", help="one more phaselab run under cProfile")
     ap.add_argument("--write", action="store_true", help="write benchmarks/results/orchestrator-overhead.{json,md}")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.no_tune_default and not args.tune_reuse_actors:
+        raise ValueError("--no-tune-default needs --tune-reuse-actors (nothing to compare with)")
     if args.stages < 1 or args.num_cpus < 1 or args.repeats < 1:
         raise ValueError(f"--stages/--num-cpus/--repeats must be >= 1, got {args.stages}/{args.num_cpus}/{args.repeats}")
     import ray
@@ -189,7 +195,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ph, tu, tu_reuse, prof = [], [], [], None
         with tempfile.TemporaryDirectory(prefix="phaselab-overhead-") as tmp:
             for k in range(args.repeats):   # alternate which side goes first
-                sides = [("phaselab", ph), ("tune", tu)] + ([("tune_reuse", tu_reuse)] if args.tune_reuse_actors else [])
+                sides = [("phaselab", ph)] + ([] if args.no_tune_default else [("tune", tu)])
+                sides += [("tune_reuse", tu_reuse)] if args.tune_reuse_actors else []
                 for name, acc in (sides if k % 2 == 0 else sides[::-1]):
                     work = Path(tmp) / f"{name}-{k}"
                     work.mkdir()
@@ -203,11 +210,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ray.shutdown()
     report = {"summary": summarize(ph, tu, tu_reuse), "profile": prof,
               "config": {"stages": args.stages, "num_cpus": args.num_cpus, "repeats": args.repeats,
-                         "tune_reuse_actors": args.tune_reuse_actors},
+                         "tune_reuse_actors": args.tune_reuse_actors, "tune_default": not args.no_tune_default},
               "runs": {"phaselab": [_drop_lists(r) for r in ph], "tune": tu, "tune_reuse_actors": tu_reuse},
               "machine": machine(), "versions": _versions(), "load_avg_before": load_before,
               "load_avg_after": os.getloadavg(),
-              "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
               "command": "python " + " ".join(["benchmarks/orchestrator_overhead.py", *(argv or sys.argv[1:])])}
     print_report(report)
     if args.write:
@@ -229,8 +236,9 @@ def print_report(report: dict[str, Any]) -> None:
     s = report["summary"]
     print(f"phaselab: {s['phaselab_wall_s']:.2f} s for {report['config']['stages']} no-op stages "
           f"(controller run {s['phaselab_run_only_s']:.2f} s)")
-    print(f"ray tune: {s['tune_wall_s']:.2f} s for the same trials")
-    print(f"ratio phaselab/tune: {s['ratio_phaselab_over_tune']:.3f} (target <= 1.0)")
+    if "tune_wall_s" in s:
+        print(f"ray tune: {s['tune_wall_s']:.2f} s for the same trials")
+        print(f"ratio phaselab/tune: {s['ratio_phaselab_over_tune']:.3f} (target <= 1.0)")
     if "tune_reuse_actors_wall_s" in s:
         print(f"ray tune (reuse_actors): {s['tune_reuse_actors_wall_s']:.2f} s, ratio "
               f"{s['ratio_phaselab_over_tune_reuse_actors']:.3f}")
@@ -253,19 +261,20 @@ def write_results(report: dict[str, Any], out: Path) -> None:
              f"- load average (1/5/15 min) before: {report['load_avg_before']}, after: {report['load_avg_after']}",
              "", "| measure | value |", "|---|---|",
              f"| phaselab wall (catalog + plan + submit + run) | {s['phaselab_wall_s']:.2f} s |",
-             f"| phaselab controller run only | {s['phaselab_run_only_s']:.2f} s |",
-             f"| Ray Tune wall (Tuner + fit) | {s['tune_wall_s']:.2f} s |",
-             f"| ratio phaselab / Tune (target <= 1.0) | {s['ratio_phaselab_over_tune']:.3f} |"]
+             f"| phaselab controller run only | {s['phaselab_run_only_s']:.2f} s |"]
+    if "tune_wall_s" in s:
+        lines += [f"| Ray Tune wall (Tuner + fit) | {s['tune_wall_s']:.2f} s |",
+                  f"| ratio phaselab / Tune (target <= 1.0) | {s['ratio_phaselab_over_tune']:.3f} |"]
     if "tune_reuse_actors_wall_s" in s:
         lines += [f"| Ray Tune wall, reuse_actors=True | {s['tune_reuse_actors_wall_s']:.2f} s |",
                   f"| ratio phaselab / Tune (reuse_actors) | {s['ratio_phaselab_over_tune_reuse_actors']:.3f} |"]
-    lines += [f"| launch latency p50 / p95 (claim -> Ray task start) | {s['launch_latency_p50_s'] * 1e3:.1f} / "
-              f"{s['launch_latency_p95_s'] * 1e3:.1f} ms |",
-              f"| claim -> SUCCEEDED p50 / p95 | {s['claim_to_succeeded_p50_s'] * 1e3:.1f} / "
-              f"{s['claim_to_succeeded_p95_s'] * 1e3:.1f} ms |"]
+    lines += [(f"| launch latency p50 / p95 (claim -> Ray task start) | {s['launch_latency_p50_s'] * 1e3:.1f} / "
+               f"{s['launch_latency_p95_s'] * 1e3:.1f} ms |"),
+              (f"| claim -> SUCCEEDED p50 / p95 | {s['claim_to_succeeded_p50_s'] * 1e3:.1f} / "
+               f"{s['claim_to_succeeded_p95_s'] * 1e3:.1f} ms |")]
     if report["profile"]:
-        lines += ["", "Profile of one more phaselab run (cProfile; cumulative seconds of calls made by the "
-                  "controller):", "", "| part | seconds |", "|---|---|"]
+        lines += ["", ("Profile of one more phaselab run (cProfile; cumulative seconds of calls made by the "
+                       "controller):"), "", "| part | seconds |", "|---|---|"]
         lines += [f"| {k} | {v:.2f} |" for k, v in report["profile"].items()]
     (out / "orchestrator-overhead.md").write_text("\n".join(lines) + "\n")
 

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import orchestrator_overhead as ob
+
 from phaselab.orchestrator.dag import build_dag, load_grid
 from phaselab.orchestrator.yamlio import GridError
 
@@ -63,6 +64,7 @@ def test_noop_config_errors_name_the_key():
 @pytest.mark.ray
 def test_phaselab_side_five_noop_stages(tmp_path: Path):
     import ray
+
     from phaselab.catalog.store import CatalogStore
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
