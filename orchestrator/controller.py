@@ -140,6 +140,7 @@ class Controller:
         self.grid_id: int | None = None
         self._inflight: dict[Any, str] = {}
         self._not_before: dict[str, float] = {}
+        self._empty_since: float | None = None   # when the cluster first reported no CPUs
         self._remote = None
 
     # -- submission ---------------------------------------------------------------------------
@@ -260,10 +261,14 @@ class Controller:
         launched = []
         total = ray.cluster_resources()
         if total.get("CPU", 0.0) <= 0.0:
-            # Right after ray.init() on a loaded machine the local node may not have registered
-            # its resources yet (seen: 0 CPUs / 0 GPUs reported); judging "unschedulable" then
-            # would fail every stage of a healthy cluster. Wait for the next poll.
-            return launched
+            # A node that has not registered yet (or was just restarted) reports 0 CPUs / 0 GPUs;
+            # judging "unschedulable" then would fail every stage of a healthy cluster. Wait a
+            # bounded time, then judge (a cluster that stays empty must not hang the grid).
+            self._empty_since = self._empty_since or time.monotonic()
+            if time.monotonic() - self._empty_since < 60.0:
+                return launched
+        else:
+            self._empty_since = None
         free_cpu, free_gpu = self._capacity()
         for h, node in self.dag.nodes.items():
             if rows[h].state != "READY" or h in self._inflight.values():
