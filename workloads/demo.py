@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog.tracking import MetricRecord
+from phaselab.catalog.tracking import NullTracker
 
 ENCODINGS = ("rope", "pope", "tapa")
 DEFAULT_STEPS = 1200
@@ -44,7 +44,7 @@ class DemoRow:
     seconds: float
 
 
-class ProgressTracker:
+class ProgressTracker(NullTracker):
     """A Tracker that advances a rich progress task by the steps it is told about."""
 
     def __init__(self, progress: Any, task: Any) -> None:
@@ -56,18 +56,6 @@ class ProgressTracker:
             extra = f"loss {loss:.3f}" if loss is not None else ""
             self.progress.update(self.task, advance=step - self.last_step, info=extra)
             self.last_step = step
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        pass
-
-    def log_records(self, records: list[MetricRecord]) -> None:
-        pass
-
-    def log_artifact(self, path: Path, *, name: str) -> None:
-        pass
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        pass
 
 
 def run_demo(*, steps: int = DEFAULT_STEPS, encodings: Sequence[str] = ENCODINGS, seed: int = 0,

@@ -30,12 +30,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog.tracking import MetricRecord
+from phaselab.catalog.tracking import MetricRecord, NullTracker
 
 CKPT_STATE = "train_state.pt"
 
 
-class JsonlTracker:
+class JsonlTracker(NullTracker):
     """Appends ``{"step": s, **metrics}`` lines to a file; the other Tracker calls are no-ops
     (params and records travel through fit's return value)."""
 
@@ -46,18 +46,6 @@ class JsonlTracker:
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        pass
-
-    def log_records(self, records: list[MetricRecord]) -> None:
-        pass
-
-    def log_artifact(self, path: Path, *, name: str) -> None:
-        pass
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        pass
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
