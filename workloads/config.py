@@ -41,13 +41,25 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any, Literal, TypeVar, Union
 
-__all__ = ["ConfigError", "from_dict", "to_dict"]
+__all__ = ["ConfigError", "from_dict", "merge", "to_dict"]
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A config mapping does not match its dataclass; the message starts with the dotted path."""
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive merge of plain config mappings: nested mappings merge, anything else replaces.
+    The one merge used by presets and recipes before ``from_dict`` validates the result."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _join(path: str, key: str | int) -> str:

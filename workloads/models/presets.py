@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from phaselab.workloads.config import from_dict, to_dict
+from phaselab.workloads.config import from_dict, merge, to_dict
 from phaselab.workloads.models.config import ModelConfig
 
 _GPT2_VOCAB = 50_257
@@ -71,16 +71,6 @@ _PRESETS: dict[str, dict[str, Any]] = {
 PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
 
-def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The ModelConfig of preset `name`, with field overrides (nested mappings are merged; config
     dataclass instances replace the whole sub-config). Unknown names/keys raise ValueError."""
@@ -88,4 +78,4 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
         raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESET_NAMES)}")
     plain = {k: to_dict(v) if not isinstance(v, Mapping) else v for k, v in overrides.items()}
     base = to_dict(from_dict(ModelConfig, _PRESETS[name], path=f"preset[{name}]"))
-    return from_dict(ModelConfig, _merge(base, plain), path=f"preset[{name}]")
+    return from_dict(ModelConfig, merge(base, plain), path=f"preset[{name}]")

@@ -11,16 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
-def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge: nested mappings merge, anything else replaces."""
-    out = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+from phaselab.workloads.config import merge  # re-exported: recipes derive specs by merging
 
 
 def pretrain_train(**overrides: Any) -> dict[str, Any]:
