@@ -88,12 +88,17 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """torch AdamW over :func:`param_groups` (also DeepSpeed's client optimizer, STACK.md)."""
+def build_optimizer(model: nn.Module, cfg: OptimConfig, *, allow_fused: bool = True) -> torch.optim.AdamW:
+    """torch AdamW over :func:`param_groups` (also DeepSpeed's client optimizer, STACK.md, which
+    passes ``allow_fused=False``: ZeRO swaps the groups for flat partitions, possibly on the CPU)."""
     groups = param_groups(model, cfg)
     if not groups:
         raise ValueError("model has no trainable parameters")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    # One fused kernel for the whole update when every parameter lives on a GPU (issue 4: the
+    # multi-tensor path launches several kernels per parameter group per step); CPU keeps foreach.
+    fused = allow_fused and all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=fused or None)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
