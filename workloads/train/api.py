@@ -16,13 +16,15 @@ weights are loaded strictly; ``extend`` is applied through ``model.extended`` (P
 factor + original length, or a new RoPE base); the optimiser and schedule start fresh.
 
 Re-running with the same ``out_dir`` resumes from the newest complete checkpoint in
-``out_dir/checkpoints`` (bitwise on CPU); a finished run only re-evaluates.
+``out_dir/checkpoints`` (bitwise on CPU); a finished run only re-evaluates. A resume logs
+``ckpt/load_s`` (wall seconds of the restore) at the resumed step; the loop logs ``ckpt/save_s``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,8 +210,14 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     optimizer = build_optimizer(model, cfg.optim())
     ckpts = CheckpointDir(out_dir / "checkpoints", keep=cfg.keep_checkpoints)
     latest = ckpts.latest()
-    start = _restore(latest, model=model, optimizer=optimizer) if latest is not None else 0
+    start, load_s = 0, None
+    if latest is not None:
+        t0 = time.perf_counter()
+        start = _restore(latest, model=model, optimizer=optimizer)
+        load_s = time.perf_counter() - t0
     tracker.log_params(flat_params(resolved) | {"init_from": str(init_from)})
+    if load_s is not None:  # issue 8: restore time, at the step the run resumes from
+        tracker.log_metrics({"ckpt/load_s": load_s}, step=start)
     engine = TorchEngine(model, optimizer, device=device, precision=cfg.precision,
                          grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum, compile=cfg.compile)
 

@@ -11,6 +11,10 @@ One function, :func:`train`, drives an *engine* — :class:`TorchEngine` (one pr
         grad_norm = engine.optimizer_step(lr)       # clip, NaN/Inf check, AdamW, PoPE projection
         log / eval / checkpoint / SIGTERM check
 
+Besides losses, every log step reports ``train/peak_mem_gib`` on CUDA (the allocator's peak since
+the previous log step, this rank; absent on CPU, where torch keeps no such counter) and every
+checkpoint ``ckpt/save_s`` (wall seconds of the blocking ``save`` call; issue 8).
+
 Batches are a pure function of their global index (CONTRACTS §3.3), so the data position is just
 the step number and resume is exact: on CPU, a run killed at any step and resumed reproduces the
 uninterrupted run's losses bit for bit (tests/workloads/test_resume.py).
@@ -232,6 +236,23 @@ def evaluate(module: nn.Module, dataset: Any, split: str, *, batch_size: int, ma
     return {"loss": nll_sum / count, "acc": correct / count, "tokens": count}
 
 
+def peak_memory_gib(device: torch.device) -> float | None:
+    """Peak bytes torch allocated on ``device`` since the last reset, in GiB; None off CUDA.
+
+    ``max_memory_allocated`` counts tensors only (no CUDA context, no allocator cache), so it is
+    lower than nvidia-smi's "memory.used" for the same process.
+    """
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window (the peak restarts at the memory allocated now)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 @dataclass
 class LoopResult:
     """What :func:`train` returns: losses by 0-based step (this call only), last metrics."""
@@ -260,6 +281,9 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             simulated kill for tests and ``debug_steps``.
         stop_flag: set by the SIGTERM handler (signals.py); checkpoint, then TrainingPreempted.
         reduce: averages a float over ranks for logging (identity on one process).
+    Logged on rank 0 (the other ranks' numbers are not gathered): per log step the train metrics,
+    ``train/peak_mem_gib`` on CUDA (peak of the window since the previous log step, so the run's
+    peak is the max over the lines); per checkpoint ``ckpt/save_s`` at the checkpoint's step.
     Raises:
         TrainingDiverged: NaN/Inf loss or grad norm, with the step.
     """
@@ -269,6 +293,7 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
     result = LoopResult(step=start_step)
     window_t, window_steps, window_tokens = None, 0, 0
     step = start_step
+    reset_peak_memory(engine.device)  # a restore or an earlier call must not count in the first window
     while step < cfg.steps:
         if stop_after is not None and step >= stop_after:
             result.stopped = "stop_after"
@@ -296,6 +321,10 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             if window_steps and elapsed > 0:
                 metrics |= {"train/steps_per_s": window_steps / elapsed,
                             "train/tokens_per_s": window_tokens / elapsed}
+            peak = peak_memory_gib(engine.device)
+            if peak is not None:
+                metrics["train/peak_mem_gib"] = peak
+                reset_peak_memory(engine.device)
             window_t, window_steps, window_tokens = time.perf_counter(), 0, 0
             if rank == 0:
                 tracker.log_metrics(metrics, step=step)
@@ -308,7 +337,10 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
         result.metrics = metrics
         preempted = stop_flag is not None and stop_flag.requested
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or preempted:
+            t0 = time.perf_counter()
             path = save(step, metrics)
+            if rank == 0:  # every rank saved; rank 0's wall time includes the callee's barrier
+                tracker.log_metrics({"ckpt/save_s": time.perf_counter() - t0}, step=step)
             if preempted:
                 raise TrainingPreempted(step, path)
     return result

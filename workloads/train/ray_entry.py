@@ -18,14 +18,19 @@ fine-tunes load), ``spec.json`` and one ``rng_rank{r}.pt`` per rank.
 
 Per-step metrics of rank 0 go to ``out_dir/metrics.jsonl`` (``out_dir`` must be on storage every
 worker can reach; the orchestrator replays it into MLflow), the final MetricRecords to
-``out_dir/records.json``.
+``out_dir/records.json``. Besides the loop's lines (``train/*``, ``valid/*``, ``ckpt/save_s``), a
+resumed run writes ``ckpt/load_s`` at the resumed step: rank 0's wall seconds from asking Ray for
+the checkpoint folder to the restored RNG state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -137,9 +142,11 @@ def train_loop_per_worker(cfg: dict) -> None:
         engine = TorchEngine(model, optimizer, device=device, precision=tc.precision,
                              grad_clip=tc.grad_clip, grad_accum=tc.grad_accum, compile=tc.compile,
                              ddp=world > 1)
-    start = 0
+    out_dir = Path(cfg["out_dir"])
+    tracker = JsonlTracker(out_dir / "metrics.jsonl")
+    start, t0 = 0, time.perf_counter()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
+        with ckpt.as_directory() as d:  # may download from storage_path: part of the restore
             d = Path(d)
             if tc.zero_stage is not None:
                 start = int(engine.load(d)["step"])
@@ -150,6 +157,8 @@ def train_loop_per_worker(cfg: dict) -> None:
                 optimizer.load_state_dict(state["optimizer"])
                 start = int(state["step"])
             set_rng_state(torch.load(d / f"rng_rank{rank}.pt", weights_only=True))
+        if rank == 0:  # issue 8: restore time (rank 0's; ZeRO shards load collectively)
+            tracker.log_metrics({"ckpt/load_s": time.perf_counter() - t0}, step=start)
 
     def write(tmp: Path, step: int, metrics: Mapping[str, float]) -> None:
         from phaselab.workloads.models.checkpoint_io import save_model
@@ -166,8 +175,6 @@ def train_loop_per_worker(cfg: dict) -> None:
             write_json(tmp / "spec.json", resolved)
         torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
 
-    out_dir = Path(cfg["out_dir"])
-    tracker = JsonlTracker(out_dir / "metrics.jsonl")
     result = train(engine, dataset, tc, tracker=tracker, start_step=start, rank=rank, world=world,
                    save=lambda step, m: _report(step, m, lambda tmp: write(tmp, step, m)),
                    stop_after=cfg.get("stop_after"), reduce=_allreduce_mean)
@@ -188,9 +195,59 @@ def _resolved(parsed) -> dict[str, Any]:
     return to_dict(parsed)
 
 
+_CASED_KEYS = {"CPU": "CPU", "GPU": "GPU", "TPU": "TPU", "MEMORY": "memory"}
+
+
+def _check_resources(resources: Mapping[str, Any], *, use_gpu: bool) -> dict[str, float]:
+    """``resources_per_worker`` as Ray reads it; a bad key or value is a ValueError naming it."""
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"resources_per_worker must be a mapping like {{'CPU': 2, 'GPU': 1}}, "
+                        f"got {type(resources).__name__}")
+    out: dict[str, float] = {}
+    for key, value in resources.items():
+        name = f"resources_per_worker[{key!r}]"
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{name}: resource names are non-empty strings")
+        # Ray keys are case-sensitive: "gpu" would be a custom resource no node has, and the
+        # workers would wait forever for it instead of failing.
+        cased = _CASED_KEYS.get(key.upper())
+        if cased is not None and key != cased:
+            raise ValueError(f"{name}: Ray resource names are case-sensitive; did you mean {cased!r}?")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        out[key] = float(value) if not isinstance(value, int) else value
+    gpus = out.get("GPU")
+    if gpus is not None and gpus > 0 and not use_gpu:
+        raise ValueError(f"resources_per_worker['GPU']={gpus!r} needs use_gpu=True")
+    if gpus is not None and gpus == 0 and use_gpu:
+        raise ValueError("resources_per_worker['GPU']=0 contradicts use_gpu=True")
+    return out
+
+
+def scaling_config(*, num_workers: int, use_gpu: bool,
+                   resources_per_worker: Mapping[str, Any] | None = None):
+    """The Ray Train ``ScalingConfig`` of ``fit`` (built here so it can be checked without Ray running).
+
+    ``resources_per_worker`` (e.g. ``{"CPU": 2, "GPU": 1}``) is what each worker reserves; None
+    keeps Ray's default (1 CPU, or 1 GPU and no CPU with ``use_gpu``), and so does ``{}``. With
+    ``use_gpu`` and no ``"GPU"`` key Ray adds one GPU per worker.
+    """
+    import ray.train
+
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise ValueError(f"num_workers must be an int >= 1, got {num_workers!r}")
+    resources = None if resources_per_worker is None else _check_resources(resources_per_worker,
+                                                                           use_gpu=use_gpu)
+    resources = resources or None  # {} would reserve nothing at all; it means "Ray's default"
+    return ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                   resources_per_worker=resources)
+
+
 def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: Path,
         num_workers: int = 1, use_gpu: bool = False, init_from: Path | None = None,
-        debug_steps: int | None = None, max_failures: int = 3, stop_after: int | None = None):
+        debug_steps: int | None = None, max_failures: int = 3, stop_after: int | None = None,
+        resources_per_worker: Mapping[str, Any] | None = None):
     """Run one training stage on Ray Train V2 and return a ``TrainOutcome``.
 
     Args:
@@ -199,6 +256,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         run_name: the stage content hash; the same name under the same ``storage_path`` resumes.
         storage_path: Ray Train's run root (checkpoints live in ``storage_path/run_name``).
         num_workers, use_gpu: data-parallel ranks and whether each gets a GPU.
+        resources_per_worker: what each rank reserves, e.g. ``{"CPU": 2, "GPU": 1}`` (see
+            :func:`scaling_config`; bad keys or values raise ValueError before Ray starts).
         init_from: pretrained ``model.pt`` or checkpoint folder (CPT / fine-tunes).
         debug_steps: run only the first N steps of the schedule (CI smoke of the real entry).
         max_failures: Ray FailureConfig retries for real errors (DESIGN §5.3).
@@ -211,8 +270,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     from ray.train.torch import TorchTrainer
 
     parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers!r}")
+    scaling = scaling_config(num_workers=num_workers, use_gpu=use_gpu,
+                             resources_per_worker=resources_per_worker)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"spec": json.loads(json.dumps(dict(spec))), "out_dir": str(out_dir),
@@ -220,7 +279,7 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
               "debug_steps": debug_steps, "stop_after": stop_after}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
-        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
+        scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=run_name, storage_path=str(Path(storage_path).resolve()),
             failure_config=ray.train.FailureConfig(max_failures=max_failures)))
