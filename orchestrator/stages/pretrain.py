@@ -4,7 +4,10 @@ from their upstream's checkpoint (CONTRACTS §3.4).
 Two launchers, chosen per stage in the grid (never as a fallback):
 - ``ray_train`` (default): ``ray_entry.fit`` — Ray Train V2 TorchTrainer, run name = stage hash,
   storage under the runs root, so relaunching resumes (DESIGN §5.3). Costs ~25-30 s of trainer
-  start-up per stage on CPU (STACK.md).
+  start-up per stage on CPU (STACK.md). Rank 0 writes per-step metrics to
+  ``out_dir/metrics.jsonl`` (workers hold no MLflow run); the stage replays that file into its
+  tracker when ``fit`` returns or raises (:func:`replay_metrics`), so the MLflow child run gets the
+  same curves as a single-process stage.
 - ``ray_task``: ``api.run_training`` inside the stage's Ray task — one process, no trainer
   start-up; re-running with the same out_dir resumes from the newest checkpoint. Used by the
   CPU quickstart, where trainer start-up would dominate.
@@ -12,13 +15,92 @@ Two launchers, chosen per stage in the grid (never as a fallback):
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog.tracking import MetricRecord
+from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_data
+
+log = logging.getLogger(__name__)
+METRICS_FILE = "metrics.jsonl"            # written by ray_entry.JsonlTracker on rank 0
+REPLAY_STATE = "metrics.replayed.json"    # {"lines": replayed lines, "records": bool}
+
+
+def _replay_state(out_dir: Path) -> dict[str, Any]:
+    path = Path(out_dir) / REPLAY_STATE
+    return json.loads(path.read_text()) if path.is_file() else {"lines": 0, "records": False}
+
+
+def _save_replay_state(out_dir: Path, state: Mapping[str, Any]) -> None:
+    path = Path(out_dir) / REPLAY_STATE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(state), sort_keys=True))
+    tmp.replace(path)   # atomic: a kill leaves the old or the new state, never half of one
+
+
+def _points(rows: list[dict[str, Any]], seen: set[tuple[int, str]]) -> list[tuple[int, dict[str, float]]]:
+    """``(step, metrics)`` of ``rows`` without the (step, name) pairs in ``seen`` (updated)."""
+    out = []
+    for row in rows:
+        step = int(row["step"])
+        fresh = {k: v for k, v in row.items() if k != "step" and (step, k) not in seen}
+        seen |= {(step, k) for k in fresh}
+        if fresh:
+            out.append((step, fresh))
+    return out
+
+
+def replay_metrics(out_dir: Path, tracker: Tracker) -> int:
+    """Send the lines of ``out_dir/metrics.jsonl`` that were not replayed yet to ``tracker``, each
+    at its own step. The file is append-only; ``out_dir/metrics.replayed.json`` keeps how many of
+    its lines were replayed, so a retried or resumed stage sends only what is new. A resumed Ray
+    Train run rewrites the steps after its checkpoint: a (step, metric) pair is sent once, the
+    first value wins (as in ``verify.stored_losses``). Returns the number of points sent.
+    """
+    from phaselab.workloads.train.ray_entry import read_metrics
+
+    out_dir = Path(out_dir)
+    state = _replay_state(out_dir)
+    try:
+        rows = read_metrics(out_dir / METRICS_FILE)
+    except ValueError as err:   # a line torn by a killed writer: report, never fail the stage
+        log.warning("cannot replay %s: %s", out_dir / METRICS_FILE, err)
+        return 0
+    done = int(state["lines"])
+    if done > len(rows):   # the file was replaced (a wiped stage folder): start over
+        log.warning("%s has %d lines, %d were replayed; replaying it anew", out_dir / METRICS_FILE, len(rows), done)
+        done = 0
+    seen: set[tuple[int, str]] = set()
+    _points(rows[:done], seen)
+    points = _points(rows[done:], seen)
+    for step, metrics in points:
+        tracker.log_metrics(metrics, step=step)
+    if len(rows) != int(state["lines"]):
+        _save_replay_state(out_dir, {**state, "lines": len(rows)})
+    return sum(len(m) for _, m in points)
+
+
+def log_records_once(out_dir: Path, tracker: Tracker, records: list[MetricRecord]) -> bool:
+    """The final evaluation's records into ``tracker`` (``run_training`` logs them itself on the
+    single-process path), at most once per stage folder. Returns whether they were logged now."""
+    state = _replay_state(out_dir)
+    if state["records"] or not records:
+        return False
+    tracker.log_records(records)
+    _save_replay_state(out_dir, {**state, "records": True})
+    return True
+
+
+def _replay_quietly(ctx: StageContext) -> None:
+    """Replay without masking ``fit``'s own error: the curves are lineage, not the result."""
+    try:
+        replay_metrics(ctx.out_dir, ctx.tracker)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("stage %s: replaying %s failed: %s", ctx.name, METRICS_FILE, exc)
 
 
 class PretrainStage(Stage):
@@ -42,10 +124,14 @@ class PretrainStage(Stage):
         if ctx.launcher == "ray_train":
             from phaselab.workloads.train.ray_entry import fit
 
-            out = fit(spec, out_dir=ctx.out_dir, run_name=ctx.stage_hash,
-                      storage_path=str(ctx.runs_root / "ray_train"),
-                      num_workers=ctx.resources.num_workers, use_gpu=ctx.resources.gpus > 0,
-                      init_from=init_from)
+            try:
+                out = fit(spec, out_dir=ctx.out_dir, run_name=ctx.stage_hash,
+                          storage_path=str(ctx.runs_root / "ray_train"),
+                          num_workers=ctx.resources.num_workers, use_gpu=ctx.resources.gpus > 0,
+                          init_from=init_from)
+            finally:   # also after a failure: the steps that did run belong in the run's curves
+                _replay_quietly(ctx)
+            log_records_once(ctx.out_dir, ctx.tracker, list(out.records))
         else:
             from phaselab.workloads.train.api import run_training
 
