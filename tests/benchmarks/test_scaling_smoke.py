@@ -19,12 +19,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import plot_loss_curves
 import scaling
+import scaling_cases
+import scaling_measure
+import scaling_report
 
 
-def _bench(**kw) -> scaling.Bench:
+def _bench(**kw) -> scaling_cases.Bench:
     base = {"device": "cpu", "steps": 8, "warmup_steps": 2, "batch_size": 8, "max_world": 2,
             "block_size": 64, "ckpt_at": 4, "lr": 1e-3}
-    return scaling.Bench(**(base | kw))
+    return scaling_cases.Bench(**(base | kw))
 
 
 def _lines(seconds: dict[int, float], tokens_per_step: int) -> list[dict]:
@@ -39,22 +42,22 @@ def test_throughput_and_save_time_known_answers():
     bench = _bench()  # 8 x 64 = 512 tokens per step
     secs = {2: 9.0, 3: 0.5, 4: 0.25, 5: 1.25, 6: 0.25, 7: 0.5, 8: 0.5}  # step 5 follows the ckpt
     lines = _lines(secs, bench.tokens_per_step)
-    got = scaling.throughput(lines, bench=bench, world=2, after_ckpt=5)
+    got = scaling_measure.throughput(lines, bench=bench, world=2, after_ckpt=5)
     # kept: steps 3, 4, 6, 7, 8 (warm-up 1-2 and step 5 out): 5 steps in 2.0 s
     assert got["tokens_per_s"] == pytest.approx(5 * 512 / 2.0, rel=1e-12)
     assert got["tokens_per_s_per_gpu"] == pytest.approx(5 * 512 / 2.0 / 2, rel=1e-12)
     assert got["step_ms_median"] == pytest.approx(500.0)
     assert got["steps_measured"] == 5
     # step 5 took 1.25 s, the median of the other measured steps (3, 4, 6, 7, 8) is 0.5 s
-    assert scaling.save_seconds(lines, ckpt_at=4, warmup_steps=2) == pytest.approx(0.75)
-    assert scaling.save_seconds(lines, ckpt_at=8, warmup_steps=2) is None  # no step after it
+    assert scaling_measure.save_seconds(lines, ckpt_at=4, warmup_steps=2) == pytest.approx(0.75)
+    assert scaling_measure.save_seconds(lines, ckpt_at=8, warmup_steps=2) is None  # no step after it
 
 
 def test_efficiency_pairs_each_world_with_its_one_worker_run():
     rows = [{"preset": "p", "encoding": "rope", "zero_stage": 2, "world": 1, "error": None, "tokens_per_s": 1000.0},
             {"preset": "p", "encoding": "rope", "zero_stage": 2, "world": 2, "error": None, "tokens_per_s": 1800.0},
             {"preset": "p", "encoding": "pope", "zero_stage": 2, "world": 2, "error": None, "tokens_per_s": 900.0}]
-    eff = scaling.add_efficiency(rows)
+    eff = scaling_report.add_efficiency(rows)
     assert eff == [{"preset": "p", "encoding": "rope", "zero_stage": 2, "from": 1, "to": 2, "efficiency": 0.9}]
     assert rows[1]["efficiency_vs_1"] == pytest.approx(0.9)
     assert "efficiency_vs_1" not in rows[2]  # no 1-worker pope run to compare with
@@ -76,7 +79,7 @@ def test_spec_keeps_micro_batches_identical_across_world_sizes():
     bench = _bench(max_world=4)
     micro = set()
     for world in (1, 2, 4):
-        spec = parse_spec(scaling.build_spec(scaling.Case(preset="tiny", encoding="pope", zero_stage=3,
+        spec = parse_spec(scaling_cases.build_spec(scaling_cases.Case(preset="tiny", encoding="pope", zero_stage=3,
                                                           world=world), bench))
         assert spec.train.grad_accum * world == 4
         assert spec.train.zero_stage == 3 and spec.train.precision == "fp32"
@@ -117,8 +120,8 @@ def test_one_real_fit_measured(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False)
     try:
         bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
-        case = scaling.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
-        row = scaling.run_case(case, bench, tmp_path, "t")
+        case = scaling_cases.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
+        row = scaling_measure.run_case(case, bench, tmp_path, "t")
     finally:
         ray.shutdown()
     assert row["error"] is None
