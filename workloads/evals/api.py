@@ -2,7 +2,11 @@
 
     records = run_eval(spec, checkpoint=Path("ckpt/model.pt"), out_dir=Path("eval/"), tracker=t)
 
-``spec`` is a plain mapping; ``spec["suite"]`` picks the evaluation. Unknown keys are errors
+``spec`` is a plain mapping; ``spec["suite"]`` picks the evaluation. ``extend`` (optional, a
+``ContextExtension`` mapping: rule pi | ntk | dynamic_ntk | yarn, factor, original_max_seq_len,
+base, attention_factor, block_size) re-builds the checkpoint's RoPE with that scaling rule before
+any suite runs, weights unchanged: PI / YaRN applied at inference without fine-tuning (TAPA
+Table 2, EXPERIMENTS §6 #22). Only RoPE checkpoints accept it (``ExtensionNotApplicable``). Unknown keys are errors
 (``ConfigError`` naming the dotted key). Every suite returns :class:`MetricRecord` rows (the
 catalog's schema, ``phaselab.catalog.tracking``), logs them through ``tracker.log_records``,
 writes them to ``out_dir/records.json`` and logs its artifacts (plots, arrays, samples) with
@@ -76,6 +80,7 @@ from typing import Any, Literal
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig
+from phaselab.workloads.models.config import ContextExtension
 
 SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
 
@@ -164,13 +169,42 @@ def resolve_device(name: str):
     return torch.device(name)
 
 
-def load_checkpoint_model(checkpoint: Path, device: str):
-    """The model saved by ``checkpoint_io.save_model``, in eval mode, on ``device``."""
+class ExtensionNotApplicable(ValueError):
+    """An inference-time ``extend`` was given for a checkpoint without RoPE frequencies."""
+
+
+def eval_extension(extend: Mapping[str, Any] | ContextExtension | None) -> ContextExtension | None:
+    """The strictly parsed ``extend`` mapping (unknown key -> ConfigError naming ``extend.KEY``)."""
+    if extend is None or isinstance(extend, ContextExtension):
+        return extend
+    return from_dict(ContextExtension, extend, path="extend")
+
+
+def extend_for_eval(model, ext: ContextExtension, *, checkpoint: Path | None = None) -> None:
+    """Re-build ``model``'s RoPE in place with ``ext``'s scaling rule (MATH §2); weights unchanged.
+
+    Only pe.kind "rope" has frequencies to rescale: PoPE/TAPA/ALiBi/NoPE checkpoints raise
+    ExtensionNotApplicable naming the kind (even rule "none", which would evaluate nothing new).
+    """
+    kind = model.cfg.pe.kind
+    if kind != "rope":
+        where = f" {str(checkpoint)!r}" if checkpoint is not None else ""
+        raise ExtensionNotApplicable(
+            f"extend (rule={ext.rule!r}, factor={ext.factor}) rescales RoPE frequencies, but the "
+            f"checkpoint{where} has pe.kind={kind!r}; evaluate it without 'extend'")
+    model.extended(ext)
+
+
+def load_checkpoint_model(checkpoint: Path, device: str, extend: ContextExtension | None = None):
+    """The model saved by ``checkpoint_io.save_model``, in eval mode, on ``device``; with
+    ``extend``, its RoPE re-built with that scaling rule first (``extend_for_eval``)."""
     from phaselab.workloads.models.checkpoint_io import load_model
 
     if not Path(checkpoint).exists():
         raise ValueError(f"checkpoint {str(checkpoint)!r} does not exist")
     model = load_model(Path(checkpoint))
+    if extend is not None:
+        extend_for_eval(model, extend, checkpoint=Path(checkpoint))
     return model.to(resolve_device(device)).eval()
 
 
@@ -190,7 +224,8 @@ def documents_of(dataset, split: str) -> list:
     return [dataset.tokens(split)]
 
 
-def _run_ppl(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+def _run_ppl(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
+             extend: ContextExtension | None) -> SuiteOutput:
     from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length, ppl_records
 
     s = from_dict(PplSpec, spec)
@@ -198,12 +233,13 @@ def _run_ppl(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteO
         raise ValueError("ppl-by-length spec needs 'ppl': {lengths: [...], ...}")
     cfg = from_dict(PplConfig, s.ppl, path="ppl")
     dataset = build_data(s.data)
-    model = load_checkpoint_model(checkpoint, s.device)
+    model = load_checkpoint_model(checkpoint, s.device, extend)
     results = perplexity_by_length(model, documents_of(dataset, s.split), cfg, precision=s.precision)
     return SuiteOutput(ppl_records(results, task=s.data.kind, split=s.split))
 
 
-def _run_niah(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+def _run_niah(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
+              extend: ContextExtension | None) -> SuiteOutput:
     from phaselab.workloads.data import cache_root
     from phaselab.workloads.evals import niah
     from phaselab.workloads.evals.plots import niah_heatmap
@@ -213,7 +249,7 @@ def _run_niah(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Suite
         raise ValueError("niah spec needs 'niah': {lengths: [...], ...}")
     cfg = from_dict(niah.NiahConfig, s.niah, path="niah")
     dataset = build_data(s.data)
-    model = load_checkpoint_model(checkpoint, s.device)
+    model = load_checkpoint_model(checkpoint, s.device, extend)
     step = niah.model_step(model, max_length=s.max_length or max(cfg.lengths), precision=s.precision)
     cache = Path(cfg.cache_dir) if cfg.cache_dir else cache_root(s.data.cache_dir) / "niah"
     grid = niah.run_grid(step, dataset.tokenizer, dataset.tokens(s.split), cfg,
@@ -231,7 +267,8 @@ def _prefix_id(tokenizer, prefix: str | None) -> int | None:
     return ids[0]
 
 
-def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
+                 extend: ContextExtension | None) -> SuiteOutput:
     import os
 
     from phaselab.workloads.data import cache_root
@@ -251,7 +288,7 @@ def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Su
         from phaselab.workloads.evals import lm_harness
 
         tokenizer = build_data(s.data).tokenizer
-        model = load_checkpoint_model(checkpoint, s.device)
+        model = load_checkpoint_model(checkpoint, s.device, extend)
         lm = lm_harness.PhaseLabLM(model, tokenizer, max_length=o.max_length, batch_size=o.batch_size,
                                    precision=s.precision, prefix_token_id=_prefix_id(tokenizer, o.prefix))
         results = lm_harness.evaluate_tasks(lm, o.tasks, include_paths=[root, TASKS_DIR],
@@ -269,20 +306,22 @@ def _run_lm_eval(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Su
     return SuiteOutput(lm_harness.results_to_records(results, context_len=o.max_length), arts)
 
 
-def _run_task(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+def _run_task(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
+              extend: ContextExtension | None) -> SuiteOutput:
     from phaselab.workloads.evals import tasks_metrics
 
     s = from_dict(TaskSpec, spec)
     metric = s.metric or ("acc" if s.data.kind == "indirect_indexing" else "nll")
     fn = tasks_metrics.target_accuracy if metric == "acc" else tasks_metrics.split_nll
-    model = load_checkpoint_model(checkpoint, s.device)
+    model = load_checkpoint_model(checkpoint, s.device, extend)
     r = fn(model, build_data(s.data), s.split, batch_size=s.batch_size, max_batches=s.max_batches,
            precision=s.precision)
     return SuiteOutput([MetricRecord(name=r.name, value=r.value, unit=r.unit, task=s.data.kind, split=s.split,
                                      n=r.n)])
 
 
-def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> SuiteOutput:
+def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
+              extend: ContextExtension | None) -> SuiteOutput:
     from phaselab.workloads.data import ASSETS_DIR
     from phaselab.workloads.evals import analysis
 
@@ -294,7 +333,7 @@ def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Suite
     else:
         raise ValueError(f"freq passages must be 'shakespeare' or a non-empty list of texts, got {s.passages!r}")
     tokenizer = build_data(s.data).tokenizer
-    model = load_checkpoint_model(checkpoint, s.device)
+    model = load_checkpoint_model(checkpoint, s.device, extend)
     usage = analysis.frequency_usage(model, [tokenizer.encode(t) for t in texts],
                                      max_len=s.max_len or model.cfg.block_size)
     label = f"{model.cfg.pe.kind}"
@@ -302,7 +341,7 @@ def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path) -> Suite
     return SuiteOutput(analysis.freq_records(usage, task=f"freq/{label}"), arts)
 
 
-_RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path], SuiteOutput]] = {
+_RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path, ContextExtension | None], SuiteOutput]] = {
     "ppl-by-length": _run_ppl,
     "niah": _run_niah,
     "lm-eval": _run_lm_eval,
@@ -311,21 +350,24 @@ _RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path], SuiteOutput]] = {
 }
 
 
-def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path,
-             tracker: Tracker) -> list[MetricRecord]:
-    """Run the evaluation ``spec["suite"]`` on the model at ``checkpoint`` (module docstring).
+def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracker: Tracker,
+             extend: Mapping[str, Any] | ContextExtension | None = None) -> list[MetricRecord]:
+    """Run the evaluation ``spec["suite"]`` on the model at ``checkpoint`` (module docstring),
+    with its RoPE re-built by ``extend`` when given (inference-time context extension).
 
     Returns the MetricRecord rows (also logged to ``tracker`` and written to
-    ``out_dir/records.json``). Raises ValueError for an unknown suite or a bad spec.
+    ``out_dir/records.json``). Raises ValueError for an unknown suite or a bad spec, and
+    ExtensionNotApplicable (a ValueError) for ``extend`` on a non-RoPE checkpoint.
     """
     if not isinstance(spec, Mapping):
         raise TypeError(f"eval spec must be a mapping, got {type(spec).__name__}")
     suite = spec.get("suite")
     if suite not in _RUNNERS:
         raise ValueError(f"unknown eval suite {suite!r}; expected one of {SUITES}")
+    ext = eval_extension(extend)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = _RUNNERS[suite](spec, Path(checkpoint), out_dir)
+    out = _RUNNERS[suite](spec, Path(checkpoint), out_dir, ext)
     tracker.log_records(out.records)
     records_path = out_dir / "records.json"
     records_path.write_text(json.dumps([r.to_dict() for r in out.records], indent=1))
@@ -335,4 +377,4 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path,
     return out.records
 
 
-__all__ = ["SUITES", "SuiteOutput", "run_eval"]
+__all__ = ["SUITES", "ExtensionNotApplicable", "SuiteOutput", "eval_extension", "extend_for_eval", "run_eval"]
