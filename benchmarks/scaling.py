@@ -7,16 +7,21 @@ For each (model preset, encoding, ZeRO stage, world size) this runs one training
 - tokens/s per GPU, warm-up steps and the step right after the mid-run checkpoint excluded:
   ``n * tokens_per_step / sum(1 / steps_per_s)`` over the kept steps, divided by the world size;
 - scaling efficiency 1 -> N: ``tokens/s(N) / (N * tokens/s(1))``;
-- checkpoint save time: the step after the mid-run checkpoint minus the median step (the loop
-  resets its timer before ``save``, so that step's window holds the blocking part of the save:
-  DeepSpeed shards, the consolidated model.pt, the barrier and ``ray.train.report``);
-- peak memory per GPU: NOT logged by the loop; on CUDA we poll ``nvidia-smi`` (device memory in
-  use, CUDA context and allocator cache included) and say so;
+- checkpoint save time: ``ckpt/save_s`` the loop logs at the mid-run checkpoint (rank 0's wall
+  time of the blocking save: DeepSpeed shards, the consolidated model.pt, the barrier and
+  ``ray.train.report`` with async upload); the step after it is excluded from tokens/s;
+- peak memory per GPU, two ways: ``train/peak_mem_gib`` the loop logs on CUDA (rank 0's
+  ``torch.cuda.max_memory_allocated``, tensors only; max over the run) and ``nvidia-smi``
+  memory.used polled on every GPU (CUDA context and allocator cache included);
 - restore time and resume correctness (by default for ZeRO-3 at the largest world): run the same
   spec under a new run name with ``stop_after`` (a kill after the mid-run checkpoint), re-run
   ``fit`` with the same run name (Ray Train V2 resumes it, DESIGN §5.3) and compare its losses
-  with the uninterrupted run. The restore time is the difference of the times to the first
-  metrics line of the resumed and the fresh run (so it carries Ray start-up jitter).
+  with the uninterrupted run. The restore time is ``ckpt/load_s`` as the resumed run logs it;
+  beside it, the difference of the times to the first train line of the resumed and the killed
+  run (the restore plus Ray start-up jitter).
+
+Modules: scaling_cases.py (cases, settings, spec), scaling_measure.py (timed fits and what is
+derived from them), scaling_report.py (efficiency, loss curves, table, JSON/Markdown, merge).
 
 Every world size uses ``grad_accum = max(--workers) / world`` with the same global batch, so
 every run sees the same micro-batches (batch index ``(step*accum + k)*world + rank``) of the

@@ -1,6 +1,7 @@
 """Issue 8 scaling study: one timed ``ray_entry.fit`` per case and the numbers derived from
-the per-step lines rank 0 writes to its ``metrics.jsonl`` (the method is described in
-``benchmarks/scaling.py``'s docstring).
+the lines rank 0 writes to its ``metrics.jsonl`` (the method is described in
+``benchmarks/scaling.py``'s docstring): per step ``train/loss``, ``train/steps_per_s`` and, on
+CUDA, ``train/peak_mem_gib``; per checkpoint ``ckpt/save_s``; on a resume ``ckpt/load_s``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,19 @@ class LineWatcher(threading.Thread):
             n = sum(1 for line in self.path.read_text().splitlines() if line.strip())
             self.arrivals += [time.monotonic() - self.t0] * (n - seen)
 
-    def stop(self) -> float | None:
-        """Stop; seconds from fit start to the first line (None if none arrived)."""
+    def stop(self) -> list[float]:
+        """Stop; seconds from fit start to each line, in file order."""
         self._halt.set()
         self.join()
-        return self.arrivals[0] if self.arrivals else None
+        return list(self.arrivals)
+
+
+def first_train_line_s(lines: Sequence[dict], arrivals: Sequence[float]) -> float | None:
+    """Seconds to the first ``train/loss`` line (a resumed run writes ``ckpt/load_s`` before it)."""
+    for line, t in zip(lines, arrivals):
+        if "train/loss" in line:
+            return t
+    return None
 
 
 class GpuMemPoller(threading.Thread):
@@ -88,18 +97,22 @@ def throughput(lines: Sequence[dict], *, bench: Bench, world: int, after_ckpt: i
             "step_ms_median": 1e3 * statistics.median(kept.values()), "steps_measured": len(kept)}
 
 
-def save_seconds(lines: Sequence[dict], *, ckpt_at: int, warmup_steps: int) -> float | None:
-    """Blocking checkpoint time: the step after the mid-run save minus the median measured step."""
-    secs = step_seconds(lines)
-    if ckpt_at + 1 not in secs:
-        return None
-    normal = [t for s, t in secs.items() if s > warmup_steps and s != ckpt_at + 1]
-    return secs[ckpt_at + 1] - statistics.median(normal) if normal else None
+def logged(lines: Sequence[dict], key: str) -> dict[int, float]:
+    """``{step: value}`` of one metric the training loop logged (absent steps are absent)."""
+    return {int(m["step"]): float(m[key]) for m in lines if key in m}
+
+
+def telemetry(lines: Sequence[dict], *, bench: Bench) -> dict:
+    """What the loop measured itself: checkpoint save times (blocking part, rank 0) at the mid-run
+    and the final checkpoint, and rank 0's peak allocated memory (CUDA only; None on CPU)."""
+    saves, peaks = logged(lines, "ckpt/save_s"), logged(lines, "train/peak_mem_gib")
+    return {"ckpt_save_s": saves.get(bench.ckpt_at), "ckpt_save_s_final": saves.get(bench.steps),
+            "peak_mem_gib_alloc": max(peaks.values()) if peaks else None}
 
 
 def timed_fit(spec: dict, *, out_dir: Path, run_name: str, storage: Path, case: Case, device: str,
               stop_after: int | None = None) -> dict:
-    """One ``fit`` with its wall time, time to the first metrics line and GPU memory peak."""
+    """One ``fit`` with its wall time, time to the first train line and nvidia-smi memory peak."""
     from phaselab.workloads.train.ray_entry import fit, read_metrics
 
     t0 = time.monotonic()
@@ -115,11 +128,11 @@ def timed_fit(spec: dict, *, out_dir: Path, run_name: str, storage: Path, case: 
     except Exception as exc:  # noqa: BLE001 - one failed case must not lose the other cases
         outcome, error = None, f"{type(exc).__name__}: {str(exc)[:2000]}"
     wall = time.monotonic() - t0
-    first_line = watcher.stop()
+    arrivals = watcher.stop()
     peak = mem.stop() if device == "cuda" else {}
-    return {"wall_s": wall, "first_line_s": first_line, "error": error,
-            "peak_mib_by_gpu": peak, "lines": read_metrics(out_dir / "metrics.jsonl"),
-            "metrics": outcome.metrics if outcome else {}}
+    lines = read_metrics(out_dir / "metrics.jsonl")
+    return {"wall_s": wall, "first_line_s": first_train_line_s(lines, arrivals), "error": error,
+            "peak_mib_by_gpu": peak, "lines": lines, "metrics": outcome.metrics if outcome else {}}
 
 
 def run_case(case: Case, bench: Bench, work: Path, tag: str) -> dict:
@@ -134,7 +147,7 @@ def run_case(case: Case, bench: Bench, work: Path, tag: str) -> dict:
         return row
     train = [m for m in r["lines"] if "train/loss" in m]
     row |= throughput(train, bench=bench, world=case.world, after_ckpt=bench.ckpt_at + 1)
-    row["ckpt_save_s"] = save_seconds(train, ckpt_at=bench.ckpt_at, warmup_steps=bench.warmup_steps)
+    row |= telemetry(r["lines"], bench=bench)
     row["first_loss"], row["final_loss"] = train[0]["train/loss"], train[-1]["train/loss"]
     row["losses"] = {str(int(m["step"])): m["train/loss"] for m in train}  # plots without the run folder
     row["valid_loss"] = r["metrics"].get("valid/loss")
@@ -170,6 +183,7 @@ def run_resume(case: Case, bench: Bench, work: Path, tag: str, reference: dict) 
     ref = {int(k): v for k, v in reference["losses"].items()}
     row |= {f"vs_uninterrupted_{k}": v for k, v in max_rel_diff(
         ref, load_losses(resumed_dir / "metrics.jsonl")).items()}
+    row["ckpt_load_s"] = logged(resumed["lines"], "ckpt/load_s").get(bench.ckpt_at)
     if killed["first_line_s"] and resumed["first_line_s"]:
         # the killed run is the same spec, world and run name started just before: its time to
         # the first line is the resumed run's minus the restore (both include one warm-up step)

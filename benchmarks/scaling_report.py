@@ -63,7 +63,7 @@ def _fmt(v, spec: str = ".3g") -> str:
 
 
 COLUMNS = ("preset", "PE", "ZeRO", "workers", "micro x accum", "tokens/s/worker", "eff 1->N",
-           "step ms", "peak mem GiB", "ckpt save s", "loss first->last")
+           "step ms", "peak alloc GiB", "peak smi GiB", "ckpt save s", "loss first->last")
 
 
 def table_rows(results: dict) -> list[list[str]]:
@@ -71,12 +71,13 @@ def table_rows(results: dict) -> list[list[str]]:
     for r in results["cases"]:
         if r.get("error"):
             rows.append([r["preset"], r["encoding"], str(r["zero_stage"]), str(r["world"]), "", "FAILED",
-                         "", "", "", "", r["error"][:60]])
+                         "", "", "", "", "", r["error"][:60]])
             continue
         rows.append([r["preset"], r["encoding"], str(r["zero_stage"]), str(r["world"]),
                      f"{r['micro_batch']} x {r['grad_accum']}", f"{r['tokens_per_s_per_gpu']:,.0f}",
                      _fmt(r.get("efficiency_vs_1"), ".1%"), f"{r['step_ms_median']:.1f}",
-                     _fmt(r.get("peak_mem_gib_max_gpu"), ".1f"), _fmt(r.get("ckpt_save_s"), ".2f"),
+                     _fmt(r.get("peak_mem_gib_alloc"), ".2f"), _fmt(r.get("peak_mem_gib_max_gpu"), ".1f"),
+                     _fmt(r.get("ckpt_save_s"), ".2f"),
                      f"{r['first_loss']:.3f} -> {r['final_loss']:.3f}"])
     return rows
 
@@ -107,13 +108,14 @@ def markdown(results: dict) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     if results["resume"]:
         lines += ["", "## Kill and resume (same world size)", "",
-                  ("| preset | PE | ZeRO | workers | killed after | resumed from step | restore s (est.) "
-                  "| max rel. loss diff vs uninterrupted | error |"), "|---|---|---|---|---|---|---|---|---|"]
+                  ("| preset | PE | ZeRO | workers | killed after | resumed from step | ckpt load s "
+                   "| restore s (est.) | max rel. loss diff vs uninterrupted | error |"),
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["resume"]:
             err = r.get("kill_error") or r.get("resume_error") or ""
             lines.append(f"| {r['preset']} | {r['encoding']} | {r['zero_stage']} | {r['world']} | "
                          f"{r['killed_after_step']} | {r.get('resumed_first_step', '—')} | "
-                         f"{_fmt(r.get('restore_s_est'), '.2f')} | "
+                         f"{_fmt(r.get('ckpt_load_s'), '.2f')} | {_fmt(r.get('restore_s_est'), '.2f')} | "
                          f"{_fmt(r.get('vs_uninterrupted_max_rel_diff'), '.2e')} | {err[:80]} |")
     if results["loss_curves"]:
         lines += ["", "## Loss curves, same global batch (reference: 1 worker)", ""]
@@ -157,22 +159,18 @@ def describe(args: argparse.Namespace, bench: Bench, command: str) -> dict:
                     "jobs. These numbers check the measuring machinery; they say NOTHING about GPU "
                     "scaling (the 2 workers compete for the same cores).")] if cpu else [])
                  + ["tokens/s per worker = global tokens/s / world (rank 0's wall clock, log_every=1).",
-                    ("ckpt save s = the step after the mid-run checkpoint minus the median step "
-                     "(blocking part: shards, consolidated model.pt, barrier, ray.train.report with "
-                     "async upload)."),
-                    ("restore s (est.) = time to the first metrics line of the resumed fit minus that "
-                     "of the killed fit (same spec and world, started just before): includes Ray "
-                     "start-up jitter (seconds on a loaded CPU).")],
-        "missing": [
-            ("Peak memory per GPU from the training loop: loop.train logs no memory. "
-             + ("Measured here from nvidia-smi memory.used (context + allocator cache). " if not cpu
-                else "Not measured on CPU. ")
-             + "To add: in loop.train's log_every metrics, `train/peak_mem_gib = "
-               "torch.cuda.max_memory_allocated(device) / 2**30` on CUDA (and reset_peak_memory_stats "
-               "after the first step)."),
-            ("Checkpoint save/load times are not logged by the loop/ray_entry; to add: time "
-             "`_report` (save) and the `engine.load` block in train_loop_per_worker and log them as "
-             "`ckpt/save_s` / `ckpt/load_s` to metrics.jsonl (rank 0).")],
+                    ("ckpt save s = `ckpt/save_s` the loop logs at the mid-run checkpoint: rank 0's wall "
+                     "time of the blocking save (DeepSpeed shards, consolidated model.pt, barrier, "
+                     "ray.train.report with async upload); the step after it is excluded from tokens/s."),
+                    ("ckpt load s = `ckpt/load_s` the resumed fit logs: rank 0's wall time from Ray's "
+                     "checkpoint folder to the restored engine and RNG state. restore s (est.) = time to "
+                     "the first train line of the resumed fit minus that of the killed fit (same spec "
+                     "and world, started just before): adds Ray start-up jitter (seconds on a loaded CPU)."),
+                    ("peak alloc GiB = max of `train/peak_mem_gib` (torch.cuda.max_memory_allocated on "
+                     "rank 0, tensors only); peak smi GiB = nvidia-smi memory.used, max over GPUs "
+                     "(adds the CUDA context and the allocator cache).")],
+        "missing": ([("Peak memory on CPU: torch keeps no allocator peak there and nvidia-smi has "
+                      "nothing to poll, so both memory columns stay empty.")] if cpu else []),
     }
 
 

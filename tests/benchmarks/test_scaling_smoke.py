@@ -38,7 +38,7 @@ def _lines(seconds: dict[int, float], tokens_per_step: int) -> list[dict]:
     return out
 
 
-def test_throughput_and_save_time_known_answers():
+def test_throughput_known_answers():
     bench = _bench()  # 8 x 64 = 512 tokens per step
     secs = {2: 9.0, 3: 0.5, 4: 0.25, 5: 1.25, 6: 0.25, 7: 0.5, 8: 0.5}  # step 5 follows the ckpt
     lines = _lines(secs, bench.tokens_per_step)
@@ -48,9 +48,28 @@ def test_throughput_and_save_time_known_answers():
     assert got["tokens_per_s_per_gpu"] == pytest.approx(5 * 512 / 2.0 / 2, rel=1e-12)
     assert got["step_ms_median"] == pytest.approx(500.0)
     assert got["steps_measured"] == 5
-    # step 5 took 1.25 s, the median of the other measured steps (3, 4, 6, 7, 8) is 0.5 s
-    assert scaling_measure.save_seconds(lines, ckpt_at=4, warmup_steps=2) == pytest.approx(0.75)
-    assert scaling_measure.save_seconds(lines, ckpt_at=8, warmup_steps=2) is None  # no step after it
+
+
+def test_telemetry_reads_what_the_loop_logged():
+    """Checkpoint times and the peak come from the loop's own lines, at the right steps; a run
+    without them (CPU: no peak; a killed run: no final save) gives None, not a made-up number."""
+    bench = _bench()  # steps 8, mid-run checkpoint at 4
+    lines = _lines({2: 0.5, 3: 0.5, 4: 0.5, 5: 0.5}, bench.tokens_per_step)
+    lines[2]["train/peak_mem_gib"], lines[4]["train/peak_mem_gib"] = 3.5, 2.25
+    lines += [{"step": 4, "ckpt/save_s": 0.125}, {"step": 8, "ckpt/save_s": 0.375},
+              {"step": 8, "valid/loss": 3.0}]
+    assert scaling_measure.telemetry(lines, bench=bench) == {
+        "ckpt_save_s": 0.125, "ckpt_save_s_final": 0.375, "peak_mem_gib_alloc": 3.5}
+    cpu_killed = [m for m in lines if m.get("step") != 8 and "train/peak_mem_gib" not in m]
+    assert scaling_measure.telemetry(cpu_killed, bench=bench) == {
+        "ckpt_save_s": 0.125, "ckpt_save_s_final": None, "peak_mem_gib_alloc": None}
+    assert scaling_measure.logged(lines, "ckpt/save_s") == {4: 0.125, 8: 0.375}
+
+
+def test_first_train_line_skips_the_restore_line():
+    lines = [{"step": 4, "ckpt/load_s": 0.5}, {"step": 5, "train/loss": 3.0}, {"step": 6, "train/loss": 2.9}]
+    assert scaling_measure.first_train_line_s(lines, [7.0, 9.5, 9.75]) == 9.5
+    assert scaling_measure.first_train_line_s(lines[:1], [7.0]) is None
 
 
 def test_efficiency_pairs_each_world_with_its_one_worker_run():
@@ -133,21 +152,25 @@ def test_one_real_fit_measured(tmp_path):
     assert row["steps_measured"] == 4
     assert row["tokens_per_s_per_gpu"] == pytest.approx(4 * 512 / sum(kept), rel=1e-9)
     assert row["ckpt_save_s"] is not None and math.isfinite(row["ckpt_save_s"]) and row["ckpt_save_s"] > 0
+    saves = {m["step"]: m["ckpt/save_s"] for m in read_metrics(Path(row["metrics_path"])) if "ckpt/save_s" in m}
+    assert saves == {3: row["ckpt_save_s"], 6: row["ckpt_save_s_final"]}  # the loop's numbers, as logged
+    assert row["peak_mem_gib_alloc"] is None  # CPU: no allocator peak is logged, none is invented
     assert row["final_loss"] < row["first_loss"] < 4.3  # ln(66) = 4.19 at init
     assert row["first_line_s"] is not None and 0 < row["first_line_s"] < row["wall_s"]
     ckpts = sorted(p.name for p in (tmp_path / "ray_train" / "scal-tiny-rope-z2-w1-t").glob("step_*"))
     assert ckpts == ["step_0000003", "step_0000006"]
 
 
-def _doc(rows: list[dict], setup: str = "s") -> dict:
+def _doc(rows: list[dict], setup: str = "s", resume: list[dict] = ()) -> dict:
     return {"title": "t", "device": "cuda", "card": "2 x H200", "date": "d", "command": "c", "software": "x",
-            "setup": setup, "bench": {}, "notes": [], "missing": [], "cases": rows, "resume": []}
+            "setup": setup, "bench": {}, "notes": [], "missing": [], "cases": rows, "resume": list(resume)}
 
 
 def _row(world: int, tps: float, losses: dict[str, float]) -> dict:
     return {"preset": "owt-124m", "encoding": "rope", "zero_stage": 1, "world": world, "error": None,
             "tokens_per_s": tps, "tokens_per_s_per_gpu": tps / world, "micro_batch": 32,
             "grad_accum": 2 // world, "step_ms_median": 1.0, "peak_mem_gib_max_gpu": 10.0,
+            "peak_mem_gib_alloc": 7.0 + world / 8,
             "ckpt_save_s": 0.5, "first_loss": 11.0, "final_loss": 6.0, "losses": losses,
             "metrics_path": "/nonexistent"}
 
@@ -157,13 +180,19 @@ def test_merge_of_two_device_calls(tmp_path):
     the loss-curve difference computed from the embedded losses."""
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(_doc([_row(1, 100_000.0, {"1": 11.0, "2": 8.0})])))
-    b.write_text(json.dumps(_doc([_row(2, 190_000.0, {"1": 11.0, "2": 8.4})])))
+    resume = {"preset": "owt-124m", "encoding": "rope", "zero_stage": 1, "world": 2, "killed_after_step": 17,
+              "resumed_first_step": 16, "ckpt_load_s": 4.125, "restore_s_est": 9.5,
+              "vs_uninterrupted_max_rel_diff": 0.0}
+    b.write_text(json.dumps(_doc([_row(2, 190_000.0, {"1": 11.0, "2": 8.4})], resume=[resume])))
     merged = scaling.merge([a, b], tmp_path / "out", plots=True)
     assert merged["efficiency"][0]["efficiency"] == pytest.approx(0.95)
     assert merged["loss_curves"]["owt-124m-rope-z1"]["2 GPUs"]["max_rel_diff"] == pytest.approx(0.05)
     assert (tmp_path / "out-loss-owt-124m-rope-z1.png").is_file()
     md = (tmp_path / "out.md").read_text()
     assert "| 95.0% |" in md and "| 95,000 |" in md  # efficiency and tokens/s per GPU at 2 GPUs
+    assert "| peak alloc GiB | peak smi GiB | ckpt save s |" in md
+    assert "| 7.25 | 10.0 | 0.50 |" in md  # the 2-GPU row: loop peak, nvidia-smi peak, save time
+    assert "| 17 | 16 | 4.12 | 9.50 |" in md  # resume: killed after, resumed from, load s, restore est.
     c = tmp_path / "c.json"
     c.write_text(json.dumps(_doc([_row(2, 1.0, {"1": 1.0})], setup="other")))
     with pytest.raises(ValueError, match="different setups"):
