@@ -6,9 +6,15 @@ The SQL catalog is the only durable state. One loop:
    FAILED/CANCELLED/BLOCKED upstream become BLOCKED;
 2. claim READY stages (compare-and-set READY -> RUNNING) while the cluster has room, and launch
    each as a Ray task with its resources (training under Ray Train when its launcher says so);
-3. wait on Ray, heartbeat the RUNNING rows, and finalise: success only through
+3. wait on Ray, watch the RUNNING rows, and finalise: success only through
    ``CatalogStore.finalize_success`` (metrics + artifact digests + env in one transaction),
    failures classified and retried by class (``failures.POLICIES``).
+
+Heartbeats come from the worker that runs a stage (``runner.WorkerHeartbeat``), not from here:
+an own stage whose worker beat once and then fell silent for ``stale_after_s`` is hung (or its
+process is frozen or gone without Ray noticing yet); its task is force-cancelled and the stage
+retried as a preemption, resuming from its newest checkpoint. A stage whose worker has not beaten
+yet (its task still queued in Ray) is left to Ray.
 
 A killed controller leaves RUNNING rows behind; the next controller (``phaselab resume``)
 reclaims those whose owner process is gone (same host) or whose heartbeat expired, and relaunches
@@ -80,6 +86,17 @@ def owner_is_dead(owner: str | None) -> bool:
     return False
 
 
+def worker_catalog_url(url: str) -> str:
+    """The catalog URL as a worker must see it: a relative SQLite path made absolute (a Ray
+    worker's working directory is not the controller's)."""
+    from phaselab.catalog import db
+
+    path = db.sqlite_path(url)
+    if path is None or path.is_absolute():
+        return url
+    return url.replace(str(path), str(path.resolve()), 1)
+
+
 def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,
              env_vars: Mapping[str, str] | None = None, log_to_driver: bool = True) -> str | None:
     """Connect to ``address`` / RAY_ADDRESS, or start a local cluster bound to 127.0.0.1.
@@ -129,6 +146,9 @@ class Controller:
         self.store, self.dag = store, dag
         self.runs_root = Path(runs_root or default_runs_root()).resolve()
         self.owner = owner or new_owner()
+        if not (heartbeat_s > 0 and stale_after_s > 2 * heartbeat_s):
+            raise ValueError(f"need heartbeat_s > 0 and stale_after_s > 2 * heartbeat_s (a worker beats every "
+                             f"heartbeat_s), got heartbeat_s={heartbeat_s!r}, stale_after_s={stale_after_s!r}")
         self.heartbeat_s, self.stale_after_s, self.poll_s = heartbeat_s, stale_after_s, poll_s
         self.env_vars = dict(env_vars or {})
         self.mlflow = dict(mlflow) if mlflow else None   # {"tracking_uri", "artifact_root"}
@@ -200,8 +220,9 @@ class Controller:
                 rows = self._rows()
             now = time.monotonic()
             if now - last_hb >= self.heartbeat_s:
-                self._heartbeat()
-                self._reclaim(rows)
+                stale = {r.stage_hash for r in self.store.stale_running(self.stale_after_s)}
+                self._watch(rows, stale)
+                self._reclaim(rows, stale)
                 last_hb = now
                 rows = self._rows()
             summary.launched += self._launch(rows)
@@ -328,6 +349,7 @@ class Controller:
         return {"stage_hash": node.hash, "kind": node.kind, "name": node.name, "config": dict(node.config),
                 "launcher": node.launcher, "out_dir": str(self.out_dir(node.hash)),
                 "runs_root": str(self.runs_root), "upstream": upstream,
+                "catalog_url": worker_catalog_url(self.store.url), "heartbeat_s": self.heartbeat_s,
                 "resources": {"cpus": r.cpus, "gpus": r.gpus, "memory_gb": r.memory_gb,
                               "accelerator": r.accelerator, "num_workers": r.num_workers},
                 "mlflow": self._mlflow_for(node)}
@@ -466,19 +488,27 @@ class Controller:
                                       message=f"fail fast: stage {node.name} {node.hash[:12]} hit a code "
                                               f"error under the same code hash {code[:12]}")
 
-    def _heartbeat(self) -> None:
+    def _watch(self, rows: Mapping[str, Any], stale: set[str]) -> None:
+        """Own in-flight stages: stop those no longer RUNNING (cancelled from the CLI) and those
+        whose worker stopped heartbeating (see the module docstring)."""
         import ray
 
         for ref, h in list(self._inflight.items()):
-            if not self.store.heartbeat(h):   # no longer RUNNING: cancelled from the CLI
+            row = rows[h]
+            if row.state != "RUNNING":
                 ray.cancel(ref, force=True)
                 self._inflight.pop(ref, None)
                 self.on_event("cancelled", self.dag.nodes[h], "state changed outside the controller")
+            elif h in stale and row.heartbeat_at != row.started_at and not ray.wait([ref], timeout=0)[0]:
+                ray.cancel(ref, force=True)
+                self._inflight.pop(ref, None)
+                self._fail(h, {"ok": False, "failure_class": "preemption",
+                               "message": f"no heartbeat from the stage's worker for {self.stale_after_s:g} s "
+                                          f"(last at {row.heartbeat_at}): hung or lost; its task was cancelled"})
 
-    def _reclaim(self, rows: Mapping[str, Any]) -> None:
+    def _reclaim(self, rows: Mapping[str, Any], stale: set[str]) -> None:
         """RUNNING rows of a dead controller go back to READY (relaunched into the same out_dir)."""
         mine = set(self._inflight.values())
-        stale = {r.stage_hash for r in self.store.stale_running(self.stale_after_s)}
         for h, row in rows.items():
             if row.state != "RUNNING" or h in mine or row.owner == self.owner:
                 continue

@@ -1,6 +1,11 @@
 """What runs inside a stage's Ray task: set up the tracker, run the stage, digest its outputs,
 fingerprint the environment, and hand everything back to the controller, which alone writes the
-catalog (one writer; a stage is SUCCEEDED only through ``CatalogStore.finalize_success``).
+catalog's results (a stage is SUCCEEDED only through ``CatalogStore.finalize_success``).
+
+The one catalog write a worker makes is its liveness: while the stage runs, a daemon thread of
+the task's process refreshes the stage row's ``heartbeat_at`` (:class:`WorkerHeartbeat`). A hung
+or vanished worker therefore stops beating and the controller's stale-stage check sees it; a
+heartbeat written by the controller would only prove that the controller is alive.
 
 Workload errors are classified here, where their types live (``failures.classify``); a worker
 that dies (kill -9, OOM killer, lost node) never returns and is classified by the controller from
@@ -10,14 +15,82 @@ Ray's exception.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import threading
 import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 TRACKING_ENV = ("MLFLOW_TRACKING_URI", "PHASELAB_CATALOG_URL", "PHASELAB_MLFLOW_EXPERIMENT")
+log = logging.getLogger(__name__)
+
+
+class WorkerHeartbeat:
+    """Refreshes ``stage.heartbeat_at`` every ``interval_s`` from a daemon thread of the process
+    that runs the stage, from ``__enter__`` until ``__exit__`` (always reached: ``execute`` wraps
+    the stage in it). It stops early when the row is no longer RUNNING (cancelled or reclaimed:
+    the controller acts on that) or, with ``attempt``, when the row belongs to another attempt (a
+    frozen worker that wakes up after its stage was relaunched must not keep the new attempt
+    alive). A catalog error is logged and retried at the next beat; it never fails the stage.
+    ``beats`` counts the refreshes that were written.
+    """
+
+    def __init__(self, catalog_url: str, stage_hash: str, *, interval_s: float, attempt: int | None = None) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"heartbeat interval_s must be > 0, got {interval_s!r}")
+        self.catalog_url, self.stage_hash, self.interval_s = catalog_url, stage_hash, interval_s
+        self.attempt = attempt
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"phaselab-heartbeat-{stage_hash[:12]}",
+                                        daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(10.0, 2 * self.interval_s))
+
+    def _loop(self) -> None:
+        from phaselab.catalog.store import CatalogStore
+
+        store = CatalogStore(self.catalog_url)   # never migrates (DESIGN §5.1: workers don't)
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not self._beat(store):
+                        log.warning("stage %s (attempt %s) is no longer RUNNING; heartbeats stop",
+                                    self.stage_hash[:12], self.attempt)
+                        return
+                    self.beats += 1
+                except Exception as exc:  # noqa: BLE001 - a catalog outage must not kill the stage
+                    log.warning("heartbeat of stage %s failed: %s", self.stage_hash[:12], exc)
+                self._stop.wait(self.interval_s)
+        finally:
+            store.dispose()
+
+    def _beat(self, store: Any) -> bool:
+        if self.attempt is not None:
+            row = store.get_stage(self.stage_hash)
+            if row is None or row.state != "RUNNING" or row.attempts != self.attempt:
+                return False
+        return store.heartbeat(self.stage_hash)
+
+
+def _heartbeat(payload: Mapping[str, Any]) -> Any:
+    """The worker's heartbeat for this payload (a no-op without ``catalog_url``: a stage run
+    outside the controller has no catalog row to keep alive)."""
+    import contextlib
+
+    if not payload.get("catalog_url"):
+        return contextlib.nullcontext()
+    return WorkerHeartbeat(payload["catalog_url"], payload["stage_hash"],
+                           interval_s=float(payload.get("heartbeat_s") or 5.0), attempt=payload.get("attempt"))
 
 
 def file_sha256(path: Path) -> str:
@@ -67,8 +140,14 @@ def _write_stage_file(payload: Mapping[str, Any], out_dir: Path) -> None:
 
 
 def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one stage (``payload`` from ``Controller._payload``); never raises for workload errors:
-    returns ``{"ok": False, "failure_class", "message", "traceback"}`` instead."""
+    """Run one stage (``payload`` from ``Controller._payload``) while this process heartbeats
+    it; never raises for workload errors: returns ``{"ok": False, "failure_class", "message",
+    "traceback"}`` instead."""
+    with _heartbeat(payload):
+        return _run_stage(payload)
+
+
+def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
     from phaselab.orchestrator.failures import classify, message_of
     from phaselab.orchestrator.stages import STAGES, Resources, StageContext
 
