@@ -153,6 +153,24 @@ def _inputs(rs: ResolvedStage, spec: GridSpec, hashes: Mapping[str, str]) -> dic
     return inputs
 
 
+def _check_eval_extend(rs: ResolvedStage, config: Mapping[str, Any], upstream: Mapping[str, str],
+                       nodes: Mapping[str, StageNode], marks: Marks) -> None:
+    """An eval's ``extend`` rescales RoPE at inference: refuse it at plan time when the upstream
+    chain's model (the pretrain/tune config its checkpoint descends from) is not RoPE."""
+    if "extend" not in config:
+        return
+    digest = upstream.get("checkpoint")
+    while digest in nodes and "model" not in nodes[digest].config:
+        digest = nodes[digest].upstream.get("checkpoint")
+    kind = nodes[digest].config["model"]["pe"]["kind"] if digest in nodes else "rope"
+    if kind != "rope":   # unknown upstream model: the eval itself refuses it at run time
+        # the section's own line: the parent of any of its leaves' origins
+        path = next((o[:-1] for k, o in rs.origins.items() if k.startswith("extend.")), ("stages", rs.name))
+        raise GridError([Issue(marks.at(path), dotted(path), f"stage {rs.name!r} (cell {rs.cell.key}): "
+                               f"'extend' rescales RoPE frequencies at inference, but its upstream "
+                               f"model has pe.kind={kind!r} (restrict the stage with 'when')")])
+
+
 def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
               yaml_submitted: str = "", yaml_resolved: str = "") -> Dag:
     """Expand, convert, hash and deduplicate (see the module docstring)."""
@@ -169,6 +187,8 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
             rs = resolved[name]
             config = _typed(rs, marks, cache)
             upstream = _inputs(rs, spec, hashes)
+            if rs.template.kind in ("eval", "analysis"):
+                _check_eval_extend(rs, config, upstream, nodes, marks)
             salt = "/".join(s for s in (spec.salt, rs.template.salt) if s)
             key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code,
                            data=_data_parts(rs, config, marks), salt=salt)

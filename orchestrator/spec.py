@@ -198,6 +198,11 @@ def check_structure(spec: GridSpec, marks: Marks) -> None:
                 issues.append(Issue(marks.at((*base, "when", axis)), f"{dotted(base)}.when.{axis}",
                                     f"unknown axis {axis!r}", suggest(axis, axis_names)))
         issues += _kind_rules(spec, name, st, marks)
+    evals = [n for n, st in spec.stages.items() if st.kind in ("eval", "analysis")]
+    if spec.defaults.extend is not None and evals:   # it would silently rescale every eval's RoPE
+        issues.append(Issue(marks.at(("defaults", "extend")), "defaults.extend",
+                            f"an extension in defaults would also apply at inference to eval stage(s) "
+                            f"{', '.join(evals)}; set 'extend' on the stages that need it"))
     issues += _cycles(spec, marks)
     if issues:
         raise GridError(issues)
@@ -247,10 +252,9 @@ def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> l
     if st.kind in ("eval", "analysis"):
         if st.eval is None and spec.defaults.eval is None:
             issues.append(Issue(marks.at(base), dotted(base), f"a {st.kind} stage needs an 'eval' section"))
-        for sec in ("train", "extend"):
-            if getattr(st, sec) is not None:
-                issues.append(Issue(marks.at((*base, sec)), f"{dotted(base)}.{sec}",
-                                    f"a {st.kind} stage takes no '{sec}' section"))
+        if st.train is not None:   # 'extend' is allowed: an inference-time RoPE rescaling
+            issues.append(Issue(marks.at((*base, "train")), f"{dotted(base)}.train",
+                                f"a {st.kind} stage takes no 'train' section"))
     if st.kind in TRAINING_KINDS + ("dataset", "noop") and st.eval is not None:
         issues.append(Issue(marks.at((*base, "eval")), f"{dotted(base)}.eval",
                             f"a {st.kind} stage takes no 'eval' section (add an eval stage)"))

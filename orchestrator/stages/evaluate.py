@@ -1,5 +1,12 @@
 """``eval``: one evaluation suite on the upstream training stage's checkpoint, as a Ray task
-calling ``workloads.evals.api.run_eval`` (CONTRACTS §3.5)."""
+calling ``workloads.evals.api.run_eval`` (CONTRACTS §3.5).
+
+An optional ``extend`` section (a ``ContextExtension``, the same schema as cpt/finetune stages:
+rule, factor, original_max_seq_len, base, attention_factor, block_size) re-builds the
+checkpoint's RoPE with that scaling rule before the suite runs, weights unchanged: PI / YaRN
+applied at inference without fine-tuning (TAPA Table 2, EXPERIMENTS §6 #22). It is part of the
+typed config, so it enters the stage's cache key; an eval without it hashes as before.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +15,17 @@ from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult
 
 class EvalStage(Stage):
     kind = "eval"
-    sections = ("data", "eval")
+    sections = ("data", "eval", "extend")
 
     def run(self, ctx: StageContext) -> StageResult:
-        from phaselab.workloads.evals.api import run_eval
+        from phaselab.workloads.evals.api import ExtensionNotApplicable, run_eval
 
         checkpoint = ctx.upstream_artifact("checkpoint", "checkpoint")
-        records = run_eval(ctx.config["eval"], checkpoint=checkpoint, out_dir=ctx.out_dir,
-                           tracker=ctx.tracker)
+        try:
+            records = run_eval(ctx.config["eval"], checkpoint=checkpoint, out_dir=ctx.out_dir,
+                               tracker=ctx.tracker, extend=ctx.config.get("extend"))
+        except ExtensionNotApplicable as err:
+            raise ValueError(f"stage {ctx.name!r}: {err}") from err
         artifacts = {"records": ctx.out_dir / "records.json"}
         metrics = {r.key(): r.value for r in records}
         return StageResult(status="succeeded", metrics=metrics, artifacts=artifacts, records=list(records))

@@ -20,7 +20,7 @@ EXPECTED = {  # grid -> (cells, stages by kind)
     "pope_genome": (6, {"pretrain": 6, "eval": 6}),
     "pope_owt_extrapolation": (6, {"pretrain": 6, "finetune": 6, "eval": 24, "analysis": 6}),
     "pope_owt_ablation": (8, {"pretrain": 8, "eval": 8}),
-    "tapa_long_context": (2, {"pretrain": 2, "cpt": 5, "eval": 11}),
+    "tapa_long_context": (2, {"pretrain": 2, "cpt": 5, "eval": 13}),
     "tapa_phase": (2, {"pretrain": 2, "cpt": 2, "eval": 2}),
 }
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_evals_fixtures import RECIPE, text_dataset, trained_checkpoint
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.kernels.testing import assert_close
 from phaselab.workloads.evals.api import (
@@ -24,7 +26,6 @@ from phaselab.workloads.models.checkpoint_io import load_model, save_model
 from phaselab.workloads.models.config import ContextExtension
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
-from test_evals_fixtures import RECIPE, text_dataset, trained_checkpoint
 
 L = RECIPE["block_size"]   # the trained model's pretraining length (128)
 
