@@ -1,0 +1,127 @@
+"""CLI verbs that run one workload outside any grid, in this process: ``eval`` (one checkpoint,
+``workloads.evals.api.run_eval``) and ``train`` (one training config, ``run_training``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
+SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
+SUITE_OPTIONS = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128]).")
+EVAL_OUT = typer.Option(Path(".phaselab/eval"), "--out", help="Output folder.")
+
+TRAIN_KEYS = ("model", "data", "train", "extend", "out_dir", "init_from")
+TRAIN_CONFIG = typer.Argument(..., help="Training YAML: model, data, train, extend?, out_dir?, init_from?.")
+TRAIN_OVERRIDES = typer.Argument(None, help="Overrides: key=v (any config field), +key=v, ~key.")
+
+
+def _train_config(config: Path, overrides: list[str]) -> tuple[dict[str, Any], Path, Path | None]:
+    """(run_training spec, out_dir, init_from) from a training YAML plus overrides. Sections are
+    converted strictly as in grids (``model: {preset: tiny, ...}`` allowed); errors are GridErrors
+    naming FILE:LINE:COLUMN (or the override) and the key."""
+    from phaselab.orchestrator.overrides import apply_overrides, parse_override
+    from phaselab.orchestrator.stages import base
+    from phaselab.orchestrator.yamlio import GridError, Issue, Mark, load_yaml_file, suggest
+
+    if not Path(config).is_file():
+        raise FileNotFoundError(f"training config {str(config)!r} does not exist")
+    doc, marks = load_yaml_file(config)
+    if not isinstance(doc, dict):
+        raise GridError([Issue(marks.at(()), "", f"a training config must be a mapping, got {type(doc).__name__}")])
+    doc = {k: ({} if v is None and k in ("model", "data", "train") else v) for k, v in doc.items()}
+    # key=v may name a field the YAML leaves at its default (Hydra's structured-config rule, as in
+    # grid sections): set-or-add; unknown keys are caught below and by the strict conversion.
+    forced = {o: f"++{o}" for o in overrides if parse_override(o).op == "set"}
+    doc = apply_overrides(doc, marks, [forced.get(o, o) for o in overrides])
+    shown = {f"<override {f!r}>": Mark(f"<override {o!r}>", 0, 0) for o, f in forced.items()}
+    marks.by_path.update({p: shown[m.file] for p, m in marks.by_path.items() if m.file in shown})
+    first = {p[0]: m for p, m in reversed(marks.by_path.items()) if p}   # a key added by `++a.b=v` has only a.b
+    issues = [Issue(first.get(k, marks.at(())), str(k), f"unknown key '{k}'; valid keys: {', '.join(TRAIN_KEYS)}",
+                    suggest(str(k), TRAIN_KEYS)) for k in doc if k not in TRAIN_KEYS]
+    if "data" not in doc:
+        issues.append(Issue(marks.at(()), "data", "required section is missing"))
+    issues += [Issue(marks.at((k,)), k, f"must be a path string, got {doc[k]!r}")
+               for k in ("out_dir", "init_from") if k in doc and not isinstance(doc[k], str)]
+    if issues:
+        raise GridError(issues)
+    try:
+        spec = {"data": base.normalize_data(doc["data"]), "train": base.normalize_train(doc.get("train") or {})}
+        if doc.get("model") is not None:
+            spec["model"] = base.normalize_model(doc["model"])
+        if doc.get("extend") is not None:
+            spec["extend"] = base.normalize_extend(doc["extend"])
+    except base.SectionError as err:
+        path = tuple(int(p) if p.isdigit() else p for p in err.key.split("."))
+        raise GridError([Issue(marks.at(path), err.key, err.message, err.suggestion)]) from None
+    out_dir = Path(doc.get("out_dir") or Path(".phaselab/train") / Path(config).stem)
+    return spec, out_dir, Path(doc["init_from"]) if doc.get("init_from") else None
+
+
+def register(app: typer.Typer) -> None:
+    from phaselab.orchestrator.cli import JSON, _console, _emit, _fail
+
+    @app.command("eval")
+    def eval_(checkpoint: Path = CHECKPOINT, suite: str = SUITE, options: list[str] = SUITE_OPTIONS,
+              out_dir: Path = EVAL_OUT, as_json: bool = JSON) -> None:
+        """Evaluate one checkpoint outside any grid (workloads.evals.api.run_eval)."""
+        from phaselab.catalog.tracking import RecordingTracker
+        from phaselab.orchestrator.overrides import apply_overrides
+        from phaselab.orchestrator.yamlio import GridError, Marks
+
+        try:
+            spec = apply_overrides({"suite": suite}, Marks("<eval>"), [f"++{o}" for o in options or []])
+        except GridError as err:
+            _fail(as_json, str(err))
+        from phaselab.workloads.evals.api import run_eval
+
+        try:
+            records = run_eval(spec, checkpoint=checkpoint, out_dir=out_dir, tracker=RecordingTracker())
+        except ValueError as err:
+            _fail(as_json, str(err))
+        _emit(as_json, {"ok": True, "records": [r.to_dict() for r in records]})
+        if not as_json:
+            for r in records:
+                _console().print(f"{r.key():<40} {r.value:.6g} {r.unit}")
+
+    @app.command()
+    def train(config: Path = TRAIN_CONFIG, overrides: list[str] = TRAIN_OVERRIDES, as_json: bool = JSON) -> None:
+        """Run one training stage outside the orchestrator (workloads.train.api.run_training).
+        Re-running with the same out_dir (default .phaselab/train/<config name>) resumes from its
+        newest checkpoint; a finished run only re-evaluates."""
+        from phaselab.orchestrator.yamlio import GridError
+
+        try:
+            spec, out_dir, init_from = _train_config(config, overrides or [])
+        except GridError as err:
+            _fail(as_json, "invalid training config:\n  " + "\n  ".join(str(i) for i in err.issues))
+        except FileNotFoundError as err:
+            _fail(as_json, str(err))
+        from phaselab.catalog.tracking import RecordingTracker
+        from phaselab.workloads.train.api import run_training
+        from phaselab.workloads.train.checkpoint import CheckpointDir
+
+        console = _console()
+
+        class Echo(RecordingTracker):
+            def log_metrics(self, metrics: Any, *, step: int) -> None:
+                super().log_metrics(metrics, step=step)
+                if not as_json:
+                    console.print(f"step {step:>6}  " + "  ".join(f"{k} {v:.5g}" for k, v in metrics.items()),
+                                  soft_wrap=True)
+
+        resumed = max(CheckpointDir(out_dir / "checkpoints").steps(), default=0)
+        try:
+            outcome = run_training(spec, out_dir=out_dir, tracker=Echo(), init_from=init_from)
+        except (ValueError, RuntimeError) as err:   # ConfigError, TrainingDiverged, TrainingPreempted
+            _fail(as_json, f"{type(err).__name__}: {err}")
+        out = {"ok": True, "out_dir": str(out_dir), "resumed_from_step": resumed,
+               "checkpoint": str(outcome.checkpoint), "metrics": outcome.metrics}
+        _emit(as_json, out)
+        if not as_json:
+            console.print(f"trained to step {int(outcome.metrics['step'])} (resumed from step {resumed}); "
+                          f"checkpoint {outcome.checkpoint}")
+            for k, v in sorted(outcome.metrics.items()):
+                console.print(f"  {k:<24} {v:.6g}")
