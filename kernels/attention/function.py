@@ -213,7 +213,7 @@ class TritonBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
         if cu_seqlens is not None:
             raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
         if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa"):

@@ -39,11 +39,16 @@ def _document_mask(cu_seqlens: Tensor, length: int, device: torch.device) -> Ten
     return (doc_L[:, None] == doc_L[None, :])[None, None]
 
 
-def build_mask(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool,
-               cu_seqlens: Tensor | None = None) -> tuple[Tensor | None, bool]:
-    """(bool mask [B|1, 1, T, S] or None, use is_causal). is_causal only for trivial positions."""
+def build_mask(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool, cu_seqlens: Tensor | None = None,
+               trivial_pos: bool = False) -> tuple[Tensor | None, bool]:
+    """(bool mask [B|1, 1, T, S] or None, use is_causal). is_causal only for trivial positions:
+    declared by the caller (`trivial_pos`, no device sync; a graph break per layer under
+    torch.compile otherwise, issue 4) or found by comparing with arange (one sync per call)."""
     T, S = pos_q_BT.shape[-1], pos_k_BS.shape[-1]
-    if cu_seqlens is None and causal and T == S and _is_arange(pos_q_BT) and _is_arange(pos_k_BS):
+    if trivial_pos and T != S:
+        raise ValueError(f"trivial_pos=True needs T == S, got T={T}, S={S}")
+    if cu_seqlens is None and causal and (trivial_pos or (T == S and _is_arange(pos_q_BT)
+                                                          and _is_arange(pos_k_BS))):
         return None, True
     mask = visibility(pos_q_BT, pos_k_BS) if causal else None
     if cu_seqlens is not None:
@@ -76,7 +81,7 @@ class SdpaBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
         call = AttnCall.describe(q_BHTD, k_BGSD, v_BGSD, causal=causal, score_mod=score_mod,
                                  cu_seqlens=cu_seqlens)
         reason = self.unsupported_reason(call)
@@ -89,7 +94,8 @@ class SdpaBackend:
             q_BHTD, k_BGSD = pope_expand(q_BHTD, k_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,
                                          inv_freq_D=p["inv_freq"], delta_HD=p["delta"],
                                          amplitude=p["amplitude"])
-        mask, is_causal = build_mask(pos_q, pos_k, causal=causal, cu_seqlens=cu_seqlens)
+        mask, is_causal = build_mask(pos_q, pos_k, causal=causal, cu_seqlens=cu_seqlens,
+                                     trivial_pos=trivial_pos)
         empty_B1T1 = None
         if mask is not None:
             empty_B1T1 = ~mask.any(dim=-1, keepdim=True)

@@ -65,9 +65,15 @@ def _reduce_2pi(x):
 
 @triton.jit
 def _cos_sin(x, FAST: tl.constexpr):
-    """(cos x, sin x) for fp32 x of any size: reduce to [-pi, pi], then MUFU approx (FAST, GPU
-    only; abs error ~5e-7 on [-pi, pi]) or the precise libdevice/numpy routine."""
-    r = _reduce_2pi(x)
+    """(cos x, sin x) for fp32 x of any size: reduce to [-pi, pi], then `_cos_sin_reduced`."""
+    c, s = _cos_sin_reduced(_reduce_2pi(x), FAST)
+    return c, s
+
+
+@triton.jit
+def _cos_sin_reduced(r, FAST: tl.constexpr):
+    """(cos r, sin r) for fp32 r in [-pi, pi]: MUFU approx (FAST, GPU only; abs error ~5e-7 on
+    [-pi, pi]) or the precise libdevice/numpy routine."""
     if FAST:
         c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
                                       is_pure=True, pack=1)
@@ -228,6 +234,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
                     HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -330,6 +337,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
                          HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
     G = H // GROUP
     i_b, i_g = i_bg // G, i_bg % G
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -439,6 +447,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
                        HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -10,8 +10,11 @@ Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(the
     Phi = <q_P, k_P> / sqrt(D_P)              (quadratic)  |  (sum q_P + sum k_P) / sqrt(D_P) (linear)
     w   = phase_scale * |m - n|^alpha          fp32, exp2(alpha log2 d) with d = 0 -> 0 (MATH §7.5)
     logit = scale * A * cos(w Phi)                                                   (MATH §4.2)
-w Phi is unbounded: it is reduced to [-pi, pi] in fp32 before the cosine (MATH §7.4). The
-softmax is online in the exp2 domain, lse saved in log2 units (+inf for an empty row).
+w Phi is unbounded. The kernels carry it in turns, t = w Phi / (2 pi), reduce t - rint(t) in fp32
+(exact) and take the cosine of 2 pi times that (MATH §7.4). Away from the diagonal |m - n|^alpha
+comes from a per-row exact power times a binomial series in the in-tile offset, on the FMA pipe
+instead of the special-function unit (`_tapa_turns`). The softmax is online in the exp2 domain,
+lse saved in log2 units (+inf for an empty row).
 
 Backward (MATH §4.4; FA2 style, no atomics, deterministic): with g = d loss / d logit,
     dA = g scale cos(w Phi),  dPhi = -g scale A w sin(w Phi);
@@ -31,7 +34,7 @@ from phaselab.kernels.attention.triton_pope import (
     LOG2E,
     _bisect_iters,
     _bwd_configs,
-    _cos_sin,
+    _cos_sin_reduced,
     _count_le,
     _dot_precision,
     _fwd_configs,
@@ -48,31 +51,86 @@ _TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
 
 
 @triton.jit
-def _tapa_phase_weight(b_pq, b_pk, alpha, phase_scale, FAST: tl.constexpr):
-    """w [BM, BN] = phase_scale * |m - n|^alpha in fp32; 0 on the diagonal (0^alpha = 0).
+def _dist_pow(pq, pk, alpha, FAST: tl.constexpr):
+    """|m - n|^alpha [BM, BN] in fp32 by exp2(alpha log2 d), 0 on the diagonal (0^alpha = 0).
 
-    Positions become fp32 per vector (exact below 2**24, as in every phaselab angle) so that the
-    per-score work is one subtraction: the difference of two exact integers is exact.
+    pq, pk are fp32 positions (exact below 2**24, as in every phaselab angle), so the difference
+    of two exact integers is exact.
     """
-    d = tl.abs(b_pq.to(tl.float32)[:, None] - b_pk.to(tl.float32)[None, :])
+    d = tl.abs(pq[:, None] - pk[None, :])
     pw = tl.exp2(alpha * _log2(tl.maximum(d, 1.0), FAST))
-    return phase_scale * tl.where(d > 0.0, pw, 0.0)
+    return tl.where(d > 0.0, pw, 0.0)
 
 
 @triton.jit
-def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
-                LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr):
-    """(A, w, cos(w Phi), sin(w Phi)), all [BM, BN] fp32."""
+def _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                MASKED: tl.constexpr, FAST: tl.constexpr):
+    """W [BM, BN] = k_turn |m - n|^alpha: the phase weight in turns (cycles) per unit of <q_P, k_P>.
+
+    Unmasked tiles try the series: write m - n = R_i + e_j with R_i = m_i - n_c and e_j = n_c - n_j
+    about the tile's key centre n_c. If every |e_j| <= u_max |R_i| (one sign of R),
+    |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
+    (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
+    6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, which bounds this
+    kernel (benchmarks/NOTES-device.md). Per-row |R_i|^alpha stays exact. Other tiles (near the
+    diagonal, a key block that spans too many positions, padding rows read as position 0) take
+    the exact path.
+    """
+    pq = b_pq.to(tl.float32)
+    pk = b_pk.to(tl.float32)
+    if MASKED:
+        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+    else:
+        k_lo = tl.min(pk, 0)
+        k_hi = tl.max(pk, 0)
+        n_c = 0.5 * (k_lo + k_hi)  # a half-integer: exact in fp32
+        r = pq - n_c
+        r_lo = tl.min(r, 0)
+        r_hi = tl.max(r, 0)
+        one_sign = (r_lo > 0.0) | (r_hi < 0.0)
+        if one_sign & (0.5 * (k_hi - k_lo) <= u_max * tl.minimum(tl.abs(r_lo), tl.abs(r_hi))):
+            f = k_turn * tl.exp2(alpha * _log2(tl.abs(r), FAST))  # [BM]
+            # [BN] x [BM] -> [BM, BN]
+            u = (n_c - pk)[None, :] * (1.0 / r)[:, None]
+            p = c5 * u + c4
+            p = p * u + c3
+            p = p * u + c2
+            p = p * u + c1
+            p = p * u + 1.0
+            w = f[:, None] * p
+        else:
+            w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+    return w
+
+
+@triton.jit
+def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                LINEAR: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """(<q_A, k_A>, W, cos 2 pi t, sin 2 pi t), all [BM, BN] fp32, t = W <q_P, k_P> (quadratic) or
+    W (sum q_P + sum k_P) (linear): the phase in turns, so the range reduction is t - rint(t),
+    exact in fp32 (MATH §7.4), then one multiply by 2 pi into [-pi, pi]."""
     # [BM, BA] @ [BA, BN] -> [BM, BN]
-    b_a = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC) * c_a
+    b_a = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)
     if LINEAR:
-        b_phi = (sq[:, None] + sk[None, :]) * c_p
+        b_phi = sq[:, None] + sk[None, :]
     else:
         # [BM, BP] @ [BP, BN] -> [BM, BN]
-        b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC) * c_p
-    w = _tapa_phase_weight(b_pq, b_pk, alpha, phase_scale, FAST)
-    c, s = _cos_sin(w * b_phi, FAST)
+        b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC)
+    w = _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED, FAST)
+    t = w * b_phi
+    c, s = _cos_sin_reduced((t - tl.floor(t + 0.5)) * 6.283185307179586, FAST)
     return b_a, w, c, s
+
+
+@triton.jit
+def _fp32_scalars(c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale):
+    """The float arguments as fp32: torch.compile's launcher may pass Python floats as fp64, which
+    would turn the online-softmax carries into fp64 (a Triton compile error, seen on the H200) and
+    run the series in fp64."""
+    return (tl.cast(c_a, tl.float32), tl.cast(alpha, tl.float32), tl.cast(k_turn, tl.float32),
+            tl.cast(u_max, tl.float32), tl.cast(c1, tl.float32), tl.cast(c2, tl.float32),
+            tl.cast(c3, tl.float32), tl.cast(c4, tl.float32), tl.cast(c5, tl.float32),
+            tl.cast(qk_scale, tl.float32))
 
 
 @triton.jit
@@ -94,7 +152,7 @@ def _load_split(p_base, o_r, m_r, s_r, o_a, o_p, DA: tl.constexpr, DP: tl.conste
 
 @triton.jit
 def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
-                    s_ks, s_vs, S, lo, hi, c_a, c_p, alpha, phase_scale, qk_scale,
+                    s_ks, s_vs, S, lo, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale,
                     D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                     MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
                     DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -108,9 +166,9 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_pos
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
-                                   LINEAR, FAST, DOT_PREC)
-        b_s = b_a * c * qk_scale
+        b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max,
+                                     c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
+        b_s = b_a * c * (c_a * qk_scale)
         if MASKED:
             vis = m_n[None, :]
             if CAUSAL:
@@ -144,11 +202,14 @@ def _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
 def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
                     s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
-                    s_pqb, s_pkb, s_srt, T, S, H, GROUP, c_a, c_p, alpha, phase_scale, qk_scale, n_iter_s,
+                    s_pqb, s_pkb, s_srt, T, S, H, GROUP, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                    qk_scale, n_iter_s,
                     D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                     BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, LINEAR: tl.constexpr,
                     FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
+        c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -171,11 +232,15 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
-    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
-                                    s_ks, s_vs, S, 0, mid, c_a, c_p, alpha, phase_scale, qk_scale, D, DA, DP,
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p,
+                                    o_v,
+                                    s_ks, s_vs, S, 0, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                                    qk_scale, D, DA, DP,
                                     CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_N)
-    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
-                                    s_ks, s_vs, S, mid, hi, c_a, c_p, alpha, phase_scale, qk_scale, D, DA, DP,
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p,
+                                    o_v,
+                                    s_ks, s_vs, S, mid, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                                    qk_scale, D, DA, DP,
                                     CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_N)
     empty = l_i == 0.0
     b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -190,27 +255,29 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
 
 
 @triton.jit
-def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis, c_a, c_p, alpha,
-                phase_scale, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
+def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis, c_a, alpha, k_turn,
+                u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
                 FAST: tl.constexpr, DOT_PREC: tl.constexpr):
     """Recompute P [BM, BN] and return (P, gA, gP): d loss / d <q_A,k_A> and / d <q_P,k_P> (or the
     linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
-    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, c_a, c_p, alpha, phase_scale,
-                               LINEAR, FAST, DOT_PREC)
-    b_p = tl.exp2(b_a * c * qk_scale - b_lse[:, None])
+    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max,
+                               c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
+    b_p = tl.exp2(b_a * c * (c_a * qk_scale) - b_lse[:, None])
     if MASKED:
         b_p = tl.where(vis, b_p, 0.0)
     # [BM, BV] @ [BV, BN] -> [BM, BN]
     b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
-    b_ds = b_p * (b_dp - b_dlt[:, None]) * sm_scale  # d loss / d (A cos(w Phi))
+    b_ds = b_p * (b_dp - b_dlt[:, None]) * sm_scale  # d loss / d (A cos(2 pi t))
     g_a = b_ds * c * c_a
-    g_p = -b_ds * b_a * w * s * c_p
+    # d (A cos 2 pi t) / d <q_P, k_P> = -A sin(2 pi t) 2 pi W, A = c_a <q_A, k_A>
+    g_p = b_ds * b_a * w * s * (-6.283185307179586 * c_a)
     return b_p, g_a, g_p
 
 
 @triton.jit
 def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-                         p_posq, o_a, o_p, o_v, s_qt, s_dot, T, lo, hi, c_a, c_p, alpha, phase_scale, sm_scale,
+                         p_posq, o_a, o_p, o_v, s_qt, s_dot, T, lo, hi, c_a, alpha, k_turn, u_max, c1, c2,
+                         c3, c4, c5, sm_scale,
                          qk_scale, D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                          MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
                          DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -230,7 +297,8 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qb
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sq = tl.sum(b_qp.to(tl.float32), 1)
         b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
-                                    c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, LINEAR, MASKED, FAST,
+                                    c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
+                                    LINEAR, MASKED, FAST,
                                     DOT_PREC)
         # [BN, BM] @ [BM, BV] -> [BN, BV]
         dv += tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT_PREC)
@@ -249,12 +317,16 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qb
 def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
                          s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                          s_dkb, s_dkh, s_dks, s_pqb, s_pkb, s_srt,
-                         T, S, H, GROUP, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, n_iter_t,
+                         T, S, H, GROUP, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
+                         n_iter_t,
                          D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
                          LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
+    c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
+        c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     G = H // GROUP
     i_b, i_g = i_bg // G, i_bg % G
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -292,15 +364,18 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
-            o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+            o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale,
+            qk_scale,
             D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
-            o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+            o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+            sm_scale, qk_scale,
             D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
-            o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, c_p, alpha, phase_scale,
+            o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, alpha, k_turn, u_max, c1, c2,
+            c3, c4, c5,
             sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
     if LINEAR:
         dkp = dkp + dks[:, None]
@@ -313,7 +388,8 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
 
 @triton.jit
 def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase, p_vbase, p_posk,
-                       o_a, o_p, o_v, s_ks, s_vs, S, lo, hi, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale,
+                       o_a, o_p, o_v, s_ks, s_vs, S, lo, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                       sm_scale, qk_scale,
                        D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                        MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
                        DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -331,7 +407,8 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sk = tl.sum(b_kp.to(tl.float32), 1)
         _b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
-                                    c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, LINEAR, MASKED, FAST,
+                                    c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
+                                    LINEAR, MASKED, FAST,
                                     DOT_PREC)
         # [BM, BN] @ [BN, BA] -> [BM, BA]
         dqa += tl.dot(g_a.to(b_ka.dtype), b_ka, input_precision=DOT_PREC)
@@ -348,12 +425,16 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
 def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                        s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_srt,
-                       T, S, H, GROUP, c_a, c_p, alpha, phase_scale, sm_scale, qk_scale, n_iter_s,
+                       T, S, H, GROUP, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
+                       n_iter_s,
                        D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                        BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
                        LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
+        c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -366,7 +447,8 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
     b_qa, b_qp = _load_split(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, o_m, m_m, s_qt, o_a, o_p,
                              DA, DP, True)
     sq = tl.sum(b_qp.to(tl.float32), 1)
-    b_do = tl.load(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh + o_m.to(tl.int64)[:, None] * s_dot
+    b_do = tl.load(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh + o_m.to(tl.int64)[:,
+                                                                                               None] * s_dot
                    + o_v[None, :], mask=m_m[:, None] & (o_v[None, :] < D), other=0.0)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
@@ -381,12 +463,16 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
     dqp = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
     dqs = tl.zeros([BLOCK_M], dtype=tl.float32)
     dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
-                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, 0, mid, c_a, c_p, alpha,
-                                       phase_scale, sm_scale, qk_scale, D, DA, DP, CAUSAL, False, LINEAR, FAST,
+                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, 0, mid, c_a, alpha,
+                                       k_turn,
+                                       u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,
+                                       False, LINEAR, FAST,
                                        DOT_PREC, BLOCK_N)
     dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
-                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, mid, hi, c_a, c_p, alpha,
-                                       phase_scale, sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST,
+                                       p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, mid, hi, c_a, alpha,
+                                       k_turn,
+                                       u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,
+                                       True, LINEAR, FAST,
                                        DOT_PREC, BLOCK_N)
     if LINEAR:
         dqp = dqp + dqs[:, None]
@@ -398,11 +484,32 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
 # ----------------------------------------------------------------------------- host functions
 
 
+def _taylor(alpha: float) -> tuple[float, ...]:
+    """(u_max, c_1 ... c_5) of `_tapa_turns`: c_k = binom(alpha, k); u_max such that the series'
+    tail sum_{k>=6} |c_k| u^k stays below 1.4e-7 (relative, about one fp32 ulp): for alpha <= 6
+    the ratio |c_{k+1} / c_k| = |alpha - k| / (k + 1) is <= 1, so the tail is <= |c_6| u^6 / (1 - u).
+    Larger alpha gets u_max = 0 (exact path everywhere but for a key block of one position)."""
+    c = [1.0]
+    for k in range(1, 7):
+        c.append(c[-1] * (alpha - k + 1) / k)
+    if alpha > 6.0:
+        u_max = 0.0
+    elif c[6] == 0.0:  # alpha in {1, ..., 5}: the series is exact
+        u_max = 0.25
+    else:
+        u_max = min(0.25, (1e-7 / abs(c[6])) ** (1.0 / 6.0))
+    return (u_max, *c[1:6])
+
+
 def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype) -> tuple:
+    """Kernel scalars (c_a, alpha, k_turn, u_max, c_1..c_5) and constexprs. k_turn = phase_scale /
+    (2 pi sqrt(D_P)) turns the phase into cycles (`_tapa_score`)."""
     d_phase = D - d_amp
-    args = (1.0 / math.sqrt(d_amp), 1.0 / math.sqrt(d_phase), float(alpha), float(phase_scale))
+    k_turn = phase_scale / (2.0 * math.pi * math.sqrt(d_phase))
+    args = (1.0 / math.sqrt(d_amp), float(alpha), k_turn, *_taylor(float(alpha)))
     meta = {"D": D, "DA": d_amp, "DP": d_phase, "BLOCK_A": block_d(d_amp), "BLOCK_P": block_d(d_phase),
-            "BLOCK_V": block_d(D), "LINEAR": linear, "FAST": not interpreting(), "DOT_PREC": _dot_precision(dtype)}
+            "BLOCK_V": block_d(D), "LINEAR": linear, "FAST": not interpreting(),
+            "DOT_PREC": _dot_precision(dtype)}
     return args, meta
 
 

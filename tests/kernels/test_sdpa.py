@@ -90,6 +90,11 @@ def test_is_causal_only_for_trivial_positions():
         mask, is_causal = build_mask(pos_q, pos_k, causal=True)
         assert not is_causal and torch.equal(mask, R.visibility(pos_q, pos_k))
     assert build_mask(arange, arange, causal=False) == (None, False)
+    # declared trivial by the caller (the model's default positions): no comparison, no sync
+    assert build_mask(arange + 1, arange + 1, causal=True, trivial_pos=True) == (None, True)
+    with pytest.raises(ValueError, match="T == S"):
+        build_mask(arange[:, 3:], arange, causal=True, trivial_pos=True)
+
 
 
 def test_varlen_matches_reference_per_document():

@@ -11,8 +11,10 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference
+from phaselab.kernels.attention import reference, triton_tapa
 from phaselab.kernels.attention.function import tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
@@ -56,6 +58,8 @@ CPU_CASES = [
     (1, 2, 2, 7, 45, 32, True, {"alpha": 0.5, "phase": "linear"}),
     (2, 4, 2, 20, 20, 64, False, {"alpha": 0.3, "theta": 0.25, "phase_scale": 1.0}),
     (1, 2, 1, 19, 33, 48, True, {"alpha": 0.1, "theta": 0.5, "phase": "linear"}),
+    # keys up to ~140 positions back: most tiles take the binomial series of `_tapa_turns`
+    (1, 2, 1, 16, 160, 32, True, {"alpha": 0.1}),
 ]
 
 
@@ -70,6 +74,52 @@ def test_tapa_interpreter_matches_float64_reference(B, H, G, T, S, D, causal, pa
     out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
     for name, r, o in zip(NAMES, ref, out):
         assert_close(f"tapa-{name}", r, o, 2e-5)
+
+
+@triton.jit
+def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr):
+    o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
+    w = triton_tapa._tapa_turns(tl.load(pq + o_m), tl.load(pk + o_n), alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+                                MASKED, False)
+    tl.store(out + o_m[:, None] * BN + o_n[None, :], w)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 1.5, 2.0, 3.7])
+@pytest.mark.parametrize("q0,k0,masked", [(1000, 0, False), (5, 200, False), (2**17, 2**17 - 300, False),
+                                          (20, 0, False), (1000, 0, True)])
+def test_tapa_phase_weight_series_matches_float64(alpha, q0, k0, masked):
+    """W = k_turn |m - n|^alpha from `_tapa_turns` against float64, whether the tile takes the
+    binomial series (far from the diagonal, either sign of m - n) or the exact path (q0=20: too
+    near; masked tiles). Bound: 3e-7 plus the fp32 rounding of the exponent alpha log2 d that the
+    per-row exp2 (and torch's own fp32 pow) carries, ~1e-7 |alpha log2 d| relative."""
+    pq = torch.arange(16, dtype=torch.int64) + q0
+    pk = torch.arange(16, dtype=torch.int64) * 3 + k0  # keys 3 apart: a block spanning 45 positions
+    u_max, *coef = triton_tapa._taylor(alpha)
+    out = torch.empty(16, 16, dtype=torch.float32)
+    _turns_probe[(1,)](pq, pk, out, alpha, 0.7, u_max, *coef, MASKED=masked, BM=16, BN=16)
+    d = (pq[:, None] - pk[None, :]).abs().double()
+    ref = 0.7 * d.pow(alpha)
+    assert torch.equal(out[d == 0], torch.zeros_like(out[d == 0]))  # 0^alpha = 0 on the diagonal
+    rel = ((out.double() - ref).abs() / ref)[d > 0].max().item()
+    assert rel < 3e-7 + 1e-7 * alpha * math.log2(d.max().item()), rel
+
+
+def test_tapa_series_radius_bounds_the_tail():
+    """`_taylor`'s u_max keeps sum_{k>=6} |binom(alpha, k)| u^k under 1.4e-7 (summed to k = 60)."""
+    for alpha in (0.05, 0.1, 0.5, 0.9, 1.5, 2.5, 4.2, 5.9):
+        u_max, *coef = triton_tapa._taylor(alpha)
+        c, tail = 1.0, 0.0
+        for k in range(1, 61):
+            c *= (alpha - k + 1) / k
+            if k <= 5:
+                assert c == pytest.approx(coef[k - 1], rel=1e-12)
+            else:
+                tail += abs(c) * u_max ** k
+        assert tail < 1.4e-7, (alpha, u_max, tail)
+        assert u_max >= 0.1 or alpha > 5  # TAPA's alphas: the series covers tiles ~5 blocks out
+    assert triton_tapa._taylor(7.5)[0] == 0.0
 
 
 @needs_interpreter

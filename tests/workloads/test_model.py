@@ -259,3 +259,19 @@ def test_model_fits_a_fixed_batch(kind):
         model.after_optimizer_step()
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.3 * losses[0], losses[::8]
+
+
+def test_default_positions_declare_trivial_pos_to_the_backend():
+    """forward without pos_BT passes trivial_pos=True (sdpa then takes is_causal with no device
+    sync and no graph break under torch.compile, issue 4); explicit positions do not, and both give
+    the same logits."""
+    model = Transformer(preset("tiny", pe={"kind": "rope"}, attention={"backend": "sdpa"}))
+    seen = []
+    attn = model.h[0].attn
+    backend = attn.backend
+    attn.backend = lambda *a, **kw: seen.append(kw["trivial_pos"]) or backend(*a, **kw)
+    idx = _tokens(model.cfg.vocab_size, 2, 8)
+    default = model(idx)[0]
+    given = model(idx, pos_BT=torch.arange(8).expand(2, 8))[0]
+    assert seen == [True, False]
+    torch.testing.assert_close(default, given, rtol=0, atol=0)

@@ -125,7 +125,7 @@ class CausalSelfAttention(nn.Module):
         self._checked_calls.add(call)
 
     def forward(self, x_BTC: Tensor, pos_BT: Tensor, *, cache: LayerCache | None = None,
-                cu_seqlens: Tensor | None = None) -> Tensor:
+                cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
         B, T, _ = x_BTC.shape
         q_BTHD, k_BSGD, v_BSGD = self.project_qkv(x_BTC)
         pos_k_BS = pos_BT
@@ -142,7 +142,7 @@ class CausalSelfAttention(nn.Module):
                                           cu_seqlens=cu_seqlens, deterministic=self.deterministic))
         y_BHTD = self.backend(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q_BT, pos_k=pos_k_BS,
                               scale=self.pe.softmax_scale(self.head_dim), causal=True,
-                              score_mod=score_mod, cu_seqlens=cu_seqlens)
+                              score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos)
         y_BTC = y_BHTD.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_drop(self.c_proj(y_BTC))
 
@@ -177,8 +177,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x_BTC: Tensor, pos_BT: Tensor, *, cache: LayerCache | None = None,
-                cu_seqlens: Tensor | None = None) -> Tensor:
-        x_BTC = x_BTC + self.attn(self.ln_1(x_BTC), pos_BT, cache=cache, cu_seqlens=cu_seqlens)
+                cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
+        x_BTC = x_BTC + self.attn(self.ln_1(x_BTC), pos_BT, cache=cache, cu_seqlens=cu_seqlens,
+                                  trivial_pos=trivial_pos)
         return x_BTC + self.mlp(self.ln_2(x_BTC))
 
 
@@ -266,6 +267,7 @@ class Transformer(nn.Module):
         """
         # packed documents can only come from explicit positions: the default needs no host sync
         packed = pos_BT is not None and kv_cache is None
+        trivial_pos = pos_BT is None and kv_cache is None  # 0..T-1 for queries and keys, known here
         start = 0 if kv_cache is None else kv_cache.length
         pos_BT = self.positions(idx_BT, pos_BT, start)
         cu_seqlens = document_segments(pos_BT) if packed else None
@@ -275,7 +277,7 @@ class Transformer(nn.Module):
         x_BTC = self.drop(x_BTC)
         for i, block in enumerate(self.h):
             cache = None if kv_cache is None else kv_cache.layers[i]
-            x_BTC = block(x_BTC, pos_BT, cache=cache, cu_seqlens=cu_seqlens)
+            x_BTC = block(x_BTC, pos_BT, cache=cache, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos)
         logits_BTV = self.lm_head(self.ln_f(x_BTC))[..., : self.cfg.vocab_size]
         loss = None if targets_BT is None else masked_cross_entropy(logits_BTV, targets_BT, loss_mask_BT)
         return logits_BTV, loss
