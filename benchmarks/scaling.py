@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         row = run_case(case, bench, work, tag)
         results["cases"].append(row)
         print(f"[scaling] {case.key}: " + json.dumps({k: row.get(k) for k in (
-            "tokens_per_s_per_gpu", "ckpt_save_s", "peak_mem_gib_max_gpu", "wall_s", "error")}), flush=True)
+            "tokens_per_s_per_gpu", "ckpt_save_s", "peak_mem_gib_alloc", "peak_mem_gib_max_gpu", "wall_s",
+            "error")}), flush=True)
         if (case.zero_stage in args.resume_zero and case.world == bench.max_world
                 and case.encoding == args.encodings[0] and not row["error"]):
             results["resume"].append(run_resume(case, bench, work, tag, row))
