@@ -10,11 +10,10 @@ The SQL catalog is the only durable state. One loop:
    ``CatalogStore.finalize_success`` (metrics + artifact digests + env in one transaction),
    failures classified and retried by class (``failures.POLICIES``).
 
-Heartbeats come from the worker that runs a stage (``runner.WorkerHeartbeat``), not from here:
-an own stage whose worker beat once and then fell silent for ``stale_after_s`` is hung (or its
-process is frozen or gone without Ray noticing yet); its task is force-cancelled and the stage
-retried as a preemption, resuming from its newest checkpoint. A stage whose worker has not beaten
-yet (its task still queued in Ray) is left to Ray.
+Heartbeats come from the worker that runs a stage (``runner.WorkerHeartbeat``), not from here.
+An own stage whose worker beat, then fell silent for ``stale_after_s``, is hung or lost: its task
+is force-cancelled and the stage retried as a preemption (resuming from its newest checkpoint).
+One whose worker has not beaten yet (task still queued in Ray) is left to Ray.
 
 A killed controller leaves RUNNING rows behind; the next controller (``phaselab resume``)
 reclaims those whose owner process is gone (same host) or whose heartbeat expired, and relaunches
@@ -36,6 +35,7 @@ from typing import Any
 
 from phaselab.orchestrator.dag import Dag, StageNode
 from phaselab.orchestrator.failures import POLICIES, classify, message_of
+from phaselab.orchestrator.runner import worker_catalog_url
 
 PENDING = ("PLANNED", "READY", "RUNNING")
 DEAD_UPSTREAM = ("FAILED", "CANCELLED", "BLOCKED")
@@ -84,17 +84,6 @@ def owner_is_dead(owner: str | None) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def worker_catalog_url(url: str) -> str:
-    """The catalog URL as a worker must see it: a relative SQLite path made absolute (a Ray
-    worker's working directory is not the controller's)."""
-    from phaselab.catalog import db
-
-    path = db.sqlite_path(url)
-    if path is None or path.is_absolute():
-        return url
-    return url.replace(str(path), str(path.resolve()), 1)
 
 
 def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,

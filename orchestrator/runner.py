@@ -82,6 +82,17 @@ class WorkerHeartbeat:
         return store.heartbeat(self.stage_hash)
 
 
+def worker_catalog_url(url: str) -> str:
+    """The catalog URL as a worker must see it: a relative SQLite path made absolute (a Ray
+    worker's working directory is not the controller's)."""
+    from phaselab.catalog import db
+
+    path = db.sqlite_path(url)
+    if path is None or path.is_absolute():
+        return url
+    return url.replace(str(path), str(path.resolve()), 1)
+
+
 def _heartbeat(payload: Mapping[str, Any]) -> Any:
     """The worker's heartbeat for this payload (a no-op without ``catalog_url``: a stage run
     outside the controller has no catalog row to keep alive)."""
