@@ -121,6 +121,10 @@ def _check_scale(scale: float) -> float:
 # ----------------------------------------------------------------------------- public wrappers
 
 
+# Outside torch.compile's graph (issue 4): dynamo traced into these user-defined Triton kernels and
+# failed on the H200 (fp64 scalar arguments; "ListVariable is already tracked for mutation" in the
+# host-side launch code). The compiled model breaks its graph here and runs the kernels as they are.
+@torch.compiler.disable
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
                    causal: bool = True, amplitude: str = "softplus") -> Tensor:
@@ -160,6 +164,7 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
                                        bool(causal), amplitude)
 
 
+@torch.compiler.disable  # see pope_attention
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
                    phase: str = "quadratic", scale: float = 1.0, causal: bool = True) -> Tensor:

@@ -18,10 +18,28 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
 from phaselab.kernels.attention.score_mod import ScoreMod
 from phaselab.kernels.registry import AttnCall, BackendUnsupported
 from torch import Tensor
+
+
+_ALL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                SDPBackend.CUDNN_ATTENTION]
+
+
+def _preferred_kernels(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> list[SDPBackend]:
+    """cuDNN alone for the training case it handles (CUDA sm80+, bf16/fp16, head dim <= 128, plain
+    causal without a mask): 1.5-1.8x faster than FlashAttention-2 there on the H200
+    (benchmarks/results/attention-h200.md), which issue 4's MFU target needs; torch's own order
+    tries flash first. Everything else keeps every kernel enabled in torch's order. (A priority
+    list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
+    D = q_BHTD.shape[-1]
+    if (is_causal and attn_mask is None and q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
+            and D <= 128 and D % 8 == 0 and torch.cuda.get_device_capability(q_BHTD.device) >= (8, 0)):
+        return [SDPBackend.CUDNN_ATTENTION]
+    return _ALL_KERNELS
 
 
 def _is_arange(pos_BL: Tensor) -> bool:
@@ -107,9 +125,10 @@ class SdpaBackend:
             if is_causal:  # an additive mask cannot be combined with is_causal
                 attn_mask = attn_mask.masked_fill(~visibility(pos_q, pos_k), float("-inf"))
                 is_causal = False
-        out_BHTD = F.scaled_dot_product_attention(
-            q_BHTD, repeat_kv(k_BGSD, H), repeat_kv(v_BGSD, H), attn_mask=attn_mask,
-            is_causal=is_causal, scale=scale)
+        with sdpa_kernel(_preferred_kernels(q_BHTD, attn_mask, is_causal)):
+            out_BHTD = F.scaled_dot_product_attention(
+                q_BHTD, repeat_kv(k_BGSD, H), repeat_kv(v_BGSD, H), attn_mask=attn_mask,
+                is_causal=is_causal, scale=scale)
         if empty_B1T1 is not None:
             out_BHTD = out_BHTD.masked_fill(empty_B1T1, 0.0)
         return out_BHTD

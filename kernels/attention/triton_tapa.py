@@ -26,6 +26,7 @@ Backward (MATH §4.4; FA2 style, no atomics, deterministic): with g = d loss / d
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -46,6 +47,10 @@ from phaselab.kernels.attention.triton_pope import (
     prune_configs,
 )
 
+# PHASELAB_TAPA_SERIES=0 switches the off-diagonal binomial series off (exact lg2/ex2 everywhere):
+# read once at import, for A/B timing in benchmarks/attention.py (benchmarks/NOTES-device.md).
+SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
+
 _TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
          "prune_configs_by": {"early_config_prune": prune_configs}}
 
@@ -63,12 +68,15 @@ def _dist_pow(pq, pk, alpha, FAST: tl.constexpr):
 
 
 @triton.jit
-def _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                 MASKED: tl.constexpr, FAST: tl.constexpr):
     """W [BM, BN] = k_turn |m - n|^alpha: the phase weight in turns (cycles) per unit of <q_P, k_P>.
 
     Unmasked tiles try the series: write m - n = R_i + e_j with R_i = m_i - n_c and e_j = n_c - n_j
-    about the tile's key centre n_c. If every |e_j| <= u_max |R_i| (one sign of R),
+    about the tile's key centre n_c. The tile's position ranges [q_lo, q_hi], [k_lo, k_hi] come in
+    as fp32 scalars (block ends of sorted positions, or a once-per-program reduction: a reduction
+    per tile costs a barrier, measured slower on the H200); callers pass u_max < 0 when the ends
+    are not the extremes (unsorted positions). If every |e_j| <= u_max |R_i| (one sign of R),
     |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
     (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
     6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, which bounds this
@@ -80,14 +88,12 @@ def _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
     pk = b_pk.to(tl.float32)
     if MASKED:
         w = k_turn * _dist_pow(pq, pk, alpha, FAST)
-    else:
-        k_lo = tl.min(pk, 0)
-        k_hi = tl.max(pk, 0)
+    elif SERIES:
         n_c = 0.5 * (k_lo + k_hi)  # a half-integer: exact in fp32
         r = pq - n_c
-        r_lo = tl.min(r, 0)
-        r_hi = tl.max(r, 0)
-        one_sign = (r_lo > 0.0) | (r_hi < 0.0)
+        r_lo = q_lo - n_c
+        r_hi = q_hi - n_c
+        one_sign = ((r_lo > 0.0) | (r_hi < 0.0)) & (u_max >= 0.0)  # u_max < 0: ends may be unordered
         if one_sign & (0.5 * (k_hi - k_lo) <= u_max * tl.minimum(tl.abs(r_lo), tl.abs(r_hi))):
             f = k_turn * tl.exp2(alpha * _log2(tl.abs(r), FAST))  # [BM]
             # [BN] x [BM] -> [BM, BN]
@@ -100,11 +106,34 @@ def _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
             w = f[:, None] * p
         else:
             w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+    else:
+        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
     return w
 
 
 @triton.jit
-def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+def _block_ends(p_pos, start, BLOCK: tl.constexpr, L):
+    """(pos[start], pos[start + BLOCK - 1]) as fp32 scalars (0 past the end, i.e. masked blocks,
+    which take the exact path anyway): the extremes of a block of sorted positions."""
+    lo = tl.load(p_pos + start, mask=start < L, other=0)
+    hi = tl.load(p_pos + start + BLOCK - 1, mask=start + BLOCK - 1 < L, other=0)
+    return lo.to(tl.float32), hi.to(tl.float32)
+
+
+@triton.jit
+def _row_range(b_pos, m_r, srt, u_max):
+    """(lo, hi, u) of a program's own block of positions, once per program: masked rows count as
+    the block's first valid one; u = u_max where the other side's positions are sorted, else -1
+    (block ends are then not extremes: the series is never taken)."""
+    first = tl.min(tl.where(m_r, b_pos, 2**62), 0)
+    pos = tl.where(m_r, b_pos, first)
+    return (tl.min(pos, 0).to(tl.float32), tl.max(pos, 0).to(tl.float32), tl.where(srt, u_max, -1.0),
+            pos)
+
+
+@triton.jit
+def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max,
+                c1, c2, c3, c4, c5,
                 LINEAR: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr):
     """(<q_A, k_A>, W, cos 2 pi t, sin 2 pi t), all [BM, BN] fp32, t = W <q_P, k_P> (quadratic) or
     W (sum q_P + sum k_P) (linear): the phase in turns, so the range reduction is t - rint(t),
@@ -116,7 +145,8 @@ def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max
     else:
         # [BM, BP] @ [BP, BN] -> [BM, BN]
         b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC)
-    w = _tapa_turns(b_pq, b_pk, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED, FAST)
+    w = _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED,
+                    FAST)
     t = w * b_phi
     c, s = _cos_sin_reduced((t - tl.floor(t + 0.5)) * 6.283185307179586, FAST)
     return b_a, w, c, s
@@ -151,7 +181,7 @@ def _load_split(p_base, o_r, m_r, s_r, o_a, o_p, DA: tl.constexpr, DP: tl.conste
 
 
 @triton.jit
-def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
+def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_vbase, p_posk, o_a, o_p, o_v,
                     s_ks, s_vs, S, lo, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale,
                     D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                     MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
@@ -166,7 +196,9 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_pos
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max,
+        k_lo, k_hi = _block_ends(p_posk, i_n * BLOCK_N, BLOCK_N, S)
+        b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
+                                     alpha, k_turn, u_max,
                                      c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
         b_s = b_a * c * (c_a * qk_scale)
         if MASKED:
@@ -223,6 +255,7 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
                              DA, DP, True)
     sq = tl.sum(b_qp.to(tl.float32), 1)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+    q_lo, q_hi, u_max, b_pq = _row_range(b_pq, m_m, tl.load(k_sorted + i_b * s_srt) != 0, u_max)
     if CAUSAL:
         mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
                                     BLOCK_M, BLOCK_N)
@@ -232,12 +265,14 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
-    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p,
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_vbase,
+                                    p_posk, o_a, o_p,
                                     o_v,
                                     s_ks, s_vs, S, 0, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                                     qk_scale, D, DA, DP,
                                     CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_N)
-    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, p_kbase, p_vbase, p_posk, o_a, o_p,
+    acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_vbase,
+                                    p_posk, o_a, o_p,
                                     o_v,
                                     s_ks, s_vs, S, mid, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                                     qk_scale, D, DA, DP,
@@ -255,12 +290,14 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
 
 
 @triton.jit
-def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis, c_a, alpha, k_turn,
+def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
+                vis, c_a, alpha, k_turn,
                 u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
                 FAST: tl.constexpr, DOT_PREC: tl.constexpr):
     """Recompute P [BM, BN] and return (P, gA, gP): d loss / d <q_A,k_A> and / d <q_P,k_P> (or the
     linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
-    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, alpha, k_turn, u_max,
+    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
+                               alpha, k_turn, u_max,
                                c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
     b_p = tl.exp2(b_a * c * (c_a * qk_scale) - b_lse[:, None])
     if MASKED:
@@ -275,7 +312,8 @@ def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b
 
 
 @triton.jit
-def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
+def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase,
+                         p_lse, p_dlt,
                          p_posq, o_a, o_p, o_v, s_qt, s_dot, T, lo, hi, c_a, alpha, k_turn, u_max, c1, c2,
                          c3, c4, c5, sm_scale,
                          qk_scale, D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
@@ -296,7 +334,9 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qb
         if CAUSAL:
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sq = tl.sum(b_qp.to(tl.float32), 1)
-        b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
+        q_lo, q_hi = _block_ends(p_posq, i_m * BLOCK_M, BLOCK_M, T)
+        b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk,
+                                    q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
                                     LINEAR, MASKED, FAST,
                                     DOT_PREC)
@@ -340,6 +380,7 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
     b_v = tl.load(v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh + o_n.to(tl.int64)[:, None] * s_vs
                   + o_v[None, :], mask=m_v, other=0.0)
     b_pk = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + o_n, mask=m_n, other=0)
+    k_lo, k_hi, u_max, b_pk = _row_range(b_pk, m_n, tl.load(q_sorted + i_b * s_srt) != 0, u_max)
     n_qb = tl.cdiv(T, BLOCK_M)
     n_full = T // BLOCK_M
     if CAUSAL:
@@ -363,17 +404,20 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
         p_lse = lse + (i_b * H + i_h).to(tl.int64) * T
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
-            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
+            p_dlt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale,
             qk_scale,
             D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
-            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
+            p_dlt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
             sm_scale, qk_scale,
             D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
-            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_posq,
+            dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
+            p_dlt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, alpha, k_turn, u_max, c1, c2,
             c3, c4, c5,
             sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
@@ -387,7 +431,8 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
 
 
 @triton.jit
-def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase, p_vbase, p_posk,
+def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, q_lo, q_hi, m_m, p_kbase,
+                       p_vbase, p_posk,
                        o_a, o_p, o_v, s_ks, s_vs, S, lo, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                        sm_scale, qk_scale,
                        D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
@@ -406,7 +451,9 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
         if CAUSAL:
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        _b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, vis,
+        k_lo, k_hi = _block_ends(p_posk, i_n * BLOCK_N, BLOCK_N, S)
+        _b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk,
+                                     q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
                                     LINEAR, MASKED, FAST,
                                     DOT_PREC)
@@ -453,6 +500,7 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+    q_lo, q_hi, u_max, b_pq = _row_range(b_pq, m_m, tl.load(k_sorted + i_b * s_srt) != 0, u_max)
     if CAUSAL:
         mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
                                     BLOCK_M, BLOCK_N)
@@ -462,13 +510,15 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
     dqa = tl.zeros([BLOCK_M, BLOCK_A], dtype=tl.float32)
     dqp = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
     dqs = tl.zeros([BLOCK_M], dtype=tl.float32)
-    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
+    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, q_lo, q_hi,
+                                       m_m, p_kbase,
                                        p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, 0, mid, c_a, alpha,
                                        k_turn,
                                        u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,
                                        False, LINEAR, FAST,
                                        DOT_PREC, BLOCK_N)
-    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, m_m, p_kbase,
+    dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, q_lo, q_hi,
+                                       m_m, p_kbase,
                                        p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, mid, hi, c_a, alpha,
                                        k_turn,
                                        u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,

@@ -80,7 +80,10 @@ def test_tapa_interpreter_matches_float64_reference(B, H, G, T, S, D, causal, pa
 def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr):
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
-    w = triton_tapa._tapa_turns(tl.load(pq + o_m), tl.load(pk + o_n), alpha, k_turn, u_max, c1, c2, c3, c4, c5,
+    b_pq, b_pk = tl.load(pq + o_m), tl.load(pk + o_n)
+    k_lo, k_hi = triton_tapa._block_ends(pk, 0, BN, BN)
+    q_lo, q_hi, u, _ = triton_tapa._row_range(b_pq, o_m < BM, True, u_max)
+    w = triton_tapa._tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u, c1, c2, c3, c4, c5,
                                 MASKED, False)
     tl.store(out + o_m[:, None] * BN + o_n[None, :], w)
 
@@ -120,6 +123,19 @@ def test_tapa_series_radius_bounds_the_tail():
         assert tail < 1.4e-7, (alpha, u_max, tail)
         assert u_max >= 0.1 or alpha > 5  # TAPA's alphas: the series covers tiles ~5 blocks out
     assert triton_tapa._taylor(7.5)[0] == 0.0
+
+
+@needs_interpreter
+def test_tapa_interpreter_unsorted_far_keys_take_the_exact_path():
+    """Shuffled key positions far from the queries: block ends are not the extremes, so the series
+    must not be taken on the ends' say-so (`_row_range` passes u = -1); matches float64."""
+    q, k, v, pos_q, pos_k = make_inputs(1, 2, 1, 16, 160, 32, torch.float32, "cpu", offset=3)
+    pos_k = pos_k[:, torch.randperm(160, generator=generator(3))].contiguous()
+    do = seeded_like(q)
+    ref = run(q, k, v, pos_q, pos_k, do, causal=False, params={"alpha": 0.1}, dtype=torch.float64)
+    out = run(q, k, v, pos_q, pos_k, do, causal=False, params={"alpha": 0.1})
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"tapa-unsorted-{name}", r, o, 2e-5)
 
 
 @needs_interpreter
