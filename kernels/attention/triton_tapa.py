@@ -47,9 +47,10 @@ from phaselab.kernels.attention.triton_pope import (
     prune_configs,
 )
 
-# PHASELAB_TAPA_SERIES=0 switches the off-diagonal binomial series off (exact lg2/ex2 everywhere):
-# read once at import, for A/B timing in benchmarks/attention.py (benchmarks/NOTES-device.md).
-SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
+# The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
+# benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward 12-14 % slower.
+# PHASELAB_TAPA_SERIES=0 switches it off (read at import, for A/B timing in benchmarks/attention.py).
+FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
 
 _TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
          "prune_configs_by": {"early_config_prune": prune_configs}}
@@ -69,7 +70,7 @@ def _dist_pow(pq, pk, alpha, FAST: tl.constexpr):
 
 @triton.jit
 def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
-                MASKED: tl.constexpr, FAST: tl.constexpr):
+                MASKED: tl.constexpr, SERIES: tl.constexpr, FAST: tl.constexpr):
     """W [BM, BN] = k_turn |m - n|^alpha: the phase weight in turns (cycles) per unit of <q_P, k_P>.
 
     Unmasked tiles try the series: write m - n = R_i + e_j with R_i = m_i - n_c and e_j = n_c - n_j
@@ -134,7 +135,8 @@ def _row_range(b_pos, m_r, srt, u_max):
 @triton.jit
 def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max,
                 c1, c2, c3, c4, c5,
-                LINEAR: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                LINEAR: tl.constexpr, MASKED: tl.constexpr, SERIES: tl.constexpr, FAST: tl.constexpr,
+                DOT_PREC: tl.constexpr):
     """(<q_A, k_A>, W, cos 2 pi t, sin 2 pi t), all [BM, BN] fp32, t = W <q_P, k_P> (quadratic) or
     W (sum q_P + sum k_P) (linear): the phase in turns, so the range reduction is t - rint(t),
     exact in fp32 (MATH §7.4), then one multiply by 2 pi into [-pi, pi]."""
@@ -146,7 +148,7 @@ def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_
         # [BM, BP] @ [BP, BN] -> [BM, BN]
         b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC)
     w = _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED,
-                    FAST)
+                    SERIES, FAST)
     t = w * b_phi
     c, s = _cos_sin_reduced((t - tl.floor(t + 0.5)) * 6.283185307179586, FAST)
     return b_a, w, c, s
@@ -199,7 +201,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         k_lo, k_hi = _block_ends(p_posk, i_n * BLOCK_N, BLOCK_N, S)
         b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                      alpha, k_turn, u_max,
-                                     c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
+                                     c1, c2, c3, c4, c5, LINEAR, MASKED, FWD_SERIES, FAST, DOT_PREC)
         b_s = b_a * c * (c_a * qk_scale)
         if MASKED:
             vis = m_n[None, :]
@@ -298,7 +300,7 @@ def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b
     linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
     b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                alpha, k_turn, u_max,
-                               c1, c2, c3, c4, c5, LINEAR, MASKED, FAST, DOT_PREC)
+                               c1, c2, c3, c4, c5, LINEAR, MASKED, False, FAST, DOT_PREC)
     b_p = tl.exp2(b_a * c * (c_a * qk_scale) - b_lse[:, None])
     if MASKED:
         b_p = tl.where(vis, b_p, 0.0)

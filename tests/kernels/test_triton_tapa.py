@@ -84,7 +84,7 @@ def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: 
     k_lo, k_hi = triton_tapa._block_ends(pk, 0, BN, BN)
     q_lo, q_hi, u, _ = triton_tapa._row_range(b_pq, o_m < BM, True, u_max)
     w = triton_tapa._tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u, c1, c2, c3, c4, c5,
-                                MASKED, False)
+                                MASKED, True, False)
     tl.store(out + o_m[:, None] * BN + o_n[None, :], w)
 
 
