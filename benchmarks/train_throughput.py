@@ -97,9 +97,14 @@ class StepClock:
     """Tracker that timestamps each logged training step after a device synchronise."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device, self.times, self.losses = device, {}, {}
+        self.device, self.times, self.losses, self.peak_gib = device, {}, {}, None
 
     def log_metrics(self, metrics: dict[str, float], *, step: int) -> None:
+        # the loop resets CUDA's peak counter after each log step and logs the window's peak, so
+        # the run's peak is the max over the logged values (max_memory_allocated at the end would
+        # only see the last step)
+        if "train/peak_mem_gib" in metrics:
+            self.peak_gib = max(self.peak_gib or 0.0, float(metrics["train/peak_mem_gib"]))
         if "train/loss" in metrics:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
@@ -156,7 +161,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
            "model_tflops_per_s": flops["total"] * stats["tokens_per_s"] / 1e12,
            "mfu": flops["total"] * stats["tokens_per_s"] / (args.peak_tflops * 1e12),
            "loss_first": clock.losses[1], "loss_last": clock.losses[max(clock.losses)],
-           "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+           "peak_mem_gib": clock.peak_gib if device.type == "cuda" else None,
            "model": to_dict(cfg), "error": None}
     del engine, model
     return row
