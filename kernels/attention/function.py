@@ -21,7 +21,7 @@ import math
 from typing import Any, ClassVar
 
 import torch
-from phaselab.kernels.attention import triton_pope, triton_tapa
+from phaselab.kernels.attention import triton_common, triton_pope, triton_tapa
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 from torch import Tensor
 
@@ -203,7 +203,7 @@ class TritonBackend:
         if call.score_mod not in ("pope", "tapa"):
             return (f"score_mod={call.score_mod!r}: the triton backend has fused kernels for pope and "
                     f"tapa only; use sdpa for plain/RoPE/ALiBi attention")
-        if call.device_type != "cuda" and not triton_pope.interpreting():
+        if call.device_type != "cuda" and not triton_common.interpreting():
             return f"device {call.device_type!r}: Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
         if call.varlen:
             return "packed documents (cu_seqlens) are not implemented in the fused kernels"

@@ -28,71 +28,31 @@ sums of d(delta), reduced on the host in a fixed order.
 
 from __future__ import annotations
 
-import math
-import os
 
 import torch
 import triton
 import triton.language as tl
+from phaselab.kernels.attention.triton_common import (
+    LOG2E,
+    _bisect_iters,
+    _bwd_configs,
+    _causal_key_range,
+    _causal_query_range,
+    _cos_sin,
+    _dot_precision,
+    _fwd_configs,
+    _log2,
+    _pos_stride,
+    _sorted_flags,
+    block_d,
+    interpreting,
+    prune_configs,
+)
 
-LN2 = math.log(2.0)
-LOG2E = 1.0 / LN2
 AMPLITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
 
 
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1 (CPU tensors, numpy semantics; DESIGN §6 tier 2)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-# ----------------------------------------------------------------------------- shared jit helpers
-# (also used by triton_tapa.py)
-
-
-@triton.jit
-def _reduce_2pi(x):
-    """x - 2 pi k with k = rint(x / 2 pi), in fp32 (Cody-Waite, MATH §7.4).
-
-    6.28125 has 8 significant bits, so k * 6.28125 is exact for |k| < 2**16 (|x| < 4e5) and the
-    first subtraction is exact; the two tail constants carry the rest of 2 pi.
-    """
-    k = tl.floor(x * 0.15915494309189535 + 0.5)
-    r = x - k * 6.28125
-    r = r - k * 0.0019353071693331003
-    r = r - k * 1.0253131677018246e-11
-    return r
-
-
-@triton.jit
-def _cos_sin(x, FAST: tl.constexpr):
-    """(cos x, sin x) for fp32 x of any size: reduce to [-pi, pi], then `_cos_sin_reduced`."""
-    c, s = _cos_sin_reduced(_reduce_2pi(x), FAST)
-    return c, s
-
-
-@triton.jit
-def _cos_sin_reduced(r, FAST: tl.constexpr):
-    """(cos r, sin r) for fp32 r in [-pi, pi]: MUFU approx (FAST, GPU only; abs error ~5e-7 on
-    [-pi, pi]) or the precise libdevice/numpy routine."""
-    if FAST:
-        c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
-                                      is_pure=True, pack=1)
-        s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
-                                      is_pure=True, pack=1)
-    else:
-        c = tl.cos(r)
-        s = tl.sin(r)
-    return c, s
-
-
-@triton.jit
-def _log2(x, FAST: tl.constexpr):
-    if FAST:
-        y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                      is_pure=True, pack=1)
-    else:
-        y = tl.log2(x)
-    return y
+# ----------------------------------------------------------------------------- PoPE jit helpers
 
 
 @triton.jit
@@ -129,20 +89,6 @@ def _amplitude_grad(x, AMP: tl.constexpr):
 
 
 @triton.jit
-def _count_le(p_pos, n, value, n_iter):
-    """How many entries of the non-decreasing int vector p_pos[0:n] are <= value (bisection)."""
-    lo = n * 0
-    hi = n + 0
-    for _ in range(n_iter):
-        mid = (lo + hi) // 2
-        active = lo < hi
-        x = tl.load(p_pos + mid, mask=active, other=0)
-        lo = tl.where(active & (x <= value), mid + 1, lo)
-        hi = tl.where(active & (x > value), mid, hi)
-    return lo
-
-
-@triton.jit
 def _pope_expand(x, pos, theta, bias, m_d, AMP: tl.constexpr, FAST: tl.constexpr, HAS_BIAS: tl.constexpr):
     """x [R, BD] raw fp32, pos [R] int -> (mu cos phi, mu sin phi, mu), phi = pos*theta - bias
     (keys pass HAS_BIAS=False: delta sits on the query phase)."""
@@ -155,32 +101,6 @@ def _pope_expand(x, pos, theta, bias, m_d, AMP: tl.constexpr, FAST: tl.constexpr
 
 
 # ----------------------------------------------------------------------------- autotuning
-
-
-def _fwd_configs() -> list[triton.Config]:
-    if interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
-
-
-def _bwd_configs() -> list[triton.Config]:
-    if interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2)]]
-
-
-def prune_configs(configs, named_args, **kwargs):
-    """Without PHASELAB_AUTOTUNE=1 keep one config (tests and first calls compile one variant):
-    the first, or the first with 8 warps for 128-wide heads, whose fp32 accumulators spill at 4
-    warps (measured on the H200, benchmarks/NOTES-device.md). With it, time them all."""
-    width = max(kwargs.get(n, named_args.get(n, 0)) for n in ("BLOCK_D", "BLOCK_V"))
-    if os.environ.get("PHASELAB_AUTOTUNE", "0") != "1":
-        wide = [c for c in configs if c.num_warps == 8]
-        return wide[:1] if width >= 128 and wide else configs[:1]
-    # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads
-    return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
 
 
 _TUNE = {"key": ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"],
@@ -258,12 +178,8 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
 
     n_blocks = tl.cdiv(S, BLOCK_N)
     if CAUSAL:
-        first = tl.load(p_posq + i_m * BLOCK_M)
-        srt = tl.load(k_sorted + i_b * s_srt) != 0
-        n_lo = _count_le(p_posk, S, tl.min(tl.where(m_m, b_pq, first), 0), n_iter_s)
-        n_hi = _count_le(p_posk, S, tl.max(tl.where(m_m, b_pq, first), 0), n_iter_s)
-        mid = tl.where(srt, n_lo // BLOCK_N, 0)
-        hi = tl.where(srt, tl.cdiv(n_hi, BLOCK_N), n_blocks)
+        mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                                    BLOCK_M, BLOCK_N)
     else:
         mid = S // BLOCK_N
         hi = n_blocks
@@ -357,12 +273,8 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
     n_qb = tl.cdiv(T, BLOCK_M)
     n_full = T // BLOCK_M
     if CAUSAL:
-        first = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + i_n * BLOCK_N)
-        srt = tl.load(q_sorted + i_b * s_srt) != 0
-        r_lo = _count_le(p_posq, T, tl.min(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
-        r_full = _count_le(p_posq, T, tl.max(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
-        lo = tl.where(srt, r_lo // BLOCK_M, 0)
-        mid = tl.where(srt, tl.cdiv(r_full, BLOCK_M), n_qb)
+        lo, mid = _causal_query_range(p_posq, pos_k + i_b.to(tl.int64) * s_pkb + i_n * BLOCK_N, b_pk, m_n,
+                                      q_sorted, i_b, s_srt, T, n_iter_t, BLOCK_M)
     else:
         lo = 0
         mid = 0
@@ -475,12 +387,8 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
 
     n_blocks = tl.cdiv(S, BLOCK_N)
     if CAUSAL:
-        first = tl.load(p_posq + i_m * BLOCK_M)
-        srt = tl.load(k_sorted + i_b * s_srt) != 0
-        n_lo = _count_le(p_posk, S, tl.min(tl.where(m_m, b_pq, first), 0), n_iter_s)
-        n_hi = _count_le(p_posk, S, tl.max(tl.where(m_m, b_pq, first), 0), n_iter_s)
-        mid = tl.where(srt, n_lo // BLOCK_N, 0)
-        hi = tl.where(srt, tl.cdiv(n_hi, BLOCK_N), n_blocks)
+        mid, hi = _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                                    BLOCK_M, BLOCK_N)
     else:
         mid = S // BLOCK_N
         hi = n_blocks
@@ -504,30 +412,6 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
 
 
 # ----------------------------------------------------------------------------- host functions
-
-
-def _sorted_flags(pos_BL: torch.Tensor) -> torch.Tensor:
-    """int32 [B or 1]: 1 where positions are non-decreasing (enables block skipping); no sync."""
-    if pos_BL.shape[1] < 2:
-        return torch.ones(pos_BL.shape[0], dtype=torch.int32, device=pos_BL.device)
-    return (pos_BL[:, 1:] >= pos_BL[:, :-1]).all(dim=1).to(torch.int32)
-
-
-def _pos_stride(pos_BL: torch.Tensor) -> int:
-    return 0 if pos_BL.shape[0] == 1 else pos_BL.stride(0)
-
-
-def _bisect_iters(n: int) -> int:
-    return max(1, int(n).bit_length() + 1)
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def block_d(head_dim: int) -> int:
-    """Register width of a head: next power of two, at least 16 (tl.dot's minimum; D=48 -> 64)."""
-    return max(16, triton.next_power_of_2(head_dim))
 
 
 def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bool, amplitude: str):

@@ -26,20 +26,20 @@ Backward (MATH §4.4; FA2 style, no atomics, deterministic): with g = d loss / d
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
-from phaselab.kernels.attention.triton_pope import (
+from phaselab.kernels.attention.tapa_phase import FWD_SERIES, _block_ends, _row_range, _tapa_turns, _taylor
+from phaselab.kernels.attention.triton_common import (
     LOG2E,
     _bisect_iters,
     _bwd_configs,
+    _causal_key_range,
+    _causal_query_range,
     _cos_sin_reduced,
-    _count_le,
     _dot_precision,
     _fwd_configs,
-    _log2,
     _pos_stride,
     _sorted_flags,
     block_d,
@@ -47,89 +47,8 @@ from phaselab.kernels.attention.triton_pope import (
     prune_configs,
 )
 
-# The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
-# benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward 12-14 % slower.
-# PHASELAB_TAPA_SERIES=0 switches it off (read at import, for A/B timing in benchmarks/attention.py).
-FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
-
 _TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
          "prune_configs_by": {"early_config_prune": prune_configs}}
-
-
-@triton.jit
-def _dist_pow(pq, pk, alpha, FAST: tl.constexpr):
-    """|m - n|^alpha [BM, BN] in fp32 by exp2(alpha log2 d), 0 on the diagonal (0^alpha = 0).
-
-    pq, pk are fp32 positions (exact below 2**24, as in every phaselab angle), so the difference
-    of two exact integers is exact.
-    """
-    d = tl.abs(pq[:, None] - pk[None, :])
-    pw = tl.exp2(alpha * _log2(tl.maximum(d, 1.0), FAST))
-    return tl.where(d > 0.0, pw, 0.0)
-
-
-@triton.jit
-def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
-                MASKED: tl.constexpr, SERIES: tl.constexpr, FAST: tl.constexpr):
-    """W [BM, BN] = k_turn |m - n|^alpha: the phase weight in turns (cycles) per unit of <q_P, k_P>.
-
-    Unmasked tiles try the series: write m - n = R_i + e_j with R_i = m_i - n_c and e_j = n_c - n_j
-    about the tile's key centre n_c. The tile's position ranges [q_lo, q_hi], [k_lo, k_hi] come in
-    as fp32 scalars (block ends of sorted positions, or a once-per-program reduction: a reduction
-    per tile costs a barrier, measured slower on the H200); callers pass u_max < 0 when the ends
-    are not the extremes (unsorted positions). If every |e_j| <= u_max |R_i| (one sign of R),
-    |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
-    (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
-    6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, which bounds this
-    kernel (benchmarks/NOTES-device.md). Per-row |R_i|^alpha stays exact. Other tiles (near the
-    diagonal, a key block that spans too many positions, padding rows read as position 0) take
-    the exact path.
-    """
-    pq = b_pq.to(tl.float32)
-    pk = b_pk.to(tl.float32)
-    if MASKED:
-        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
-    elif SERIES:
-        n_c = 0.5 * (k_lo + k_hi)  # a half-integer: exact in fp32
-        r = pq - n_c
-        r_lo = q_lo - n_c
-        r_hi = q_hi - n_c
-        one_sign = ((r_lo > 0.0) | (r_hi < 0.0)) & (u_max >= 0.0)  # u_max < 0: ends may be unordered
-        if one_sign & (0.5 * (k_hi - k_lo) <= u_max * tl.minimum(tl.abs(r_lo), tl.abs(r_hi))):
-            f = k_turn * tl.exp2(alpha * _log2(tl.abs(r), FAST))  # [BM]
-            # [BN] x [BM] -> [BM, BN]
-            u = (n_c - pk)[None, :] * (1.0 / r)[:, None]
-            p = c5 * u + c4
-            p = p * u + c3
-            p = p * u + c2
-            p = p * u + c1
-            p = p * u + 1.0
-            w = f[:, None] * p
-        else:
-            w = k_turn * _dist_pow(pq, pk, alpha, FAST)
-    else:
-        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
-    return w
-
-
-@triton.jit
-def _block_ends(p_pos, start, BLOCK: tl.constexpr, L):
-    """(pos[start], pos[start + BLOCK - 1]) as fp32 scalars (0 past the end, i.e. masked blocks,
-    which take the exact path anyway): the extremes of a block of sorted positions."""
-    lo = tl.load(p_pos + start, mask=start < L, other=0)
-    hi = tl.load(p_pos + start + BLOCK - 1, mask=start + BLOCK - 1 < L, other=0)
-    return lo.to(tl.float32), hi.to(tl.float32)
-
-
-@triton.jit
-def _row_range(b_pos, m_r, srt, u_max):
-    """(lo, hi, u) of a program's own block of positions, once per program: masked rows count as
-    the block's first valid one; u = u_max where the other side's positions are sorted, else -1
-    (block ends are then not extremes: the series is never taken)."""
-    first = tl.min(tl.where(m_r, b_pos, 2**62), 0)
-    pos = tl.where(m_r, b_pos, first)
-    return (tl.min(pos, 0).to(tl.float32), tl.max(pos, 0).to(tl.float32), tl.where(srt, u_max, -1.0),
-            pos)
 
 
 @triton.jit
@@ -217,19 +136,6 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         acc = acc * alpha_r[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
-
-
-@triton.jit
-def _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(mid, hi): key blocks [0, mid) are fully visible to this query block, [mid, hi) partly."""
-    first = tl.load(p_posq + i_m * BLOCK_M)
-    srt = tl.load(k_sorted + i_b * s_srt) != 0
-    n_lo = _count_le(p_posk, S, tl.min(tl.where(m_m, b_pq, first), 0), n_iter_s)
-    n_hi = _count_le(p_posk, S, tl.max(tl.where(m_m, b_pq, first), 0), n_iter_s)
-    mid = tl.where(srt, n_lo // BLOCK_N, 0)
-    hi = tl.where(srt, tl.cdiv(n_hi, BLOCK_N), tl.cdiv(S, BLOCK_N))
-    return mid, hi
 
 
 @triton.autotune(configs=_fwd_configs(), **_TUNE)
@@ -386,12 +292,8 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
     n_qb = tl.cdiv(T, BLOCK_M)
     n_full = T // BLOCK_M
     if CAUSAL:
-        first = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + i_n * BLOCK_N)
-        srt = tl.load(q_sorted + i_b * s_srt) != 0
-        r_lo = _count_le(p_posq, T, tl.min(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
-        r_full = _count_le(p_posq, T, tl.max(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
-        lo = tl.where(srt, r_lo // BLOCK_M, 0)
-        mid = tl.where(srt, tl.cdiv(r_full, BLOCK_M), n_qb)
+        lo, mid = _causal_query_range(p_posq, pos_k + i_b.to(tl.int64) * s_pkb + i_n * BLOCK_N, b_pk, m_n,
+                                      q_sorted, i_b, s_srt, T, n_iter_t, BLOCK_M)
     else:
         lo = 0
         mid = 0
@@ -534,23 +436,6 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
 
 
 # ----------------------------------------------------------------------------- host functions
-
-
-def _taylor(alpha: float) -> tuple[float, ...]:
-    """(u_max, c_1 ... c_5) of `_tapa_turns`: c_k = binom(alpha, k); u_max such that the series'
-    tail sum_{k>=6} |c_k| u^k stays below 1.4e-7 (relative, about one fp32 ulp): for alpha <= 6
-    the ratio |c_{k+1} / c_k| = |alpha - k| / (k + 1) is <= 1, so the tail is <= |c_6| u^6 / (1 - u).
-    Larger alpha gets u_max = 0 (exact path everywhere but for a key block of one position)."""
-    c = [1.0]
-    for k in range(1, 7):
-        c.append(c[-1] * (alpha - k + 1) / k)
-    if alpha > 6.0:
-        u_max = 0.0
-    elif c[6] == 0.0:  # alpha in {1, ..., 5}: the series is exact
-        u_max = 0.25
-    else:
-        u_max = min(0.25, (1e-7 / abs(c[6])) ** (1.0 / 6.0))
-    return (u_max, *c[1:6])
 
 
 def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype) -> tuple:

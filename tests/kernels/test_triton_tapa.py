@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, triton_tapa
+from phaselab.kernels.attention import reference, tapa_phase
 from phaselab.kernels.attention.function import tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
@@ -81,9 +81,9 @@ def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: 
                  BM: tl.constexpr, BN: tl.constexpr):
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
     b_pq, b_pk = tl.load(pq + o_m), tl.load(pk + o_n)
-    k_lo, k_hi = triton_tapa._block_ends(pk, 0, BN, BN)
-    q_lo, q_hi, u, _ = triton_tapa._row_range(b_pq, o_m < BM, True, u_max)
-    w = triton_tapa._tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u, c1, c2, c3, c4, c5,
+    k_lo, k_hi = tapa_phase._block_ends(pk, 0, BN, BN)
+    q_lo, q_hi, u, _ = tapa_phase._row_range(b_pq, o_m < BM, True, u_max)
+    w = tapa_phase._tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u, c1, c2, c3, c4, c5,
                                 MASKED, True, False)
     tl.store(out + o_m[:, None] * BN + o_n[None, :], w)
 
@@ -99,7 +99,7 @@ def test_tapa_phase_weight_series_matches_float64(alpha, q0, k0, masked):
     per-row exp2 (and torch's own fp32 pow) carries, ~1e-7 |alpha log2 d| relative."""
     pq = torch.arange(16, dtype=torch.int64) + q0
     pk = torch.arange(16, dtype=torch.int64) * 3 + k0  # keys 3 apart: a block spanning 45 positions
-    u_max, *coef = triton_tapa._taylor(alpha)
+    u_max, *coef = tapa_phase._taylor(alpha)
     out = torch.empty(16, 16, dtype=torch.float32)
     _turns_probe[(1,)](pq, pk, out, alpha, 0.7, u_max, *coef, MASKED=masked, BM=16, BN=16)
     d = (pq[:, None] - pk[None, :]).abs().double()
@@ -112,7 +112,7 @@ def test_tapa_phase_weight_series_matches_float64(alpha, q0, k0, masked):
 def test_tapa_series_radius_bounds_the_tail():
     """`_taylor`'s u_max keeps sum_{k>=6} |binom(alpha, k)| u^k under 1.4e-7 (summed to k = 60)."""
     for alpha in (0.05, 0.1, 0.5, 0.9, 1.5, 2.5, 4.2, 5.9):
-        u_max, *coef = triton_tapa._taylor(alpha)
+        u_max, *coef = tapa_phase._taylor(alpha)
         c, tail = 1.0, 0.0
         for k in range(1, 61):
             c *= (alpha - k + 1) / k
@@ -122,7 +122,7 @@ def test_tapa_series_radius_bounds_the_tail():
                 tail += abs(c) * u_max ** k
         assert tail < 1.4e-7, (alpha, u_max, tail)
         assert u_max >= 0.1 or alpha > 5  # TAPA's alphas: the series covers tiles ~5 blocks out
-    assert triton_tapa._taylor(7.5)[0] == 0.0
+    assert tapa_phase._taylor(7.5)[0] == 0.0
 
 
 @needs_interpreter

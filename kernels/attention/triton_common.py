@@ -1,0 +1,170 @@
+"""Helpers shared by the fused PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3):
+fp32 range reduction and MUFU transcendentals, the causal block ranges found by bisection over
+sorted positions, autotuning configs and host-side conventions. Spec of the kernels: MATH §3, §4,
+§7; verification: tests/kernels/test_triton_{pope,tapa}.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1 (CPU tensors, numpy semantics; DESIGN §6 tier 2)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+
+# ----------------------------------------------------------------------------- jit helpers
+
+
+@triton.jit
+def _reduce_2pi(x):
+    """x - 2 pi k with k = rint(x / 2 pi), in fp32 (Cody-Waite, MATH §7.4).
+
+    6.28125 has 8 significant bits, so k * 6.28125 is exact for |k| < 2**16 (|x| < 4e5) and the
+    first subtraction is exact; the two tail constants carry the rest of 2 pi.
+    """
+    k = tl.floor(x * 0.15915494309189535 + 0.5)
+    r = x - k * 6.28125
+    r = r - k * 0.0019353071693331003
+    r = r - k * 1.0253131677018246e-11
+    return r
+
+
+@triton.jit
+def _cos_sin(x, FAST: tl.constexpr):
+    """(cos x, sin x) for fp32 x of any size: reduce to [-pi, pi], then `_cos_sin_reduced`."""
+    c, s = _cos_sin_reduced(_reduce_2pi(x), FAST)
+    return c, s
+
+
+@triton.jit
+def _cos_sin_reduced(r, FAST: tl.constexpr):
+    """(cos r, sin r) for fp32 r in [-pi, pi]: MUFU approx (FAST, GPU only; abs error ~5e-7 on
+    [-pi, pi]) or the precise libdevice/numpy routine."""
+    if FAST:
+        c = tl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        s = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        c = tl.cos(r)
+        s = tl.sin(r)
+    return c, s
+
+
+@triton.jit
+def _log2(x, FAST: tl.constexpr):
+    if FAST:
+        y = tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        y = tl.log2(x)
+    return y
+
+
+@triton.jit
+def _count_le(p_pos, n, value, n_iter):
+    """How many entries of the non-decreasing int vector p_pos[0:n] are <= value (bisection)."""
+    lo = n * 0
+    hi = n + 0
+    for _ in range(n_iter):
+        mid = (lo + hi) // 2
+        active = lo < hi
+        x = tl.load(p_pos + mid, mask=active, other=0)
+        lo = tl.where(active & (x <= value), mid + 1, lo)
+        hi = tl.where(active & (x > value), mid, hi)
+    return lo
+
+
+@triton.jit
+def _causal_key_range(p_posq, p_posk, b_pq, m_m, k_sorted, i_b, s_srt, i_m, S, n_iter_s,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(mid, hi): key blocks [0, mid) are fully visible to this query block, [mid, hi) partly."""
+    first = tl.load(p_posq + i_m * BLOCK_M)
+    srt = tl.load(k_sorted + i_b * s_srt) != 0
+    n_lo = _count_le(p_posk, S, tl.min(tl.where(m_m, b_pq, first), 0), n_iter_s)
+    n_hi = _count_le(p_posk, S, tl.max(tl.where(m_m, b_pq, first), 0), n_iter_s)
+    mid = tl.where(srt, n_lo // BLOCK_N, 0)
+    hi = tl.where(srt, tl.cdiv(n_hi, BLOCK_N), tl.cdiv(S, BLOCK_N))
+    return mid, hi
+
+
+@triton.jit
+def _causal_query_range(p_posq, pos_k_block, b_pk, m_n, q_sorted, i_b, s_srt, T, n_iter_t,
+                        BLOCK_M: tl.constexpr):
+    """(lo, mid) for a key block: query blocks [0, lo) see none of its keys, [lo, mid) some, and
+    from mid on (up to the last full block) all of them (sorted query positions; else (0, all))."""
+    first = tl.load(pos_k_block)
+    srt = tl.load(q_sorted + i_b * s_srt) != 0
+    r_lo = _count_le(p_posq, T, tl.min(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
+    r_full = _count_le(p_posq, T, tl.max(tl.where(m_n, b_pk, first), 0) - 1, n_iter_t)
+    lo = tl.where(srt, r_lo // BLOCK_M, 0)
+    mid = tl.where(srt, tl.cdiv(r_full, BLOCK_M), tl.cdiv(T, BLOCK_M))
+    return lo, mid
+
+
+# ----------------------------------------------------------------------------- autotuning
+
+
+def _fwd_configs() -> list[triton.Config]:
+    if interpreting():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
+
+
+def _bwd_configs() -> list[triton.Config]:
+    if interpreting():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2)]]
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """Without PHASELAB_AUTOTUNE=1 keep one config (tests and first calls compile one variant):
+    the first, or the first with 8 warps for 128-wide heads, whose fp32 accumulators spill at 4
+    warps (measured on the H200, benchmarks/NOTES-device.md). With it, time them all."""
+    width = max(kwargs.get(n, named_args.get(n, 0)) for n in ("BLOCK_D", "BLOCK_V"))
+    if os.environ.get("PHASELAB_AUTOTUNE", "0") != "1":
+        wide = [c for c in configs if c.num_warps == 8]
+        return wide[:1] if width >= 128 and wide else configs[:1]
+    # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads
+    return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
+
+
+
+# ----------------------------------------------------------------------------- host functions
+
+
+def _sorted_flags(pos_BL: torch.Tensor) -> torch.Tensor:
+    """int32 [B or 1]: 1 where positions are non-decreasing (enables block skipping); no sync."""
+    if pos_BL.shape[1] < 2:
+        return torch.ones(pos_BL.shape[0], dtype=torch.int32, device=pos_BL.device)
+    return (pos_BL[:, 1:] >= pos_BL[:, :-1]).all(dim=1).to(torch.int32)
+
+
+def _pos_stride(pos_BL: torch.Tensor) -> int:
+    return 0 if pos_BL.shape[0] == 1 else pos_BL.stride(0)
+
+
+def _bisect_iters(n: int) -> int:
+    return max(1, int(n).bit_length() + 1)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def block_d(head_dim: int) -> int:
+    """Register width of a head: next power of two, at least 16 (tl.dot's minimum; D=48 -> 64)."""
+    return max(16, triton.next_power_of_2(head_dim))
