@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import numbers
 import tempfile
@@ -38,26 +39,102 @@ from typing import Any
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 
 CKPT_STATE = "train_state.pt"
+log = logging.getLogger(__name__)
+
+
+class MetricsFileError(ValueError):
+    """A metrics.jsonl line before the last one is malformed: corruption, not a torn write
+    (failure class ``data`` when it stops a writer)."""
 
 
 class JsonlTracker(NullTracker):
     """Appends ``{"step": s, **metrics}`` lines to a file; the other Tracker calls are no-ops
-    (params and records travel through fit's return value)."""
+    (params and records travel through fit's return value).
+
+    Each record is one unbuffered ``write()`` of a complete line, so a killed writer can leave
+    at most one torn *final* line. The first write of a tracker (a resumed run's new
+    writer) cuts such a line away first, so the run appends to valid JSONL again.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._repaired = False
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+        line = json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
+        if not self._repaired:   # lazily: only the rank that writes touches the file
+            truncate_torn_tail(self.path)
+            self._repaired = True
+        data = line.encode("utf-8")
+        # Unbuffered O_APPEND: the whole line goes to the kernel in one write(2) (nothing is
+        # held back in a user-space buffer to be flushed later, or in pieces).
+        with open(self.path, "ab", buffering=0) as f:
+            done = f.write(data)
+            while done < len(data):   # a short write (disk full, signal): finish the line
+                done += f.write(data[done:])
+
+
+def _scan(path: Path, data: bytes) -> tuple[list[dict[str, float]], tuple[int, int, str] | None]:
+    """The records of a metrics file's bytes and its torn final line, if any, as
+    ``(line number, byte offset, why)``. A final line is torn when it has no trailing newline or
+    does not parse as a JSON object (a killed writer's); a bad line before it raises MetricsFileError
+    naming ``path`` and the line number (that is corruption, not a torn write)."""
+    lines = data.split(b"\n")   # after the last newline: b"" or a torn line
+    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    rows: list[dict[str, float]] = []
+    offset = 0
+    for i, raw in enumerate(lines[:last + 1]):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+        if i == len(lines) - 1:
+            return rows, (i + 1, start, f"no trailing newline ({len(raw)} bytes)")
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError
+            row, why = None, str(err)
+        else:
+            why = None if isinstance(row, dict) else f"not a JSON object but {type(row).__name__}"
+        if why is None:
+            rows.append(row)
+        elif i == last:
+            return rows, (i + 1, start, f"does not parse: {why}")
+        else:
+            raise MetricsFileError(f"{path}:{i + 1}: malformed metrics line {raw[:80]!r}: {why}")
+    return rows, None
+
+
+def truncate_torn_tail(path: Path) -> bool:
+    """Cut a torn final line (see :func:`read_metrics`) off ``path``, so what follows is appended
+    to valid JSONL. Returns whether it cut. Corruption before the last line raises MetricsFileError."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    _, torn = _scan(path, path.read_bytes())
+    if torn is None:
+        return False
+    number, offset, why = torn
+    log.warning("%s:%d: cutting a torn final line (%s) at byte %d before appending", path, number, why, offset)
+    with open(path, "rb+") as f:
+        f.truncate(offset)
+    return True
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The lines a JsonlTracker wrote, in order."""
-    if not Path(path).exists():
+    """The complete lines a JsonlTracker wrote, in order.
+
+    A final line without a trailing newline or that does not parse is what a killed writer
+    leaves: it is skipped with a logged warning, never read as finished. A malformed line
+    before the last one is corruption: MetricsFileError (a ValueError) naming the file and the line.
+    """
+    path = Path(path)
+    if not path.exists():
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows, torn = _scan(path, path.read_bytes())
+    if torn is not None:
+        log.warning("%s:%d: skipping a torn final line (%s)", path, torn[0], torn[2])
+    return rows
 
 
 def _allreduce_mean(value: float) -> float:
