@@ -7,6 +7,7 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable)
     pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
     tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
+    tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
     tapa-material  the reference (fp32 logits materialised) where it fits in memory
 TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (both PoPE paths),
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
@@ -42,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
-               "tapa-fused": "tapa", "tapa-material": "tapa"}
+               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
 
 
 def sdpa(backend):
@@ -69,6 +70,10 @@ def tapa_fused(q, k, v, pos, ctx):
     return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5)
 
 
+def tapa_fused_atomic(q, k, v, pos, ctx):
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=False)
+
+
 def tapa_material(q, k, v, pos, ctx):
     return reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, causal=True,
                                score_mod=ScoreMod(kind="tapa", params={"alpha": 0.1}))
@@ -76,6 +81,7 @@ def tapa_material(q, k, v, pos, ctx):
 
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "tapa-fused": tapa_fused,
+           "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material}
 
 

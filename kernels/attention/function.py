@@ -53,18 +53,19 @@ class TapaAttentionFunction(torch.autograd.Function):
     """out = TAPA attention; gradients for q, k, v (TAPA has no parameters, MATH §4.2)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal):
-        cfg = {"d_amp": d_amp, "alpha": alpha, "phase_scale": phase_scale, "linear": linear, "scale": scale, "causal": causal}
+    def forward(ctx, q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic):
+        cfg = {"d_amp": d_amp, "alpha": alpha, "phase_scale": phase_scale, "linear": linear, "scale": scale,
+               "causal": causal}
         out, lse = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **cfg)
         ctx.save_for_backward(q, k, v, pos_q, pos_k, out, lse)
-        ctx.cfg = cfg
+        ctx.cfg = cfg | {"deterministic": deterministic}
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, pos_q, pos_k, out, lse = ctx.saved_tensors
         dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, **ctx.cfg)
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- validation
@@ -167,7 +168,8 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
 @torch.compiler.disable  # see pope_attention
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
-                   phase: str = "quadratic", scale: float = 1.0, causal: bool = True) -> Tensor:
+                   phase: str = "quadratic", scale: float = 1.0, causal: bool = True,
+                   deterministic: bool = True) -> Tensor:
     """Fused TAPA attention (MATH §4.2), differentiable in q, k, v.
 
     Args:
@@ -178,6 +180,9 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         phase: "quadratic" (Eq. 12, default) or "linear" (Eq. 16).
         scale: multiplies the score; TAPA's logit is the score itself, so the default is 1.0.
         causal: mask by positions (default True).
+        deterministic: True (default) computes dQ in its own kernel, bitwise reproducible; False adds
+            it with fp32 atomics inside the dK/dV kernel (one backward kernel; on the GPU the order
+            of the additions varies from run to run).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
@@ -188,7 +193,7 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale, "phase": phase})
     d_amp, _ = tapa_split(D, theta)
     return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(alpha), float(phase_scale),
-                                       phase == "linear", _check_scale(scale), bool(causal))
+                                       phase == "linear", _check_scale(scale), bool(causal), bool(deterministic))
 
 
 # ----------------------------------------------------------------------------- registry backend

@@ -221,12 +221,12 @@ def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b
 
 @triton.jit
 def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase,
-                         p_lse, p_dlt,
+                         p_lse, p_dlt, p_dqbase, s_dqt,
                          p_posq, o_a, o_p, o_v, s_qt, s_dot, T, lo, hi, c_a, alpha, k_turn, u_max, c1, c2,
                          c3, c4, c5, sm_scale,
                          qk_scale, D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                          MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
-                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     for i_m in range(lo, hi):
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_m = o_m < T
@@ -257,20 +257,40 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_h
         else:
             # [BN, BM] @ [BM, BP] -> [BN, BP]
             dkp += tl.dot(tl.trans(g_p).to(b_qp.dtype), b_qp, input_precision=DOT_PREC)
+        if ATOMIC_DQ:
+            _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA, DP, LINEAR, DOT_PREC)
     return dka, dkp, dks, dv
+
+
+@triton.jit
+def _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA: tl.constexpr, DP: tl.constexpr,
+               LINEAR: tl.constexpr, DOT_PREC: tl.constexpr):
+    """This key block's share of dQ, added in fp32 with atomics (the non-deterministic mode: one
+    backward kernel instead of two, S and P recomputed once; MATH §7.7, §7.8; FA2's dQ)."""
+    p_row = p_dqbase + o_m.to(tl.int64)[:, None] * s_dqt
+    # [BM, BN] @ [BN, BA] -> [BM, BA]
+    dqa = tl.dot(g_a.to(b_ka.dtype), b_ka, input_precision=DOT_PREC)
+    tl.atomic_add(p_row + o_a[None, :], dqa, mask=m_m[:, None] & (o_a[None, :] < DA), sem="relaxed")
+    if LINEAR:
+        # [BM] -> [BM, BP]: the linear phase's gradient reaches every phase feature alike
+        dqp = tl.sum(g_p, 1)[:, None] + tl.zeros([g_p.shape[0], b_kp.shape[1]], dtype=tl.float32)
+    else:
+        # [BM, BN] @ [BN, BP] -> [BM, BP]
+        dqp = tl.dot(g_p.to(b_kp.dtype), b_kp, input_precision=DOT_PREC)
+    tl.atomic_add(p_row + DA + o_p[None, :], dqp, mask=m_m[:, None] & (o_p[None, :] < DP), sem="relaxed")
 
 
 @triton.autotune(configs=_bwd_configs(), **_TUNE)
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
-def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
+def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_sorted,
                          s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
-                         s_dkb, s_dkh, s_dks, s_pqb, s_pkb, s_srt,
+                         s_dkb, s_dkh, s_dks, s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_srt,
                          T, S, H, GROUP, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
                          n_iter_t,
                          D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
                          LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
         c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
@@ -301,30 +321,31 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted,
     dkp = tl.zeros([BLOCK_N, BLOCK_P], dtype=tl.float32)
     dks = tl.zeros([BLOCK_N], dtype=tl.float32)
     dvacc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-    for i_hg in range(GROUP):  # every query head of the GQA group: no atomics (MATH §7.8)
+    for i_hg in range(GROUP):  # every query head of the GQA group: dK, dV without atomics (MATH §7.8)
         i_h = i_g * GROUP + i_hg
+        p_dqbase = dq32 + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh
         p_qbase = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh
         p_dobase = do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh
         p_lse = lse + (i_b * H + i_h).to(tl.int64) * T
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
-            p_dlt, p_posq,
+            p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale,
             qk_scale,
-            D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
+            D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
-            p_dlt, p_posq,
+            p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
             sm_scale, qk_scale,
-            D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M)
+            D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
-            p_dlt, p_posq,
+            p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, alpha, k_turn, u_max, c1, c2,
             c3, c4, c5,
-            sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M)
+            sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
     if LINEAR:
         dkp = dkp + dks[:, None]
     p_dk = dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks
@@ -470,13 +491,17 @@ def tapa_fwd(q, k, v, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: fl
 
 
 def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: float,
-             linear: bool, scale: float, causal: bool):
-    """Backward launches; returns dq, dk, dv in the input dtypes."""
+             linear: bool, scale: float, causal: bool, deterministic: bool = True):
+    """Backward launches; returns dq, dk, dv in the input dtypes. deterministic=False adds dQ with
+    fp32 atomics inside the dK/dV kernel (one kernel, S and P recomputed once, run-to-run
+    differences in the last bits of dQ) instead of a second, deterministic dQ kernel."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()
     dlt = (do.float() * out.float()).sum(-1)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    # fp32 dQ accumulator of the atomic mode (never low-precision atomics, issue 3)
+    dq32 = torch.zeros(q.shape if not deterministic else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     k_sorted, q_sorted = _sorted_flags(pos_k), _sorted_flags(pos_q)
@@ -485,10 +510,13 @@ def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, p
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     assert dk.stride() == dv.stride()  # dk and dv share the stride arguments below
     tapa_bwd_kernel_dkdv[lambda m: (triton.cdiv(S, m["BLOCK_N"]), B * G)](
-        q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, *strides,
-        dk.stride(0), dk.stride(1), dk.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
+        q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_sorted, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), dq32.stride(0), dq32.stride(1), dq32.stride(2),
+        _pos_stride(pos_q), _pos_stride(pos_k),
         0 if q_sorted.shape[0] == 1 else 1, T, S, H, H // G, *args, scale, scale * LOG2E, _bisect_iters(T),
-        CAUSAL=causal, **meta)
+        CAUSAL=causal, ATOMIC_DQ=not deterministic, **meta)
+    if not deterministic:
+        return dq32.to(q.dtype), dk, dv
     tapa_bwd_kernel_dq[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
         q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),

@@ -39,11 +39,12 @@ def make_inputs(B, H, G, T, S, D, dtype, device, *, offset=0, seed=42, phase_std
     return q.to(dtype), k.to(dtype), v, pos_k[:, S - T:].contiguous(), pos_k
 
 
-def run(q, k, v, pos_q, pos_k, do, *, causal, params, dtype=None):
+def run(q, k, v, pos_q, pos_k, do, *, causal, params, dtype=None, deterministic=True):
     """(out, dq, dk, dv): the reference in `dtype` when given, else the Triton kernel."""
     leaves = [(t.detach().to(dtype) if dtype else t.detach().clone()).requires_grad_() for t in (q, k, v)]
     if dtype is None:
-        out = tapa_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, causal=causal, **params)
+        out = tapa_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, causal=causal, deterministic=deterministic,
+                             **params)
         out.backward(do)
     else:
         out = reference.attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0, causal=causal,
@@ -123,6 +124,21 @@ def test_tapa_series_radius_bounds_the_tail():
         assert tail < 1.4e-7, (alpha, u_max, tail)
         assert u_max >= 0.1 or alpha > 5  # TAPA's alphas: the series covers tiles ~5 blocks out
     assert tapa_phase._taylor(7.5)[0] == 0.0
+
+
+@needs_interpreter
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params", CPU_CASES[:3] + CPU_CASES[4:],
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6],
+                                       phase=c[7].get("phase", "quadratic")) for c in CPU_CASES[:3] + CPU_CASES[4:]])
+def test_tapa_interpreter_atomic_dq_matches_float64_reference(B, H, G, T, S, D, causal, params):
+    """deterministic=False: dQ added with fp32 atomics in the dK/dV kernel (no dQ kernel) matches
+    float64 like the deterministic path (GQA, Lq < Lk, linear phase, the forward's series tiles)."""
+    q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, torch.float32, "cpu", offset=3)
+    do = torch.randn(B, H, T, D, generator=generator(7))
+    ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
+    out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, deterministic=False)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"tapa-atomic-{name}", r, o, 2e-5)
 
 
 @needs_interpreter
@@ -223,6 +239,20 @@ def test_tapa_gpu_calibrated(B, H, G, T, S, D, causal, params, dtype):
     out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
     for name, r, lo, o in zip(NAMES, ref, low, out):
         calibrated_close(f"tapa-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [GPU_CASES[1], GPU_CASES[3], GPU_CASES[5]], ids=["fp16-gqa", "Lq<Lk", "linear-gqa"])
+def test_tapa_gpu_atomic_dq_calibrated(case):
+    """deterministic=False (fp32-atomic dQ in the dK/dV kernel) under the same 2x rule."""
+    B, H, G, T, S, D, causal, params, dtype = case
+    q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
+    do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
+    ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
+    out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, deterministic=False)
+    for name, r, lo, o in zip(NAMES, ref, low, out):
+        calibrated_close(f"tapa-atomic-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
