@@ -93,9 +93,9 @@ def test_extend_on_a_pope_checkpoint_fails_with_the_clear_message(tmp_path: Path
 
 @pytest.mark.parametrize(("flags", "named", "says"), [
     (["--extend-rule", "yarn", "--extend-factor", "0.5", "--extend-original-len", "16"],
-     "'--extend-factor'", "factor=0.5 must be >= 1"),
+     "'--extend-factor'", "factor=0.5 must be finite and >= 1"),
     (["--extend-rule", "pi", "--extend-factor", "inf", "--extend-original-len", "16"],
-     "'--extend-factor'", "non-finite float inf"),
+     "'--extend-factor'", "factor=inf must be finite"),
     (["--extend-rule", "pi", "--extend-factor", "two", "--extend-original-len", "16"], "'--extend-factor'", "valid number"),
     (["--extend-rule", "yarm", "--extend-factor", "4", "--extend-original-len", "16"], "'--extend-rule'", "'yarm'"),
     (["--extend-rule", "yarn", "--extend-factor", "4"], "'--extend-rule' / '--extend-original-len'",

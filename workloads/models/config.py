@@ -202,7 +202,13 @@ class ContextExtension:
     attention_factor: float | None = None
 
     def __post_init__(self) -> None:
-        _require(self.factor >= 1.0, f"extension factor={self.factor} must be >= 1")
+        _require(math.isfinite(self.factor) and self.factor >= 1.0,
+                 f"extension factor={self.factor} must be finite and >= 1")
+        _require(self.original_max_seq_len is None or self.original_max_seq_len >= 1,
+                 f"extension original_max_seq_len={self.original_max_seq_len} must be >= 1")
+        _require(self.attention_factor is None or (math.isfinite(self.attention_factor)
+                                                   and self.attention_factor > 0),
+                 f"extension attention_factor={self.attention_factor} must be finite and > 0")
         _require(self.rule != "none" or self.factor == 1.0,
                  f"extension factor={self.factor} needs a rule (rule is 'none')")
         _require(self.rule == "none" or self.original_max_seq_len is not None,
