@@ -11,8 +11,9 @@ The SQL catalog is the only durable state. One loop:
    failures classified and retried by class (``failures.POLICIES``).
 
 Heartbeats come from the worker that runs a stage (``runner.WorkerHeartbeat``), not from here.
-An own stage whose worker beat, then fell silent for ``stale_after_s``, is hung or lost: its task
-is force-cancelled and the stage retried as a preemption (resuming from its newest checkpoint).
+An own stage whose worker beat, then fell silent for ``stale_after_s``, is hung: its task is
+force-cancelled and the stage retried as failure class ``hung`` (resuming from its newest
+checkpoint), with the small budget of ``failures.POLICIES["hung"]``, not a preemption's.
 One whose worker has not beaten yet (task still queued in Ray) is left to Ray.
 
 A killed controller leaves RUNNING rows behind; the next controller (``phaselab resume``)
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselab.orchestrator.dag import Dag, StageNode
-from phaselab.orchestrator.failures import POLICIES, classify, message_of
+from phaselab.orchestrator.failures import classify, message_of, policy_of, should_retry
 from phaselab.orchestrator.runner import worker_catalog_url
 
 PENDING = ("PLANNED", "READY", "RUNNING")
@@ -448,13 +449,12 @@ class Controller:
 
     def _fail(self, h: str, out: Mapping[str, Any]) -> None:
         node, cls = self.dag.nodes[h], out["failure_class"]
-        policy = POLICIES.get(cls, POLICIES["code"])
+        policy = policy_of(cls)
         row = self.store.get_stage(h)
-        limit = policy.max_retries if policy.max_retries is not None else node.max_retries
         message = out["message"]
         if cls == "cancelled":
             self.store.transition(h, "CANCELLED", expected={"RUNNING"}, failure_class=cls, message=message)
-        elif policy.retry and row is not None and row.attempts <= limit:
+        elif row is not None and should_retry(cls, attempts=row.attempts, stage_max_retries=node.max_retries):
             self.store.transition(h, "READY", expected={"RUNNING"}, failure_class=cls,
                                   message=f"retrying after {cls}: {message}")
             self._not_before[h] = time.monotonic() + policy.backoff_s * row.attempts
@@ -491,7 +491,7 @@ class Controller:
             elif h in stale and row.heartbeat_at != row.started_at and not ray.wait([ref], timeout=0)[0]:
                 ray.cancel(ref, force=True)
                 self._inflight.pop(ref, None)
-                self._fail(h, {"ok": False, "failure_class": "preemption",
+                self._fail(h, {"ok": False, "failure_class": "hung",
                                "message": f"no heartbeat from the stage's worker for {self.stale_after_s:g} s "
                                           f"(last at {row.heartbeat_at}): hung or lost; its task was cancelled"})
 

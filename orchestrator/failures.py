@@ -5,6 +5,9 @@ class          examples                                                         
 =============  =========================================================================  =======
 preemption     Ray worker/node/actor died (spot preemption, kill -9, OOM-killer on a       yes, resumes
                worker process), lost objects                                              from checkpoint
+hung           the stage's worker stopped heartbeating while its task still ran (the       yes, up to 2 times
+               controller force-cancels it; a worker stuck in a deadlock or a frozen      (POLICIES), resumes
+               process, which would hang again as often as it is relaunched)              from checkpoint
 nccl           NCCL / collective timeouts (DistBackendError)                              yes, up to max_retries
 storage        ENOSPC / EIO / stale NFS handle                                            yes, with backoff
 oom            CUDA/host out of memory, Ray's memory monitor                              no: advice
@@ -14,6 +17,9 @@ config         ConfigError / ValueError / TypeError raised by a workload on its 
 code           anything else (AttributeError, KeyError, RuntimeError, ...)                no; fail fast for every
                                                                                           stage with the same code hash
 =============  =========================================================================  =======
+
+``hung`` is never the result of :func:`classify` (no exception says it): the controller assigns it
+when it cancels a silent worker (``controller.Controller._watch``).
 
 Classification walks the exception, its class hierarchy (Ray's ``RayTaskError`` subclasses the
 remote exception's class) and its cause chain, by class *name*, so the controller can classify
@@ -25,7 +31,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-CLASSES = ("preemption", "nccl", "storage", "oom", "divergence", "data", "config", "code", "cancelled")
+CLASSES = ("preemption", "hung", "nccl", "storage", "oom", "divergence", "data", "config", "code", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,13 @@ class Policy:
 POLICIES: dict[str, Policy] = {
     # DESIGN §5.9: preemptions have an unlimited budget; a cap stops a crash loop from spinning.
     "preemption": Policy(retry=True, max_retries=100),
+    # A worker that went silent while its task kept running is most likely stuck in the stage's
+    # own code (a deadlock, a wedged collective); unlike a preemption it would hang again on every
+    # relaunch, each costing stale_after_s of a held allocation: a small budget, then FAILED.
+    "hung": Policy(retry=True, max_retries=2, advice=(
+        "the stage's worker stopped heartbeating and was cancelled after every retry: look for a "
+        "deadlock or a stuck collective in its logs (py-spy dump on a live one), or raise the "
+        "controller's stale_after_s if the stage blocks its heartbeat thread for long stretches")),
     "nccl": Policy(retry=True),
     "storage": Policy(retry=True, backoff_s=5.0),
     "oom": Policy(retry=False, advice=(
@@ -57,12 +70,35 @@ POLICIES: dict[str, Policy] = {
     "cancelled": Policy(retry=False),
 }
 
+def policy_of(cls: str) -> Policy:
+    """The retry policy of failure class ``cls``; an unknown class is treated as ``code``."""
+    return POLICIES.get(cls, POLICIES["code"])
+
+
+def retry_limit(cls: str, stage_max_retries: int) -> int | None:
+    """How many attempts a stage may have had and still be retried after a ``cls`` failure:
+    the class's own ``max_retries`` (preemption 100, hung 2) or else the stage's ``max_retries``;
+    None when the class is never retried. Attempts count every claim of the stage, whatever
+    ended it (the catalog keeps no per-class history)."""
+    policy = policy_of(cls)
+    if not policy.retry:
+        return None
+    return policy.max_retries if policy.max_retries is not None else stage_max_retries
+
+
+def should_retry(cls: str, *, attempts: int, stage_max_retries: int) -> bool:
+    """Whether a stage whose attempt number ``attempts`` (1 = the first) ended in ``cls`` is
+    retried: ``attempts <= retry_limit``, so a limit of 2 allows 2 retries (3 attempts)."""
+    limit = retry_limit(cls, stage_max_retries)
+    return limit is not None and attempts <= limit
+
+
 _PREEMPTION = {"WorkerCrashedError", "NodeDiedError", "ActorDiedError", "ActorUnavailableError",
                "LocalRayletDiedError", "ObjectLostError", "OwnerDiedError", "ObjectReconstructionFailedError",
                "RaySystemError", "PreemptedError", "ActorUnschedulableError"}
 _OOM = {"OutOfMemoryError", "MemoryError"}
 _DATA = {"FileNotFoundError", "DataError", "UnicodeDecodeError", "EOFError", "BadZipFile",
-         "JSONDecodeError", "IsADirectoryError", "NotADirectoryError"}
+         "JSONDecodeError", "IsADirectoryError", "NotADirectoryError", "MetricsFileError"}
 _CONFIG = {"ConfigError", "ValueError", "TypeError"}
 _CANCELLED = {"TaskCancelledError", "KeyboardInterrupt"}
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.ESTALE, errno.EROFS}

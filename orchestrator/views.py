@@ -141,7 +141,9 @@ def render_status(console: Any, grid: str, srows: list[dict[str, Any]]) -> None:
     for col in ("stage", "kind", "state", "attempts", "seconds", "hash", "message"):
         table.add_column(col)
     for r in srows:
-        state = r["state"] + (f"({r['failure_class']})" if r["failure_class"] and r["state"] == "FAILED" else "")
+        # FAILED(oom); READY(hung): waiting for a retry after that class of failure
+        state = r["state"] + (f"({r['failure_class']})" if r["failure_class"] and r["state"] in ("FAILED", "READY")
+                              else "")
         style = {"SUCCEEDED": "green", "RUNNING": "yellow", "FAILED": "red", "BLOCKED": "magenta"}.get(r["state"], "")
         table.add_row(r["name"] or "", r["kind"], f"[{style}]{state}[/]" if style else state, str(r["attempts"]),
                       "" if r["seconds"] is None else f"{r['seconds']:.1f}", r["hash"][:12], escape(r["message"] or ""))

@@ -4,7 +4,8 @@ controller acts on a worker that stops beating.
 In-process: the real ``runner.execute`` on a real payload (``Controller._payload``) of a sleeping
 ``noop`` stage claimed in a real SQLite catalog; a second thread reads ``heartbeat_at`` while it
 runs. On Ray: the stage's worker process is frozen with SIGSTOP (its heartbeat thread with it);
-the controller cancels the task and relaunches the stage, which then succeeds.
+the controller cancels the task and relaunches the stage (failure class ``hung``), which then
+succeeds.
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ def test_the_heartbeat_stops_when_the_stage_is_cancelled_or_relaunched(tmp_path:
 def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_path: Path) -> None:
     import ray
 
-    store, controller, h, _ = _setup(tmp_path, 4.0, heartbeat_s=0.25, stale_after_s=2.0)
+    events: list[tuple[str, str]] = []
+    store, controller, h, _ = _setup(tmp_path, 4.0, heartbeat_s=0.25, stale_after_s=2.0,
+                                     on_event=lambda kind, node, detail: events.append((kind, detail)))
     ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
     frozen = None
     try:
@@ -136,6 +139,8 @@ def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_pa
         assert summary.ok, summary.failed
         row = store.get_stage(h)
         assert (row.state, row.attempts) == ("SUCCEEDED", 2)
+        retries = [detail for kind, detail in events if kind == "retrying"]
+        assert len(retries) == 1 and retries[0].startswith("hung: no heartbeat"), events   # not a preemption
         assert json.loads(running.read_text())["pid"] != frozen
         attempts = [json.loads(line) for line in (tmp_path / "runs" / h / "attempts.jsonl").read_text().splitlines()]
         assert [a["outcome"] for a in attempts] == ["succeeded"] and attempts[0]["attempt"] == 2
