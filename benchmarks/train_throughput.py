@@ -29,6 +29,7 @@ Usage (the H200; no install needed, see benchmarks/TRAIN_THROUGHPUT.md):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -46,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shim
 
 shim.install()
+
+import step_profile
 
 import torch
 from phaselab.workloads.config import to_dict
@@ -96,8 +99,9 @@ def flops_per_token(cfg: Any, n_params: int, seq_len: int) -> dict[str, float]:
 class StepClock:
     """Tracker that timestamps each logged training step after a device synchronise."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, profiler: Any = None) -> None:
         self.device, self.times, self.losses, self.peak_gib = device, {}, {}, None
+        self.profiler = profiler  # step_profile's profiler, stepped once per training step
 
     def log_metrics(self, metrics: dict[str, float], *, step: int) -> None:
         # the loop resets CUDA's peak counter after each log step and logs the window's peak, so
@@ -110,6 +114,8 @@ class StepClock:
                 torch.cuda.synchronize(self.device)
             self.times[step] = time.perf_counter()
             self.losses[step] = float(metrics["train/loss"])
+            if self.profiler is not None:
+                self.profiler.step()
 
     def log_params(self, params: Any) -> None: ...
     def log_records(self, records: Any) -> None: ...
@@ -117,10 +123,12 @@ class StepClock:
     def set_tags(self, tags: Any) -> None: ...
 
 
-def window_stats(times: dict[int, float], *, warmup: int, tokens_per_step: int) -> dict[str, float]:
-    """Throughput over steps warmup+1 .. last (1-based step numbers as logged by the loop):
-    step k's time is times[k] - times[k-1]; the first ``warmup`` steps are excluded."""
-    last = max(times)
+def window_stats(times: dict[int, float], *, warmup: int, tokens_per_step: int,
+                 last: int | None = None) -> dict[str, float]:
+    """Throughput over steps warmup+1 .. last (default: the last logged; 1-based step numbers as
+    logged by the loop): step k's time is times[k] - times[k-1]; the first ``warmup`` steps are
+    excluded (and any profiled steps after ``last``)."""
+    last = max(times) if last is None else last
     if warmup < 1 or last <= warmup:
         raise ValueError(f"need warmup >= 1 and more steps than warmup, got warmup={warmup}, steps={last}")
     step_s = [times[k] - times[k - 1] for k in range(warmup + 1, last + 1)]
@@ -138,7 +146,9 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
                  attention={"backend": case.backend})
     if cfg.vocab_size < dataset.vocab_size:
         raise ValueError(f"preset {args.preset} has vocab_size {cfg.vocab_size} < the data's {dataset.vocab_size}")
-    tcfg = TrainConfig(steps=args.warmup + args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
+    timed = args.warmup + args.steps
+    extra = args.profile + 1 if args.profile else 0  # profiled steps after the timed window (+1 warm-up)
+    tcfg = TrainConfig(steps=timed + extra, batch_size=args.batch_size, grad_accum=args.grad_accum,
                        lr=args.lr, min_lr=args.lr, warmup=0, schedule="constant", eval_every=0,
                        eval_batches=1, ckpt_every=0, log_every=1, precision=args.precision,
                        compile=args.compile, seed=0, device=str(device))
@@ -150,10 +160,12 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
                          grad_clip=tcfg.grad_clip, grad_accum=tcfg.grad_accum, compile=tcfg.compile)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    clock = StepClock(device)
-    train(engine, dataset, tcfg, tracker=clock, start_step=0, save=lambda step, metrics: None)
+    profiler = step_profile.make_profiler(device, skip=timed, steps=args.profile) if args.profile else None
+    clock = StepClock(device, profiler)
+    with profiler if profiler is not None else contextlib.nullcontext():
+        train(engine, dataset, tcfg, tracker=clock, start_step=0, save=lambda step, metrics: None)
     tokens_per_step = args.batch_size * args.seq_len
-    stats = window_stats(clock.times, warmup=args.warmup, tokens_per_step=tokens_per_step)
+    stats = window_stats(clock.times, warmup=args.warmup, tokens_per_step=tokens_per_step, last=timed)
     flops = flops_per_token(cfg, n_params, args.seq_len)
     row = {"case": case.key, "encoding": case.encoding, "backend_requested": case.backend,
            "backend_ran": ",".join(backends), "n_params": n_params, "tokens_per_step": tokens_per_step,
@@ -163,6 +175,10 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
            "loss_first": clock.losses[1], "loss_last": clock.losses[max(clock.losses)],
            "peak_mem_gib": clock.peak_gib if device.type == "cuda" else None,
            "model": to_dict(cfg), "error": None}
+    if profiler is not None:
+        last = max(clock.times)
+        wall_ms = 1e3 * (clock.times[last] - clock.times[last - args.profile]) / args.profile
+        row["profile"] = step_profile.summary(profiler, device=device, steps=args.profile, wall_ms_per_step=wall_ms)
     del engine, model
     return row
 
@@ -212,7 +228,13 @@ def markdown(result: dict[str, Any]) -> str:
             f"- {m['steps']} timed steps after {m['warmup']} warm-up steps (excluded)\n"
             f"- MFU against {m['peak_tflops']} TFLOP/s; FLOPs per token = 6·N + causal attention "
             f"fwd+bwd without recompute (MATH §6: 12 L²D per head, PoPE 18), see the module docstring\n\n"
-            f"{table(result['rows'])}\n")
+            f"{table(result['rows'])}\n" + profiles(result["rows"]))
+
+
+def profiles(rows: list[dict[str, Any]]) -> str:
+    """The --profile sections (empty without it)."""
+    parts = [step_profile.markdown(r["case"], r["profile"]) for r in rows if r.get("profile")]
+    return "".join(f"\n{p}\n" for p in parts)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -233,6 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-tflops", type=float, default=H200_DENSE_BF16_TFLOPS,
                    help="the card's dense bf16 peak (default: H200, 989.5)")
     p.add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2", help="Tiny Shakespeare tokenizer")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile N more (torch.profiler; OUT.md gets where a step's "
+                        "time goes; the timed numbers are not affected)")
     p.add_argument("--tiny", action="store_true",
                    help="CPU smoke: preset tiny, char tokens, T=64, batch 4, 3 steps after 1 warm-up")
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")

@@ -79,3 +79,19 @@ def test_unsupported_backend_is_a_recorded_error(tmp_path: Path):
     assert tt.main(["--tiny", "--device", "cpu", "--encodings", "tapa:sdpa", "--out", str(out)]) == 1
     (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
     assert row["case"] == "tapa:sdpa" and "sdpa" in row["error"] and "TAPA" in row["error"]
+
+
+def test_profile_runs_after_the_timed_window(tmp_path: Path):
+    """--profile 2: two more steps (after one profiler warm-up step) are profiled; the timed window
+    stays the 3 steps after warm-up, and the markdown says where the profiled steps' time went."""
+    out = tmp_path / "prof"
+    assert tt.main(["--tiny", "--device", "cpu", "--encodings", "rope", "--profile", "2", "--out", str(out)]) == 0
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["steps_measured"] == 3
+    prof = row["profile"]
+    assert prof["steps"] == 2 and prof["wall_ms_per_step"] > 0 and prof["busy_ms_per_step"] > 0
+    names = [r["name"] for r in prof["top"]]
+    assert "aten::mm" in names   # the linear layers: real operators, measured
+    assert sum(r["share"] for r in prof["top"]) <= 1.0 + 1e-9
+    md = out.with_suffix(".md").read_text()
+    assert "### rope:sdpa: 2 profiled steps" in md and "| `aten::mm` |" in md
