@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
-from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_data
+from phaselab.orchestrator.stages.base import Resources, Stage, StageContext, StageResult, normalize_data
 
 log = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"            # written by ray_entry.JsonlTracker on rank 0
@@ -67,7 +67,7 @@ def replay_metrics(out_dir: Path, tracker: Tracker) -> int:
     state = _replay_state(out_dir)
     try:
         rows = read_metrics(out_dir / METRICS_FILE)
-    except ValueError as err:   # a line torn by a killed writer: report, never fail the stage
+    except ValueError as err:   # a malformed line before the last (a torn last one is skipped there)
         log.warning("cannot replay %s: %s", out_dir / METRICS_FILE, err)
         return 0
     done = int(state["lines"])
@@ -95,6 +95,22 @@ def log_records_once(out_dir: Path, tracker: Tracker, records: list[MetricRecord
     return True
 
 
+def resources_per_worker(res: Resources) -> dict[str, float]:
+    """Ray Train's ``resources_per_worker`` of a ``ray_train`` stage: its declared per-worker
+    ``cpus``/``gpus`` (spec.ResourcesSpec) and, when set, its ``accelerator`` as the resource
+    Ray's own ``accelerator_type`` option asks for (``accelerator_type:<type>``: 0.001, the
+    same constraint the controller checks in ``_unschedulable``). ``memory_gb`` is not passed:
+    the controller does not check it against the cluster for ray_train stages, and a reservation
+    no node can meet would leave the workers pending forever instead of failing. Resources are
+    not in the cache key, so none of this changes a stage hash."""
+    out: dict[str, float] = {"CPU": res.cpus}
+    if res.gpus > 0:
+        out["GPU"] = res.gpus
+    if res.accelerator:
+        out[f"accelerator_type:{res.accelerator}"] = 0.001
+    return out
+
+
 def _replay_quietly(ctx: StageContext) -> None:
     """Replay without masking ``fit``'s own error: the curves are lineage, not the result."""
     try:
@@ -119,23 +135,28 @@ class PretrainStage(Stage):
     def spec(self, ctx: StageContext) -> dict[str, Any]:
         return {k: ctx.config[k] for k in ("model", "data", "train", "extend") if k in ctx.config}
 
+    def fit_kwargs(self, ctx: StageContext) -> dict[str, Any]:
+        """The arguments of ``ray_entry.fit`` for this stage: ``fit(**self.fit_kwargs(ctx))``."""
+        res = ctx.resources
+        return {"spec": self.spec(ctx), "out_dir": ctx.out_dir, "run_name": ctx.stage_hash,
+                "storage_path": str(ctx.runs_root / "ray_train"), "num_workers": res.num_workers,
+                "use_gpu": res.gpus > 0, "init_from": self.init_from(ctx),
+                "resources_per_worker": resources_per_worker(res)}
+
     def run(self, ctx: StageContext) -> StageResult:
-        spec, init_from = self.spec(ctx), self.init_from(ctx)
         if ctx.launcher == "ray_train":
             from phaselab.workloads.train.ray_entry import fit
 
             try:
-                out = fit(spec, out_dir=ctx.out_dir, run_name=ctx.stage_hash,
-                          storage_path=str(ctx.runs_root / "ray_train"),
-                          num_workers=ctx.resources.num_workers, use_gpu=ctx.resources.gpus > 0,
-                          init_from=init_from)
+                out = fit(**self.fit_kwargs(ctx))
             finally:   # also after a failure: the steps that did run belong in the run's curves
                 _replay_quietly(ctx)
             log_records_once(ctx.out_dir, ctx.tracker, list(out.records))
         else:
             from phaselab.workloads.train.api import run_training
 
-            out = run_training(spec, out_dir=ctx.out_dir, tracker=ctx.tracker, init_from=init_from)
+            out = run_training(self.spec(ctx), out_dir=ctx.out_dir, tracker=ctx.tracker,
+                               init_from=self.init_from(ctx))
         records = list(out.records)
         named = {r.name for r in records} | {f"{r.split}/{r.name}" for r in records if r.split}
         for k, v in out.metrics.items():   # scalars not already in the records (e.g. tokens/s)
