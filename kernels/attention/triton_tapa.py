@@ -12,15 +12,17 @@ Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(the
     logit = scale * A * cos(w Phi)                                                   (MATH §4.2)
 w Phi is unbounded. The kernels carry it in turns, t = w Phi / (2 pi), reduce t - rint(t) in fp32
 (exact) and take the cosine of 2 pi times that (MATH §7.4). Away from the diagonal |m - n|^alpha
-comes from a per-row exact power times a binomial series in the in-tile offset, on the FMA pipe
-instead of the special-function unit (`_tapa_turns`). The softmax is online in the exp2 domain,
-lse saved in log2 units (+inf for an empty row).
+comes, in the forward, from a per-row exact power times a binomial series in the in-tile offset,
+on the FMA pipe instead of the special-function unit (tapa_phase.py). The softmax is online in
+the exp2 domain, lse saved in log2 units (+inf for an empty row).
 
-Backward (MATH §4.4; FA2 style, no atomics, deterministic): with g = d loss / d logit,
+Backward (MATH §4.4; FA2 style): with g = d loss / d logit,
     dA = g scale cos(w Phi),  dPhi = -g scale A w sin(w Phi);
     dq_A = sum_n dA k_A / sqrt(D_A),  dq_P = sum_n dPhi k_P / sqrt(D_P) (linear: sum_n dPhi / sqrt(D_P)
-    on every phase feature); dk symmetric. One kernel per key block (dK, dV over the GQA group),
-    one per query block (dQ), as in triton_pope.py, whose jit helpers and host conventions we share.
+    on every phase feature); dk symmetric. Deterministic (the default): one kernel per key block
+    (dK, dV over the GQA group), one per query block (dQ), no atomics, as in triton_pope.py.
+    deterministic=False: the dK/dV kernel also adds each tile's dQ share with fp32 atomics and the
+    dQ kernel is not launched (`_atomic_dq`). Shared helpers: triton_common.py.
 """
 
 from __future__ import annotations
