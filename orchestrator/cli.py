@@ -348,7 +348,7 @@ def cancel(grid: str = typer.Argument(...), catalog: str = CATALOG, as_json: boo
 
 @app.command()
 def retry(grid: str = typer.Argument(...), failed: bool = typer.Option(False, "--failed", help="Re-queue FAILED stages."),
-          failure_class: str = typer.Option(None, "--class", help="Only this failure class (oom, code, ...)."),
+          failure_class: str = typer.Option(None, "--class", help="Only this failure class (oom, hung, code, ...)."),
           catalog: str = CATALOG, as_json: bool = JSON) -> None:
     """Re-queue failed stages (then `phaselab resume GRID` runs them)."""
     from phaselab.orchestrator.failures import CLASSES
