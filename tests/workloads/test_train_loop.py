@@ -62,9 +62,13 @@ def test_nan_loss_raises_training_diverged():
     cfg, model, engine, dataset = _loop_parts()
     with torch.no_grad():
         model.h[0].attn.c_q.weight.fill_(float("nan"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(TrainingDiverged, match="loss is nan") as info:
         train(engine, dataset, cfg, tracker=RecordingTracker(), start_step=0, save=lambda s, m: None)
     assert info.value.step == 0
+    # the check runs once per step, in optimizer_step, still before the update (issue 4)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p, before[n], rtol=0, atol=0, equal_nan=True, msg=n)
 
 
 def test_inf_gradient_raises_before_the_update():

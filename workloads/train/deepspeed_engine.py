@@ -93,7 +93,7 @@ class DeepSpeedEngine:
             self.ds.step()  # DeepSpeed counts micro-steps; it updates only at the boundary
         return value
 
-    def optimizer_step(self, lr: float, *, step: int) -> float:
+    def optimizer_step(self, lr: float, losses: list[float], *, step: int) -> tuple[list[float], float]:
         own_norm = None
         if self.zero_stage == 0:  # stage 0 does not record the norm; grads are all-reduced here
             grads = [p.grad for p in self.module.parameters() if p.grad is not None]
@@ -103,7 +103,7 @@ class DeepSpeedEngine:
         norm = own_norm if own_norm is not None else self.ds.get_global_grad_norm()
         grad_norm = check_finite(norm if norm is not None else float("nan"), step=step, what="grad_norm")
         self._project_deltas()
-        return grad_norm
+        return [float(v) for v in losses], grad_norm  # micro_step already checked and copied each loss
 
     def _project_deltas(self) -> None:
         if not self._deltas:

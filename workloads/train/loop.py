@@ -7,13 +7,18 @@ One function, :func:`train`, drives an *engine* — :class:`TorchEngine` (one pr
         lr = schedule.lookup(step)
         for micro in range(grad_accum):             # gradient accumulation
             batch = dataset.get_batch("train", index(step, micro, rank), micro_batch, seed=seed)
-            engine.micro_step(batch)                # forward (+autocast), NaN/Inf check, backward
-        grad_norm = engine.optimizer_step(lr)       # clip, NaN/Inf check, AdamW, PoPE projection
+            losses.append(engine.micro_step(batch)) # forward (+autocast), backward
+        losses, grad_norm = engine.optimizer_step(lr, losses)  # clip, NaN/Inf check, AdamW, δ projection
         log / eval / checkpoint / SIGTERM check
 
 Besides losses, every log step reports ``train/peak_mem_gib`` on CUDA (the allocator's peak since
 the previous log step, this rank; absent on CPU, where torch keeps no such counter) and every
 checkpoint ``ckpt/save_s`` (wall seconds of the blocking ``save`` call; issue 8).
+
+The NaN/Inf check of the losses and the grad norm happens in ``optimizer_step``, before the
+update, with one device-to-host copy per step (TorchEngine): a check right after each forward
+would stall the host there until the forward finished, and the backward's launch with it
+(issue 4's MFU).
 
 Batches are a pure function of their global index (CONTRACTS §3.3), so the data position is just
 the step number and resume is exact: on CPU, a run killed at any step and resumed reproduces the
@@ -154,8 +159,11 @@ class Engine(Protocol):
     device: torch.device
     autocast: Callable[[], contextlib.AbstractContextManager]
 
-    def micro_step(self, batch: Any, *, step: int, last: bool) -> float: ...
-    def optimizer_step(self, lr: float, *, step: int) -> float: ...
+    # the micro-batch's loss: a float, or a 0-dim tensor whose host copy waits for optimizer_step
+    def micro_step(self, batch: Any, *, step: int, last: bool) -> float | torch.Tensor: ...
+    # checks the step's losses and grad norm (TrainingDiverged) before updating; returns them as floats
+    def optimizer_step(self, lr: float, losses: list[float | torch.Tensor], *, step: int
+                       ) -> tuple[list[float], float]: ...
 
 
 class TorchEngine:
@@ -184,25 +192,30 @@ class TorchEngine:
         self.runner = torch.compile(runner) if compile else runner
         self._ddp = ddp
 
-    def micro_step(self, batch: Any, *, step: int, last: bool) -> float:
+    def micro_step(self, batch: Any, *, step: int, last: bool) -> torch.Tensor:
         x, y, m = (t.to(self.device, non_blocking=True) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
         sync = contextlib.nullcontext() if (last or not self._ddp) else self.runner.no_sync()
         with sync:
             with self.autocast():
                 _, loss = self.runner(x, targets_BT=y, loss_mask_BT=m)
-            value = check_finite(loss.detach(), step=step, what="loss")
             (loss / self.grad_accum).backward()
-        return value
+        return loss.detach().float()  # no host copy here (module docstring)
 
-    def optimizer_step(self, lr: float, *, step: int) -> float:
+    def optimizer_step(self, lr: float, losses: list[float | torch.Tensor], *, step: int
+                       ) -> tuple[list[float], float]:
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
-        grad_norm = check_finite(norm, step=step, what="grad_norm")
+        # one device-to-host copy for every loss of the step and the norm, before the update
+        parts = [torch.as_tensor(v, dtype=torch.float32, device=norm.device).reshape(()) for v in (*losses, norm)]
+        *values, grad_norm = torch.stack(parts).tolist()
+        for value in values:
+            check_finite(value, step=step, what="loss")
+        check_finite(grad_norm, step=step, what="grad_norm")
         set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.module.after_optimizer_step()  # PoPE δ projection to [-2π, 0] (MATH §3.2)
-        return grad_norm
+        return values, grad_norm
 
 
 @torch.no_grad()
@@ -299,14 +312,14 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             result.stopped = "stop_after"
             break
         lr = schedule.lookup(step)
-        loss_sum, tokens = 0.0, 0
+        micro_losses, tokens = [], 0
         for k in range(cfg.grad_accum):
             index = (step * cfg.grad_accum + k) * world + rank
             batch = dataset.get_batch("train", index, micro, seed=cfg.seed)
-            loss_sum += engine.micro_step(batch, step=step, last=k == cfg.grad_accum - 1)
+            micro_losses.append(engine.micro_step(batch, step=step, last=k == cfg.grad_accum - 1))
             tokens += batch.x_BT.numel() * world
-        grad_norm = engine.optimizer_step(lr, step=step)
-        loss = reduce(loss_sum / cfg.grad_accum)
+        values, grad_norm = engine.optimizer_step(lr, micro_losses, step=step)
+        loss = reduce(sum(values) / cfg.grad_accum)
         result.losses[step] = loss
         step += 1
         result.step = step
