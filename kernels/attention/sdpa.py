@@ -32,9 +32,9 @@ _ALL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPB
 def _preferred_kernels(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> list[SDPBackend]:
     """cuDNN alone for the training case it handles (Hopper or newer, where it was measured and its
     GPU tests ran; bf16/fp16, head dim <= 128, plain causal without a mask): 1.5-1.8x faster than
-    FlashAttention-2 there on the H200
-    (benchmarks/results/attention-h200.md), which issue 4's MFU target needs; torch's own order
-    tries flash first. Everything else keeps every kernel enabled in torch's order. (A priority
+    FlashAttention-2 there on the H200 in isolation (benchmarks/results/attention-h200*.md; in the
+    124M training benchmark the MFU moved within run-to-run noise, NOTES-device.md); torch's own
+    order tries flash first. Everything else keeps every kernel enabled in torch's order. (A priority
     list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
     D = q_BHTD.shape[-1]
     if (is_causal and attn_mask is None and q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
