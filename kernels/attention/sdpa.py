@@ -14,6 +14,7 @@ key output 0, as in the reference.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import torch
@@ -25,22 +26,18 @@ from phaselab.kernels.registry import AttnCall, BackendUnsupported
 from torch import Tensor
 
 
-_ALL_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
-                SDPBackend.CUDNN_ATTENTION]
-
-
-def _preferred_kernels(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> list[SDPBackend]:
+def _kernel_choice(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> contextlib.AbstractContextManager:
     """cuDNN alone for the training case it handles (Hopper or newer, where it was measured and its
     GPU tests ran; bf16/fp16, head dim <= 128, plain causal without a mask): 1.5-1.8x faster than
     FlashAttention-2 there on the H200 in isolation (benchmarks/results/attention-h200*.md; in the
     124M training benchmark the MFU moved within run-to-run noise, NOTES-device.md); torch's own
-    order tries flash first. Everything else keeps every kernel enabled in torch's order. (A priority
-    list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
+    order tries flash first. Everything else is left to torch and the user's global settings. (A
+    priority list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
     D = q_BHTD.shape[-1]
     if (is_causal and attn_mask is None and q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
             and D <= 128 and D % 8 == 0 and torch.cuda.get_device_capability(q_BHTD.device) >= (9, 0)):
-        return [SDPBackend.CUDNN_ATTENTION]
-    return _ALL_KERNELS
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
+    return contextlib.nullcontext()
 
 
 def _is_arange(pos_BL: Tensor) -> bool:
@@ -126,7 +123,7 @@ class SdpaBackend:
             if is_causal:  # an additive mask cannot be combined with is_causal
                 attn_mask = attn_mask.masked_fill(~visibility(pos_q, pos_k), float("-inf"))
                 is_causal = False
-        with sdpa_kernel(_preferred_kernels(q_BHTD, attn_mask, is_causal)):
+        with _kernel_choice(q_BHTD, attn_mask, is_causal):
             out_BHTD = F.scaled_dot_product_attention(
                 q_BHTD, repeat_kv(k_BGSD, H), repeat_kv(v_BGSD, H), attn_mask=attn_mask,
                 is_causal=is_causal, scale=scale)
