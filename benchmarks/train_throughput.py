@@ -158,8 +158,6 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
     n_params = model.num_params()
     engine = TorchEngine(model, build_optimizer(model, tcfg.optim()), device=device, precision=tcfg.precision,
                          grad_clip=tcfg.grad_clip, grad_accum=tcfg.grad_accum, compile=tcfg.compile)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     profiler = step_profile.make_profiler(device, skip=timed, steps=args.profile) if args.profile else None
     clock = StepClock(device, profiler)
     with profiler if profiler is not None else contextlib.nullcontext():

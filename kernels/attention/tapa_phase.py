@@ -13,7 +13,8 @@ import triton.language as tl
 from phaselab.kernels.attention.triton_common import _log2
 
 # The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
-# benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward 12-14 % slower.
+# benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward (fwd+bwd minus fwd)
+# 16-21 % slower.
 # PHASELAB_TAPA_SERIES=0 switches it off (read at import, for A/B timing in benchmarks/attention.py).
 FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
 
@@ -85,11 +86,11 @@ def _block_ends(p_pos, start, BLOCK: tl.constexpr, L):
 
 @triton.jit
 def _row_range(b_pos, m_r, srt, u_max):
-    """(lo, hi, u) of a program's own block of positions, once per program: masked rows count as
-    the block's first valid one; u = u_max where the other side's positions are sorted, else -1
-    (block ends are then not extremes: the series is never taken)."""
-    first = tl.min(tl.where(m_r, b_pos, 2**62), 0)
-    pos = tl.where(m_r, b_pos, first)
+    """(lo, hi, u, pos) of a program's own block of positions, once per program: masked rows take
+    the block's smallest valid position; u = u_max where the other side's positions are sorted,
+    else -1 (block ends are then not extremes: the series is never taken)."""
+    lowest = tl.min(tl.where(m_r, b_pos, 2**62), 0)
+    pos = tl.where(m_r, b_pos, lowest)
     return (tl.min(pos, 0).to(tl.float32), tl.max(pos, 0).to(tl.float32), tl.where(srt, u_max, -1.0),
             pos)
 

@@ -7,7 +7,7 @@ One function, :func:`train`, drives an *engine* — :class:`TorchEngine` (one pr
         lr = schedule.lookup(step)
         for micro in range(grad_accum):             # gradient accumulation
             batch = dataset.get_batch("train", index(step, micro, rank), micro_batch, seed=seed)
-            losses.append(engine.micro_step(batch)) # forward (+autocast), backward
+            losses.append(engine.micro_step(batch))  # forward (+autocast), backward
         losses, grad_norm = engine.optimizer_step(lr, losses)  # clip, NaN/Inf check, AdamW, δ projection
         log / eval / checkpoint / SIGTERM check
 
