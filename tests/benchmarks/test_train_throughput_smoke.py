@@ -95,3 +95,17 @@ def test_profile_runs_after_the_timed_window(tmp_path: Path):
     assert sum(r["share"] for r in prof["top"]) <= 1.0 + 1e-9
     md = out.with_suffix(".md").read_text()
     assert "### rope:sdpa: 2 profiled steps" in md and "| `aten::mm` |" in md
+
+
+def test_profile_busy_is_the_union_of_device_intervals_and_kernels_are_categorised():
+    import step_profile
+
+    # [0,10) and [5,12) overlap (two streams): covered 12; [20,21) adds 1
+    events = [("a", 0.0, 10.0), ("b", 5.0, 7.0), ("c", 20.0, 1.0), ("d", 2.0, 3.0)]
+    assert step_profile._union_us(events) == pytest.approx(13.0)
+    assert step_profile.category("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
+    assert step_profile.category("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == "attention"
+    assert step_profile.category("triton_poi_fused__log_softmax__log_softmax_backward_data") == "loss"
+    assert step_profile.category("triton_poi_fused_add_mul_rms_norm_3") == "fused elementwise"
+    assert step_profile.category("void at::native::multi_tensor_apply_kernel<adam>") == "optimizer"
+    assert step_profile.category("some_unknown_kernel") == "other"
