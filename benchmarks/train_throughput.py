@@ -157,7 +157,8 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
     backends = sorted({block.attn.backend.name for block in model.h})
     n_params = model.num_params()
     engine = TorchEngine(model, build_optimizer(model, tcfg.optim()), device=device, precision=tcfg.precision,
-                         grad_clip=tcfg.grad_clip, grad_accum=tcfg.grad_accum, compile=tcfg.compile)
+                         grad_clip=tcfg.grad_clip, grad_accum=tcfg.grad_accum, compile=tcfg.compile,
+                         fused_loss=args.loss == "fused")
     profiler = step_profile.make_profiler(device, skip=timed, steps=args.profile) if args.profile else None
     clock = StepClock(device, profiler)
     with profiler if profiler is not None else contextlib.nullcontext():
@@ -248,6 +249,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", choices=["bf16", "fp32", "auto"], default="bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (TrainConfig.compile)")
     p.add_argument("--device", default="auto", help="auto | cuda | cpu")
+    p.add_argument("--loss", choices=["fused", "torch"], default="fused",
+                   help="fused: linear + cross-entropy kernel on CUDA (issue 4); torch: the logits path")
     p.add_argument("--autotune", action="store_true",
                    help="PHASELAB_AUTOTUNE=1: time every Triton config in the first (warm-up) steps")
     p.add_argument("--peak-tflops", type=float, default=H200_DENSE_BF16_TFLOPS,
@@ -280,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             timespec="seconds"), "command": command, "versions": versions(), "preset": args.preset,
             "seq_len": args.seq_len, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
             "steps": args.steps, "warmup": args.warmup, "precision": args.precision, "compile": args.compile,
+            "loss": args.loss,
             "triton_autotune": os.environ.get("PHASELAB_AUTOTUNE", "0") == "1",
             "peak_tflops": args.peak_tflops, "data": f"{dataset.name} ({len(dataset.tokens('train')):,} train tokens)",
             "mfu_flops": "6*N + n_layer*n_head*c*T*D/2 per token, c = 12 (rope, tapa) / 18 (pope)"}

@@ -34,7 +34,7 @@ def _fwd_bwd(h: Tensor, weight: Tensor, targets: Tensor, weight_N: Tensor, vocab
     # path never launches it), and this runs outside torch.compile's graph (see the wrapper)
     from phaselab.kernels.loss import triton_ce
 
-    N, C = h.shape
+    N = h.shape[0]
     rows = N if chunk_rows is None else min(chunk_rows, N)
     w_sum = weight_N.sum()  # stays on the device; the kernel reads it by pointer (no host sync)
     loss_N = torch.empty(N, dtype=torch.float32, device=h.device)

@@ -178,7 +178,7 @@ def test_bad_inputs_raise_value_error_naming_them(case):
 
 
 def test_non_tensor_raises_type_error():
-    h, w, t, m = make_inputs(8, 16, 30, 32, mask=None)
+    h, w, t, _ = make_inputs(8, 16, 30, 32, mask=None)
     with pytest.raises(TypeError, match="h_NC"):
         linear_cross_entropy(h.tolist(), w, t, vocab_size=30)
 
@@ -186,7 +186,7 @@ def test_non_tensor_raises_type_error():
 def test_cpu_without_interpreter_refuses(monkeypatch):
     """Nothing falls back silently: CPU tensors without TRITON_INTERPRET=1 are refused."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    h, w, t, m = make_inputs(8, 16, 30, 32, mask=None)
+    h, w, t, _ = make_inputs(8, 16, 30, 32, mask=None)
     with pytest.raises(ValueError, match="needs CUDA"):
         linear_cross_entropy(h, w, t, vocab_size=30)
 

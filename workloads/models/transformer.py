@@ -26,6 +26,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from phaselab.kernels.loss.function import linear_cross_entropy
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, resolve
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.models.positional import build_input_pe, build_pe
@@ -142,7 +143,8 @@ class CausalSelfAttention(nn.Module):
                                           cu_seqlens=cu_seqlens, deterministic=self.deterministic))
         y_BHTD = self.backend(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q_BT, pos_k=pos_k_BS,
                               scale=self.pe.softmax_scale(self.head_dim), causal=True,
-                              score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos)
+                              score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos,
+                              deterministic=self.deterministic)
         y_BTC = y_BHTD.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_drop(self.c_proj(y_BTC))
 
@@ -251,8 +253,8 @@ class Transformer(nn.Module):
         return pos_BT.to(idx_BT.device)
 
     def forward(self, idx_BT: Tensor, *, pos_BT: Tensor | None = None, targets_BT: Tensor | None = None,
-                loss_mask_BT: Tensor | None = None,
-                kv_cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+                loss_mask_BT: Tensor | None = None, kv_cache: KVCache | None = None,
+                logits: bool = True) -> tuple[Tensor | None, Tensor | None]:
         """Logits for every position and, with targets, the masked mean cross-entropy.
 
         Args:
@@ -262,9 +264,14 @@ class Transformer(nn.Module):
             targets_BT: int64 next-token ids [B, T] (-1 = ignored) or None.
             loss_mask_BT: float weights [B, T] (0 = not scored) or None (all scored).
             kv_cache: a `KVCache` for incremental decoding (queries after the cached keys).
+            logits: False returns no logits, only the loss (needs targets_BT): training discards
+                the logits, and on CUDA the loss then comes from the fused kernel (`_loss_only`).
         Returns:
-            (logits_BTV with V = vocab_size (padding rows dropped), loss fp32 scalar or None).
+            (logits_BTV with V = vocab_size (padding rows dropped) or None when logits=False,
+             loss fp32 scalar or None).
         """
+        if not logits and targets_BT is None:
+            raise ValueError("logits=False needs targets_BT: without them there is nothing to return")
         # packed documents can only come from explicit positions: the default needs no host sync
         packed = pos_BT is not None and kv_cache is None
         trivial_pos = pos_BT is None and kv_cache is None  # 0..T-1 for queries and keys, known here
@@ -278,9 +285,24 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.h):
             cache = None if kv_cache is None else kv_cache.layers[i]
             x_BTC = block(x_BTC, pos_BT, cache=cache, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos)
-        logits_BTV = self.lm_head(self.ln_f(x_BTC))[..., : self.cfg.vocab_size]
+        h_BTC = self.ln_f(x_BTC)
+        if not logits:
+            return None, self._loss_only(h_BTC, targets_BT, loss_mask_BT)
+        logits_BTV = self.lm_head(h_BTC)[..., : self.cfg.vocab_size]
         loss = None if targets_BT is None else masked_cross_entropy(logits_BTV, targets_BT, loss_mask_BT)
         return logits_BTV, loss
+
+    def _loss_only(self, h_BTC: Tensor, targets_BT: Tensor, loss_mask_BT: Tensor | None) -> Tensor:
+        """The loss of `forward(logits=False)`. On CUDA: the fused linear + cross-entropy kernel
+        (issue 4: the logits are written once, in the matmul's dtype, and become their own gradient;
+        none leave the compiled graph). Elsewhere: the same `masked_cross_entropy` as logits=True,
+        so CPU training stays bitwise identical (the Triton kernel needs a GPU)."""
+        if h_BTC.device.type != "cuda":
+            logits_BTV = self.lm_head(h_BTC)[..., : self.cfg.vocab_size]
+            return masked_cross_entropy(logits_BTV, targets_BT, loss_mask_BT)
+        mask_N = None if loss_mask_BT is None else loss_mask_BT.flatten()
+        return linear_cross_entropy(h_BTC.flatten(0, 1), self.lm_head.weight, targets_BT.flatten(), mask_N,
+                                    vocab_size=self.cfg.vocab_size)
 
     def after_optimizer_step(self) -> None:
         """Call after every optimizer.step(): projects PoPE δ onto [-2π, 0] (MATH §3.2)."""

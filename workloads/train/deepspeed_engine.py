@@ -86,7 +86,7 @@ class DeepSpeedEngine:
 
     def micro_step(self, batch: Any, *, step: int, last: bool) -> float:
         x, y, m = (t.to(self.device) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
-        _, loss = self.ds(x, targets_BT=y, loss_mask_BT=m)
+        _, loss = self.ds(x, targets_BT=y, loss_mask_BT=m, logits=False)  # loss only (fused on CUDA, issue 4)
         value = check_finite(loss.detach(), step=step, what="loss")
         self.ds.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
         if not last:

@@ -174,12 +174,17 @@ class TorchEngine:
         optimizer: from ``optim.build_optimizer``.
         grad_clip: max global grad norm (0 = measure only).
         grad_accum: micro-batches per step (the loss is divided by it before backward).
+        fused_loss: True (default) asks the model for the loss only (``logits=False``), which on
+            CUDA is the fused linear + cross-entropy kernel (issue 4); False keeps the logits path
+            (the benchmark's A/B, ``--loss torch``). Not a TrainConfig field: the math is the same,
+            so stage hashes do not change.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
                  precision: str, grad_clip: float, grad_accum: int, compile: bool = False,
-                 ddp: bool = False) -> None:
+                 ddp: bool = False, fused_loss: bool = True) -> None:
         self.module = model
+        self.fused_loss = fused_loss
         self.optimizer = optimizer
         self.device = device
         self.grad_clip = grad_clip
@@ -197,7 +202,7 @@ class TorchEngine:
         sync = contextlib.nullcontext() if (last or not self._ddp) else self.runner.no_sync()
         with sync:
             with self.autocast():
-                _, loss = self.runner(x, targets_BT=y, loss_mask_BT=m)
+                _, loss = self.runner(x, targets_BT=y, loss_mask_BT=m, logits=not self.fused_loss)
             (loss / self.grad_accum).backward()
         return loss.detach().float()  # no host copy here (module docstring)
 
