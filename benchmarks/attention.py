@@ -133,7 +133,20 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     fwd_c, fb_c = FLOPS_PER_L2D[METHOD_KIND[method]]
     flops = (fwd_c if mode == "fwd" else fb_c) * N * N * D * B * H * 0.5  # causal halves (MATH §6)
-    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "peak_gib": peak}
+    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "peak_gib": peak, "configs": tuned_configs()}
+
+
+def tuned_configs() -> dict[str, str]:
+    """The config the autotuner last picked for each of our kernels (which tiles won, for the notes)."""
+    from phaselab.kernels.attention import triton_pope, triton_tapa
+
+    out = {}
+    for module in (triton_pope, triton_tapa):
+        for name in dir(module):
+            best = getattr(getattr(module, name), "best_config", None)
+            if name.endswith(("_kernel", "_dkdv", "_dq")) and best is not None:
+                out[name] = str(best)
+    return out
 
 
 def run(args, save=None) -> list[dict]:

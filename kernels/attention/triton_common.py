@@ -127,7 +127,7 @@ def _bwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2)]]
+            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2)]]
 
 
 def prune_configs(configs, named_args, **kwargs):
