@@ -113,6 +113,10 @@ def _check_inputs(h_NC, weight_VC, targets_N, mask_N, vocab_size, chunk_rows) ->
             raise ValueError(f"{name} is on {t.device}, h_NC is on {h_NC.device}")
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1):
         raise ValueError(f"chunk_rows={chunk_rows!r} must be None or a positive int")
+
+
+def _check_runnable(h_NC: Tensor) -> None:
+    """Checked after the arguments (a bad argument is named first on every machine)."""
     if h_NC.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"h_NC is on {h_NC.device}: the Triton kernel needs CUDA (or TRITON_INTERPRET=1); "
                          "use reference.linear_cross_entropy on the CPU")
@@ -165,6 +169,7 @@ def linear_cross_entropy(h_NC: Tensor, weight_VC: Tensor, targets_N: Tensor, mas
     """
     _check_inputs(h_NC, weight_VC, targets_N, mask_N, vocab_size, chunk_rows)
     dtype = _compute_dtype(h_NC, weight_VC)
+    _check_runnable(h_NC)
     h, weight = h_NC.to(dtype).contiguous(), weight_VC.to(dtype).contiguous()
     targets = targets_N.to(torch.int64).contiguous()
     weight_N = row_weights(targets, mask_N).contiguous()
