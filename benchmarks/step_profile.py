@@ -28,7 +28,7 @@ def make_profiler(device: torch.device, *, skip: int, steps: int) -> profile:
 CATEGORIES = (
     ("attention", r"sdpa|fmha|flash|attention|_tapa_|_pope_|pope_|tapa_"),
     ("gemm", r"nvjet|gemm|cutlass|xmma|wgmma|splitK|matmul"),
-    ("loss", r"log_softmax|nll_loss|cross_entropy|_ce_|linear_ce"),
+    ("loss", r"log_softmax|nll_loss|cross_entropy|^ce_"),
     ("optimizer", r"adam|foreach|multi_tensor"),
     ("memcpy/memset", r"memcpy|memset|Memcpy|Memset"),
     ("fused elementwise", r"^triton_"),
@@ -48,8 +48,11 @@ def _device_events(prof: profile, device: torch.device) -> list[tuple[str, float
     if device.type == "cuda":
         from torch.autograd import DeviceType
 
+        # "ProfilerStep#N" and record_function ranges are mirrored on the GPU timeline as
+        # annotations spanning whole steps: not kernels
         return [(e.key, float(e.time_range.start), float(e.time_range.elapsed_us()))
-                for e in prof.events() if e.device_type == DeviceType.CUDA]
+                for e in prof.events() if e.device_type == DeviceType.CUDA
+                and not getattr(e, "is_user_annotation", False) and not e.key.startswith("ProfilerStep")]
     return [(e.key, 0.0, float(e.self_cpu_time_total)) for e in prof.key_averages()]
 
 

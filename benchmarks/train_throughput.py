@@ -97,11 +97,24 @@ def flops_per_token(cfg: Any, n_params: int, seq_len: int) -> dict[str, float]:
 
 
 class StepClock:
-    """Tracker that timestamps each logged training step after a device synchronise."""
+    """Tracker that timestamps each logged training step: on CUDA with an event recorded on the
+    stream (no synchronise: a per-step sync of the benchmark's own would idle the GPU while the
+    host prepares the next step, a cost real runs do not pay), resolved by `finish()`; on the CPU
+    with the host clock."""
 
     def __init__(self, device: torch.device, profiler: Any = None) -> None:
         self.device, self.times, self.losses, self.peak_gib = device, {}, {}, None
         self.profiler = profiler  # step_profile's profiler, stepped once per training step
+        self._events: dict[int, Any] = {}
+
+    def finish(self) -> None:
+        """Turn the recorded CUDA events into seconds (one synchronise, after the run)."""
+        if not self._events:
+            return
+        torch.cuda.synchronize(self.device)
+        first = min(self._events)
+        for step, event in self._events.items():
+            self.times[step] = self._events[first].elapsed_time(event) / 1e3
 
     def log_metrics(self, metrics: dict[str, float], *, step: int) -> None:
         # the loop resets CUDA's peak counter after each log step and logs the window's peak, so
@@ -111,8 +124,10 @@ class StepClock:
             self.peak_gib = max(self.peak_gib or 0.0, float(metrics["train/peak_mem_gib"]))
         if "train/loss" in metrics:
             if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.times[step] = time.perf_counter()
+                self._events[step] = torch.cuda.Event(enable_timing=True)
+                self._events[step].record()
+            else:
+                self.times[step] = time.perf_counter()
             self.losses[step] = float(metrics["train/loss"])
             if self.profiler is not None:
                 self.profiler.step()
@@ -163,6 +178,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
     clock = StepClock(device, profiler)
     with profiler if profiler is not None else contextlib.nullcontext():
         train(engine, dataset, tcfg, tracker=clock, start_step=0, save=lambda step, metrics: None)
+    clock.finish()
     tokens_per_step = args.batch_size * args.seq_len
     stats = window_stats(clock.times, warmup=args.warmup, tokens_per_step=tokens_per_step, last=timed)
     flops = flops_per_token(cfg, n_params, args.seq_len)

@@ -77,12 +77,9 @@ class AttentionBackend(Protocol):
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = True) -> Tensor: ...
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor: ...
     # trivial_pos: the caller guarantees pos_q == pos_k == 0..T-1 (T == S) without looking at
     # them, so a backend may take a fast path (sdpa: is_causal) with no device sync (issue 4)
-    # deterministic: False lets a backend take a non-reproducible faster path (triton TAPA: dQ by
-    # fp32 atomics in the dK/dV kernel); the model passes its attention.deterministic
 
 
 _TARGETS: dict[str, str] = {

@@ -223,8 +223,7 @@ class TritonBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = True) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
         if cu_seqlens is not None:
             raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
         if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa"):
@@ -241,4 +240,4 @@ class TritonBackend:
             raise ValueError(f"tapa phase={p['phase']!r}")
         return tapa_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, alpha=p["alpha"],
                               theta=p["theta"], phase_scale=p["phase_scale"], phase=p["phase"], scale=scale,
-                              causal=causal, deterministic=deterministic)
+                              causal=causal)

@@ -12,10 +12,9 @@ What the kernels compute, per query head h (kv head g = h // (H // G)):
 delta sits on the query phase with a minus sign (MATH §3.1: equivalent to +delta on the key
 phase), so GQA keys stay shared. Angles pos * theta are formed in fp32 from integer positions and
 range-reduced to [-pi, pi] before cos/sin (MATH §7.1, §7.4); the 2D-wide q_hat / k_hat exist only
-in registers, never in HBM (MATH §6 "fused"). The tiles rebuilt inside the loops (keys in the
-forward and dQ kernels, queries in dK/dV) rotate a per-tile base phase when a row's positions
-advance by 1 (pope_phase.py: FMA work instead of MUFU cos/sin). Softmax runs in the exp2 domain: the saved
-log-sum-exp `lse` is in log2 units (MATH §7.9), +inf for a row that sees no key (its output is 0).
+in registers, never in HBM (MATH §6 "fused"); amplitude and phase helpers are in pope_phase.py.
+Softmax runs in the exp2 domain: the saved log-sum-exp `lse` is in log2 units (MATH §7.9), +inf
+for a row that sees no key (its output is 0).
 
 Masking is by positions (key s visible to query t iff pos_k[s] <= pos_q[t]; MATH §7.6). Block
 skipping needs non-decreasing positions: the host passes a per-batch "sorted" flag (computed on
@@ -35,13 +34,9 @@ import torch
 import triton
 import triton.language as tl
 from phaselab.kernels.attention.pope_phase import (
-    ROTATE,
     _amplitude_grad,
     _direct_cos_sin,
     _pope_expand,
-    _rotation_table,
-    _tile_cos_sin,
-    unit_step_flags,
 )
 from phaselab.kernels.attention.triton_common import (
     LOG2E,
@@ -72,7 +67,7 @@ _TUNE = {"key": ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"],
 
 
 @triton.jit
-def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, theta, rot_c, rot_s, unit_k,
+def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, theta,
                     o_d, m_d, s_ks, s_vs, S, lo, hi,
                     AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
                     DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -85,7 +80,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _tile_cos_sin(p_posk + i_n * BLOCK_N, b_pk, theta, theta * 0.0, rot_c, rot_s, unit_k, FAST, ROTATE)
+        c, s = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         # [BM, BD] @ [BD, BN] -> [BM, BN], twice: the 2D-wide dot of MATH §3.3 (log2 units)
         b_s = tl.dot(b_qx, tl.trans(kx.to(b_qx.dtype)), input_precision=DOT_PREC)
@@ -108,7 +103,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
 
 @triton.autotune(configs=_fwd_configs(), **_TUNE)
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
-def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, k_unit, inv_freq, delta,
+def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
                     s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
                     s_pqb, s_pkb, s_srt,
                     T, S, H, GROUP, qk_scale, n_iter_s,
@@ -136,8 +131,6 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, k_unit, inv_freq, d
     b_q = tl.load(p_q + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
     c, s = _direct_cos_sin(b_pq, theta, bias, FAST)
     qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
-    unit_k = tl.load(k_unit + i_b * s_srt) != 0
-    rot_c, rot_s = _rotation_table(theta, FAST, BLOCK_N)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)  # scale * log2(e) folded into q (MATH §7.9)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
 
@@ -153,11 +146,11 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, k_unit, inv_freq, d
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
     # fully visible key blocks first (no mask), then the diagonal / tail blocks (DESIGN §7 ex. 6)
-    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta, rot_c, rot_s,
-                                    unit_k, o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC,
+    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta,
+                                    o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC,
                                     BLOCK_N)
-    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta, rot_c, rot_s,
-                                    unit_k, o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC,
+    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta,
+                                    o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC,
                                     BLOCK_N)
     empty = l_i == 0.0
     b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -173,7 +166,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, k_unit, inv_freq, d
 
 @triton.jit
 def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-                         p_posq, theta, bias, rot_c, rot_s, unit_q, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
+                         p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
                          AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                          FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
     for i_m in range(lo, hi):
@@ -187,7 +180,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
-        c, s = _tile_cos_sin(p_posq + i_m * BLOCK_M, b_pq, theta, bias, rot_c, rot_s, unit_q, FAST, ROTATE)
+        c, s = _direct_cos_sin(b_pq, theta, bias, FAST)
         qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
         b_qx = (qx * qk_scale).to(b_kx.dtype)
         b_qy = (qy * qk_scale).to(b_kx.dtype)
@@ -213,7 +206,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
 
 @triton.autotune(configs=_bwd_configs(), **_TUNE)
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
-def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, q_unit, inv_freq, delta,
+def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, inv_freq, delta,
                          s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                          s_dkb, s_dkh, s_dks, s_pqb, s_pkb, s_srt,
                          T, S, H, GROUP, qk_scale, n_iter_t,
@@ -238,8 +231,6 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
     c_k, s_k = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
     kx, ky, _ = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
     b_kx, b_ky = kx.to(k.dtype.element_ty), ky.to(k.dtype.element_ty)
-    unit_q = tl.load(q_unit + i_b * s_srt) != 0
-    rot_c, rot_s = _rotation_table(theta, FAST, BLOCK_M)
 
     n_qb = tl.cdiv(T, BLOCK_M)
     n_full = T // BLOCK_M
@@ -263,15 +254,15 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         # diagonal blocks (masked), fully visible blocks, then the ragged tail block (masked)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase,
-                                               p_lse, p_dlt, p_posq, theta, bias, rot_c, rot_s, unit_q, o_d, m_d, s_qt,
+                                               p_lse, p_dlt, p_posq, theta, bias, o_d, m_d, s_qt,
                                                s_dot, T,
                                                lo, mid, qk_scale, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase,
-                                               p_lse, p_dlt, p_posq, theta, bias, rot_c, rot_s, unit_q, o_d, m_d, s_qt,
+                                               p_lse, p_dlt, p_posq, theta, bias, o_d, m_d, s_qt,
                                                s_dot, T,
                                                mid, n_full, qk_scale, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase,
-                                               p_lse, p_dlt, p_posq, theta, bias, rot_c, rot_s, unit_q, o_d, m_d, s_qt,
+                                               p_lse, p_dlt, p_posq, theta, bias, o_d, m_d, s_qt,
                                                s_dot, T,
                                                tl.maximum(mid, n_full), n_qb, qk_scale, AMP, CAUSAL, True, FAST,
                                                DOT_PREC, BLOCK_M)
@@ -289,7 +280,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
 
 @triton.jit
 def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
-                       rot_c, rot_s, unit_k, o_d, m_d, s_ks, s_vs, S, lo, hi,
+                       o_d, m_d, s_ks, s_vs, S, lo, hi,
                        AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
                        DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
     for i_n in range(lo, hi):
@@ -301,7 +292,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _tile_cos_sin(p_posk + i_n * BLOCK_N, b_pk, theta, theta * 0.0, rot_c, rot_s, unit_k, FAST, ROTATE)
+        c, s = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         b_kx, b_ky = kx.to(b_qx.dtype), ky.to(b_qx.dtype)
         # [BM, BD] @ [BD, BN] -> [BM, BN]
@@ -324,7 +315,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
 
 @triton.autotune(configs=_bwd_configs(), **_TUNE)
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s", "n_part_rows"])
-def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_sorted, k_unit, inv_freq, delta,
+def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_sorted, inv_freq, delta,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                        s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_srt,
                        T, S, H, GROUP, qk_scale, sm_scale, n_iter_s, n_part_rows,
@@ -356,8 +347,6 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
     c_q, s_q = _direct_cos_sin(b_pq, theta, bias, FAST)
     qx, qy, mu = _pope_expand(b_q, c_q, s_q, m_d, AMP, FAST)
-    unit_k = tl.load(k_unit + i_b * s_srt) != 0
-    rot_c, rot_s = _rotation_table(theta, FAST, BLOCK_N)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
 
@@ -371,9 +360,9 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
     dqx = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dqy = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
-                                  rot_c, rot_s, unit_k, o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_N)
+                                  o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_N)
     dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
-                                  rot_c, rot_s, unit_k, o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N)
+                                  o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N)
     dqx = dqx * sm_scale  # d logit / d q_hat = scale * k_hat
     dqy = dqy * sm_scale
     b_dq = _amplitude_grad(b_q, AMP) * (dqx * c_q + dqy * s_q)
@@ -402,8 +391,7 @@ def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bo
         return (triton.cdiv(T, meta["BLOCK_M"]), B * H)
 
     pope_fwd_kernel[grid](
-        q, k, v, out, lse, pos_q, pos_k, k_sorted, unit_step_flags(pos_k), inv_freq,
-        delta if delta is not None else inv_freq,
+        q, k, v, out, lse, pos_q, pos_k, k_sorted, inv_freq, delta if delta is not None else inv_freq,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         _pos_stride(pos_q), _pos_stride(pos_k), 0 if k_sorted.shape[0] == 1 else 1,
@@ -430,7 +418,7 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     pope_bwd_kernel_dkdv[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * G)](
-        q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, unit_step_flags(pos_q), inv_freq, delta_arg, *strides,
+        q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, inv_freq, delta_arg, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
         0 if q_sorted.shape[0] == 1 else 1, T, S, H, H // G, scale * LOG2E, _bisect_iters(T), **common)
     # d(delta) partials: one row per (batch*head, query block), zero where a block does not exist
@@ -438,7 +426,7 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     n_rows = triton.cdiv(T, min(c.kwargs["BLOCK_M"] for c in _bwd_configs()))
     part = torch.zeros((B, H, n_rows, block_d(D)), dtype=torch.float32, device=q.device)
     pope_bwd_kernel_dq[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, dlt, dq, part, pos_q, pos_k, k_sorted, unit_step_flags(pos_k), inv_freq, delta_arg,
+        q, k, v, do, lse, dlt, dq, part, pos_q, pos_k, k_sorted, inv_freq, delta_arg,
         *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
         0 if k_sorted.shape[0] == 1 else 1, T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(S), n_rows,

@@ -106,6 +106,7 @@ def test_profile_busy_is_the_union_of_device_intervals_and_kernels_are_categoris
     assert step_profile.category("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "gemm"
     assert step_profile.category("cudnn_generated_fort_native_sdpa_sm90_flash_bprop") == "attention"
     assert step_profile.category("triton_poi_fused__log_softmax__log_softmax_backward_data") == "loss"
+    assert step_profile.category("ce_fwd_kernel_rows") == "loss"
     assert step_profile.category("triton_poi_fused_add_mul_rms_norm_3") == "fused elementwise"
     assert step_profile.category("void at::native::multi_tensor_apply_kernel<adam>") == "optimizer"
     assert step_profile.category("some_unknown_kernel") == "other"
