@@ -239,7 +239,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"- versions: {json.dumps(m['versions'])}\n"
             f"- data: {m['data']}; batch {m['batch_size']} x {m['seq_len']} tokens per step, "
             f"grad_accum {m['grad_accum']}, torch.compile {m['compile']}, "
-            f"Triton autotune {m['triton_autotune']}\n"
+            f"Triton autotune {m['triton_autotune']}, loss {m.get('loss', 'torch')}\n"
             f"- {m['steps']} timed steps after {m['warmup']} warm-up steps (excluded)\n"
             f"- MFU against {m['peak_tflops']} TFLOP/s; FLOPs per token = 6·N + causal attention "
             f"fwd+bwd without recompute (MATH §6: 12 L²D per head, PoPE 18), see the module docstring\n\n"

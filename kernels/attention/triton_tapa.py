@@ -282,7 +282,10 @@ def _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA: tl
     tl.atomic_add(p_row + DA + o_p[None, :], dqp, mask=m_m[:, None] & (o_p[None, :] < DP), sem="relaxed")
 
 
-@triton.autotune(configs=_bwd_configs(), **_TUNE)
+# The autotuner times every config on the real arguments: in the atomic mode each timing run would
+# add its dQ share again, so dq32 is zeroed before each; ATOMIC_DQ is in the key (two kernels).
+@triton.autotune(configs=_bwd_configs(), **(_TUNE | {"key": [*_TUNE["key"], "ATOMIC_DQ"]}),
+                 reset_to_zero=["dq32"])
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
 def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_sorted,
                          s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
