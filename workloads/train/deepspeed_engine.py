@@ -86,7 +86,9 @@ class DeepSpeedEngine:
 
     def micro_step(self, batch: Any, *, step: int, last: bool) -> float:
         x, y, m = (t.to(self.device) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
-        _, loss = self.ds(x, targets_BT=y, loss_mask_BT=m, logits=False)  # loss only (fused on CUDA, issue 4)
+        # loss only (the fused LM-head loss on CUDA, issue 4), except under ZeRO-3: its partitioned
+        # lm_head weight is gathered only inside lm_head's own forward, which the fused loss skips
+        _, loss = self.ds(x, targets_BT=y, loss_mask_BT=m, logits=self.zero_stage == 3)
         value = check_finite(loss.detach(), step=step, what="loss")
         self.ds.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
         if not last:
