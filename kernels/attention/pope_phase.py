@@ -6,8 +6,8 @@ tile in the dK/dV backward): the 2D-wide operands may not live in HBM (issue 3).
 
 Measured and dropped (benchmarks/NOTES-device.md, 2026-12-01): rotating a per-tile base phase by a
 per-program table of (cos, sin)(j theta) when positions advance by 1, instead of a MUFU cos and sin
-per element, was 3 % slower in the forward at 4k and 15-17 % slower in forward+backward (the two
-[BLOCK, BD] fp32 tables stay live in registers through the loops).
+per element, changed the forward by -3 % / +1.5 % (4k / 16k) and made forward+backward 15-17 %
+slower (taken to be the two [BLOCK, BD] fp32 tables live in registers through the loops).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _amplitude_grad(x, AMP: tl.constexpr):
 
 
 @triton.jit
-def _direct_cos_sin(pos, theta, bias, FAST: tl.constexpr):
+def _phase_cos_sin(pos, theta, bias, FAST: tl.constexpr):
     """(cos, sin)(pos theta - bias) [R, BD], the angle formed in fp32 from integer positions."""
     c, s = _cos_sin(pos.to(tl.float32)[:, None] * theta[None, :] - bias[None, :], FAST)
     return c, s

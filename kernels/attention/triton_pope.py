@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from phaselab.kernels.attention.pope_phase import (
     _amplitude_grad,
-    _direct_cos_sin,
+    _phase_cos_sin,
     _pope_expand,
 )
 from phaselab.kernels.attention.triton_common import (
@@ -80,7 +80,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
+        c, s = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         # [BM, BD] @ [BD, BN] -> [BM, BN], twice: the 2D-wide dot of MATH §3.3 (log2 units)
         b_s = tl.dot(b_qx, tl.trans(kx.to(b_qx.dtype)), input_precision=DOT_PREC)
@@ -129,7 +129,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
         bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
     b_q = tl.load(p_q + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
-    c, s = _direct_cos_sin(b_pq, theta, bias, FAST)
+    c, s = _phase_cos_sin(b_pq, theta, bias, FAST)
     qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)  # scale * log2(e) folded into q (MATH §7.9)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
@@ -180,7 +180,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
-        c, s = _direct_cos_sin(b_pq, theta, bias, FAST)
+        c, s = _phase_cos_sin(b_pq, theta, bias, FAST)
         qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
         b_qx = (qx * qk_scale).to(b_kx.dtype)
         b_qy = (qy * qk_scale).to(b_kx.dtype)
@@ -228,7 +228,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, q_sorted, 
     b_pk = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + o_n, mask=m_n, other=0)
     b_k = tl.load(p_k, mask=m_kd, other=0.0).to(tl.float32)
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
-    c_k, s_k = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
+    c_k, s_k = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
     kx, ky, _ = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
     b_kx, b_ky = kx.to(k.dtype.element_ty), ky.to(k.dtype.element_ty)
 
@@ -292,7 +292,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _direct_cos_sin(b_pk, theta, theta * 0.0, FAST)
+        c, s = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         b_kx, b_ky = kx.to(b_qx.dtype), ky.to(b_qx.dtype)
         # [BM, BD] @ [BD, BN] -> [BM, BN]
@@ -345,7 +345,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, ddelta_part, pos_q, pos_k, k_s
                    + o_d[None, :], mask=m_qd, other=0.0)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
-    c_q, s_q = _direct_cos_sin(b_pq, theta, bias, FAST)
+    c_q, s_q = _phase_cos_sin(b_pq, theta, bias, FAST)
     qx, qy, mu = _pope_expand(b_q, c_q, s_q, m_d, AMP, FAST)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
