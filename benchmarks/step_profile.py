@@ -96,8 +96,8 @@ def summary(prof: profile, *, device: torch.device, steps: int, wall_ms_per_step
 
 
 def markdown(case: str, prof: dict[str, Any]) -> str:
-    lines = [f"### {case}: {prof['steps']} profiled steps, wall {prof['wall_ms_per_step']:.1f} ms/step, "
-             f"busy {prof['busy_ms_per_step']:.1f} ms/step (idle {100 * prof['idle_share']:.0f} %)", "",
+    lines = [(f"### {case}: {prof['steps']} profiled steps, wall {prof['wall_ms_per_step']:.1f} ms/step, "
+              f"busy {prof['busy_ms_per_step']:.1f} ms/step (idle {100 * prof['idle_share']:.0f} %)"), "",
              "| category | ms/step | share |", "|---|---:|---:|"]
     for cat, c in prof.get("categories", {}).items():
         lines.append(f"| {cat} | {c['ms_per_step']:.3f} | {100 * c['share']:.1f} % |")

@@ -29,10 +29,11 @@ for B, T, H, D, dtype in [(4, 64, 4, 32, torch.bfloat16), (4, 64, 4, 64, torch.b
     do = torch.randn(B, H, T, D, generator=g, device="cuda")
     pos = torch.arange(T, device="cuda")[None].expand(B, T)
     mod = ScoreMod(kind="tapa", params={"alpha": 0.1, "theta": 0.5})
-    ref = grads(lambda q, k, v: reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, causal=True,
-                                                    score_mod=mod, compute_dtype=torch.float64), base, do, torch.float64)
+    ref = grads(lambda q, k, v, pos=pos, mod=mod: reference.attention(
+        q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, causal=True, score_mod=mod, compute_dtype=torch.float64),
+        base, do, torch.float64)
     for det in (True, False):
-        out = grads(lambda q, k, v: tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5,
-                                                   deterministic=det), base, do, dtype)
+        out = grads(lambda q, k, v, pos=pos, det=det: tapa_attention(
+            q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=det), base, do, dtype)
         errs = {n: f"{((o - r).norm() / r.norm()).item():.2e}" for n, o, r in zip(("dq", "dk", "dv"), out, ref)}
         print(f"B{B} T{T} H{H} D{D} {str(dtype)[6:]} deterministic={det}: {errs}", flush=True)

@@ -1,6 +1,7 @@
-"""TAPA's distance weight |m - n|^alpha inside the fused kernels (triton_tapa.py; MATH §4.2,
-§7.5; issue 3): exact by lg2/ex2 on the special-function unit, or, for forward tiles away from the
-diagonal, a per-row exact power times a binomial series in the in-tile offset on the FMA pipe.
+"""TAPA's per-tile math inside the fused kernels (triton_tapa.py; MATH §4.2, §7.5; issue 3): the
+distance weight |m - n|^alpha, exact by lg2/ex2 on the special-function unit or, for forward
+tiles away from the diagonal, a per-row exact power times a binomial series in the in-tile offset
+on the FMA pipe; the score tile (`_tapa_score`) and its gradients (`_tapa_grads`).
 Tests: tests/kernels/test_triton_tapa.py (`_tapa_turns` against float64, the series' tail bound).
 """
 
@@ -10,7 +11,7 @@ import os
 
 import triton
 import triton.language as tl
-from phaselab.kernels.attention.triton_common import _log2
+from phaselab.kernels.attention.triton_common import _cos_sin_reduced, _log2
 
 # The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
 # benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward (fwd+bwd minus fwd)
@@ -110,3 +111,47 @@ def _taylor(alpha: float) -> tuple[float, ...]:
     else:
         u_max = min(0.25, (1e-7 / abs(c[6])) ** (1.0 / 6.0))
     return (u_max, *c[1:6])
+
+
+@triton.jit
+def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max,
+                c1, c2, c3, c4, c5,
+                LINEAR: tl.constexpr, MASKED: tl.constexpr, SERIES: tl.constexpr, FAST: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """(<q_A, k_A>, W, cos 2 pi t, sin 2 pi t), all [BM, BN] fp32, t = W <q_P, k_P> (quadratic) or
+    W (sum q_P + sum k_P) (linear): the phase in turns, so the range reduction is t - rint(t),
+    exact in fp32 (MATH §7.4), then one multiply by 2 pi into [-pi, pi]."""
+    # [BM, BA] @ [BA, BN] -> [BM, BN]
+    b_a = tl.dot(b_qa, tl.trans(b_ka), input_precision=DOT_PREC)
+    if LINEAR:
+        b_phi = sq[:, None] + sk[None, :]
+    else:
+        # [BM, BP] @ [BP, BN] -> [BM, BN]
+        b_phi = tl.dot(b_qp, tl.trans(b_kp), input_precision=DOT_PREC)
+    w = _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED,
+                    SERIES, FAST)
+    t = w * b_phi
+    c, s = _cos_sin_reduced((t - tl.floor(t + 0.5)) * 6.283185307179586, FAST)
+    return b_a, w, c, s
+
+
+@triton.jit
+def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
+                vis, c_a, alpha, k_turn,
+                u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
+                FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Recompute P [BM, BN] and return (P, gA, gP): d loss / d <q_A,k_A> and / d <q_P,k_P> (or the
+    linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
+    b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
+                               alpha, k_turn, u_max,
+                               c1, c2, c3, c4, c5, LINEAR, MASKED, False, FAST, DOT_PREC)
+    b_p = tl.exp2(b_a * c * (c_a * qk_scale) - b_lse[:, None])
+    if MASKED:
+        b_p = tl.where(vis, b_p, 0.0)
+    # [BM, BV] @ [BV, BN] -> [BM, BN]
+    b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
+    b_ds = b_p * (b_dp - b_dlt[:, None]) * sm_scale  # d loss / d (A cos(2 pi t))
+    g_a = b_ds * c * c_a
+    # d (A cos 2 pi t) / d <q_P, k_P> = -A sin(2 pi t) 2 pi W, A = c_a <q_A, k_A>
+    g_p = b_ds * b_a * w * s * (-6.283185307179586 * c_a)
+    return b_p, g_a, g_p
