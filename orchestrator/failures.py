@@ -70,6 +70,7 @@ POLICIES: dict[str, Policy] = {
     "cancelled": Policy(retry=False),
 }
 
+
 def policy_of(cls: str) -> Policy:
     """The retry policy of failure class ``cls``; an unknown class is treated as ``code``."""
     return POLICIES.get(cls, POLICIES["code"])

@@ -6,39 +6,17 @@ deterministic backward, so one call says whether the failure reproduces and wher
 import functools
 import sys
 
-import torch
-
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "tests/kernels")
 import shim
 
 shim.install()
 from phaselab.kernels.attention import function
-from phaselab.kernels.testing import generator
-from phaselab.workloads.models.presets import preset
-from phaselab.workloads.models.transformer import Transformer
+from test_triton_pope import tiny_model_losses
 
 ORIGINAL = function.tapa_attention
-
-
-def curve(backend: str) -> list[float]:
-    torch.manual_seed(0)
-    cfg = preset("tiny", pe={"kind": "tapa"}, attention={"backend": backend})
-    model = Transformer(cfg, device_type="cuda").cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=generator(0, "cuda"), device="cuda")
-    y = torch.roll(x, -1, dims=1)
-    out = []
-    for _ in range(6):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = model(x, targets_BT=y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        model.after_optimizer_step()
-        out.append(round(loss.item(), 4))
-    return out
-
-
 for deterministic in (False, True):
     function.tapa_attention = functools.partial(ORIGINAL, deterministic=deterministic)
-    print(f"deterministic={deterministic}: reference {curve('reference')} triton {curve('triton')}", flush=True)
+    ref, tri = tiny_model_losses("tapa", "reference"), tiny_model_losses("tapa", "triton")
+    print(f"deterministic={deterministic}: reference {[round(v, 4) for v in ref]} "
+          f"triton {[round(v, 4) for v in tri]}", flush=True)

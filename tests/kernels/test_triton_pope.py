@@ -270,32 +270,36 @@ def test_pope_gpu_deterministic_long():
     assert_close("pope-4k-out", ref.float(), first[0].float(), 2e-2)
 
 
+def tiny_model_losses(kind: str, backend: str, steps: int = 6) -> list[float]:
+    """Losses of the tiny model (pe `kind`, attention `backend`) trained `steps` steps on one fixed
+    CUDA batch with bf16 autocast from seed 0 (also used by benchmarks/device probes)."""
+    from phaselab.workloads.models.presets import preset
+    from phaselab.workloads.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    cfg = preset("tiny", pe={"kind": kind, "pope": {"delta_init": "uniform"}}, attention={"backend": backend})
+    model = Transformer(cfg, device_type="cuda").cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=generator(0, "cuda"), device="cuda")
+    y = torch.roll(x, -1, dims=1)
+    losses = []
+    for _ in range(steps):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model(x, targets_BT=y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        model.after_optimizer_step()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["pope", "tapa"])
 def test_triton_backend_trains_like_reference(kind):
     """A tiny model trained 6 steps (bf16 autocast) on the triton backend reproduces the reference
     backend's losses (issue 3 acceptance). Both models start from the same seed and batch."""
-    from phaselab.workloads.models.presets import preset
-    from phaselab.workloads.models.transformer import Transformer
-
-    losses = {}
-    for backend in ("reference", "triton"):
-        torch.manual_seed(0)
-        cfg = preset("tiny", pe={"kind": kind, "pope": {"delta_init": "uniform"}}, attention={"backend": backend})
-        model = Transformer(cfg, device_type="cuda").cuda()
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        x = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), generator=generator(0, "cuda"), device="cuda")
-        y = torch.roll(x, -1, dims=1)
-        losses[backend] = []
-        for _ in range(6):
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                _, loss = model(x, targets_BT=y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            model.after_optimizer_step()
-            losses[backend].append(loss.item())
-    ref, tri = losses["reference"], losses["triton"]
+    ref, tri = tiny_model_losses(kind, "reference"), tiny_model_losses(kind, "triton")
     assert tri[-1] < tri[0] - 0.05, tri  # it trains
     for step, (a, b) in enumerate(zip(ref, tri)):
         assert abs(a - b) <= 2e-2 * abs(a), (step, ref, tri)

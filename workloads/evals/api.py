@@ -6,11 +6,11 @@
 ``ContextExtension`` mapping: rule pi | ntk | dynamic_ntk | yarn, factor, original_max_seq_len,
 base, attention_factor, block_size) re-builds the checkpoint's RoPE with that scaling rule before
 any suite runs, weights unchanged: PI / YaRN applied at inference without fine-tuning (TAPA
-Table 2, EXPERIMENTS §6 #22). Only RoPE checkpoints accept it (``ExtensionNotApplicable``). Unknown keys are errors
-(``ConfigError`` naming the dotted key). Every suite returns :class:`MetricRecord` rows (the
-catalog's schema, ``phaselab.catalog.tracking``), logs them through ``tracker.log_records``,
-writes them to ``out_dir/records.json`` and logs its artifacts (plots, arrays, samples) with
-``tracker.log_artifact``.
+Table 2, EXPERIMENTS §6 #22). Only RoPE checkpoints accept it (``ExtensionNotApplicable``).
+Unknown keys are errors (``ConfigError`` naming the dotted key). Every suite returns
+:class:`MetricRecord` rows (the catalog's schema, ``phaselab.catalog.tracking``), logs them
+through ``tracker.log_records``, writes them to ``out_dir/records.json`` and logs its artifacts
+(plots, arrays, samples) with ``tracker.log_artifact``.
 
 Keys common to every suite:
     suite       "ppl-by-length" | "niah" | "lm-eval" | "task" | "freq"
