@@ -33,8 +33,7 @@ EXTEND_RULE = _extend_option("rule", "Re-build the checkpoint's RoPE with this s
                              "runs, weights unchanged (MATH §2): pi | ntk | dynamic_ntk | yarn. RoPE "
                              "checkpoints only. Needs --extend-original-len.")
 EXTEND_FACTOR = _extend_option("factor", "Scale factor s >= 1: target context / pretraining length (default 1).")
-# min=1: ContextExtension accepts original_max_seq_len=0 and only the RoPE kernel config refuses it,
-# after the checkpoint is loaded and without naming the flag.
+# min=1: typer names the flag itself (ContextExtension also refuses < 1, naming the field).
 EXTEND_ORIGINAL_LEN = _extend_option("original_max_seq_len", "The checkpoint's pretraining length L.", min=1)
 EXTEND_BASE = _extend_option("base", "New RoPE base > 1, e.g. 2e8 (default: the checkpoint's).")
 EXTEND_ATTENTION_FACTOR = _extend_option("attention_factor", "YaRN only: attention temperature "
