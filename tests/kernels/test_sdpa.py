@@ -96,7 +96,6 @@ def test_is_causal_only_for_trivial_positions():
         build_mask(arange[:, 3:], arange, causal=True, trivial_pos=True)
 
 
-
 def test_varlen_matches_reference_per_document():
     lens = [7, 1, 12, 4]
     T, H, D = sum(lens), 4, 16
