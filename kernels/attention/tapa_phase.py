@@ -11,7 +11,7 @@ import os
 
 import triton
 import triton.language as tl
-from phaselab.kernels.attention.triton_common import _cos_sin_reduced, _log2
+from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2
 
 # The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
 # benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward (fwd+bwd minus fwd)
@@ -145,7 +145,7 @@ def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b
     b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                alpha, k_turn, u_max,
                                c1, c2, c3, c4, c5, LINEAR, MASKED, False, FAST, DOT_PREC)
-    b_p = tl.exp2(b_a * c * (c_a * qk_scale) - b_lse[:, None])
+    b_p = _exp2_tile(b_a * c * (c_a * qk_scale) - b_lse[:, None], EXP2_MODE)
     if MASKED:
         b_p = tl.where(vis, b_p, 0.0)
     # [BM, BV] @ [BV, BN] -> [BM, BN]

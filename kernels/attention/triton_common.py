@@ -16,6 +16,13 @@ import triton.language as tl
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 
+# How the score tiles' softmax exponentials run (issue 3; A/B-timed on the H200, benchmarks/NOTES-device.md):
+# "mufu" ex2.approx on the special-function unit, which PoPE's transform and TAPA's cosine also
+# load; "poly" 2**x as 2**j * p(f) on the FMA/ALU pipes (FlashAttention-4's trick); "split" half of
+# each tile's columns each way. Read at import, like PHASELAB_TAPA_SERIES.
+EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}
+EXP2_MODE = tl.constexpr(EXP2_MODES[os.environ.get("PHASELAB_EXP2", "mufu")])
+
 
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (CPU tensors, numpy semantics; DESIGN §6 tier 2)."""
@@ -69,6 +76,44 @@ def _log2(x, FAST: tl.constexpr):
                                       is_pure=True, pack=1)
     else:
         y = tl.log2(x)
+    return y
+
+
+@triton.jit
+def _exp2_poly(x):
+    """2**x for fp32 x <= 0 without the special-function unit; exactly 0 below -125 (and at -inf),
+    where the bit-level scaling would reach the denormals; 2**-125 is 2.4e-38 of the row's max.
+
+    x = j + f with j = rint(x) taken by the 1.5 * 2**23 shifter (no float->int conversion, which
+    would run on the special-function unit too) and f in [-0.5, 0.5]; 2**f by a degree-5 fit
+    (relative error 7.5e-8, fp32 level); 2**j added to the exponent bits: t's bits are
+    0x4B400000 + j, and since 0x4B400000 has its low 9 bits clear, (t's bits) << 23 is j << 23
+    modulo 2**32.
+    """
+    xc = tl.maximum(x, -125.0)
+    t = xc + 12582912.0
+    f = xc - (t - 12582912.0)
+    p = 0.0013276452373323089 * f + 0.009675541728738538
+    p = p * f + 0.05550713338967638
+    p = p * f + 0.24022119717615786
+    p = p * f + 0.693146967021685
+    p = p * f + 1.0000000716555055
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return tl.where(x < -125.0, 0.0, bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _exp2_tile(x, MODE: tl.constexpr):
+    """2**x of a [BM, BN] fp32 score tile (arguments <= 0): MODE as EXP2_MODE."""
+    if MODE == 0:
+        y = tl.exp2(x)
+    elif MODE == 1:
+        y = _exp2_poly(x)
+    else:
+        # even columns on the FMA pipe, odd ones on the special-function unit: a column pair sits
+        # in one thread in Triton's MMA layouts, so the split and join move no data
+        a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+        y = tl.reshape(tl.join(_exp2_poly(a), tl.exp2(b)), [x.shape[0], x.shape[1]])
     return y
 
 
@@ -127,7 +172,7 @@ def _bwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2)]]
+            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2)]]
 
 
 def prune_configs(configs, named_args, **kwargs):

@@ -34,12 +34,14 @@ import triton
 import triton.language as tl
 from phaselab.kernels.attention.tapa_phase import FWD_SERIES, _block_ends, _row_range, _tapa_grads, _tapa_score, _taylor
 from phaselab.kernels.attention.triton_common import (
+    EXP2_MODE,
     LOG2E,
     _bisect_iters,
     _bwd_configs,
     _causal_key_range,
     _causal_query_range,
     _dot_precision,
+    _exp2_tile,
     _fwd_configs,
     _pos_stride,
     _sorted_flags,
@@ -108,7 +110,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
             b_s = tl.where(vis, b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_p = tl.exp2(b_s - m_use[:, None])
+        b_p = _exp2_tile(b_s - m_use[:, None], EXP2_MODE)
         alpha_r = tl.exp2(m_i - m_use)
         l_i = l_i * alpha_r + tl.sum(b_p, 1)
         # [BM, BN] @ [BN, BV] -> [BM, BV]
