@@ -11,7 +11,7 @@ import os
 
 import triton
 import triton.language as tl
-from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2
+from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2, _rint
 
 # The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
 # benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward (fwd+bwd minus fwd)
@@ -131,7 +131,7 @@ def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_
     w = _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED,
                     SERIES, FAST)
     t = w * b_phi
-    c, s = _cos_sin_reduced((t - tl.floor(t + 0.5)) * 6.283185307179586, FAST)
+    c, s = _cos_sin_reduced((t - _rint(t, FAST)) * 6.283185307179586, FAST)
     return b_a, w, c, s
 
 

@@ -34,23 +34,37 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def _reduce_2pi(x):
+def _rint(x, FAST: tl.constexpr):
+    """x rounded to an integer (fp32): one cvt.rni on the GPU (ties to even) instead of
+    floor(x + 0.5), an add and a round (kernel_sass.py); the interpreter rounds half up."""
+    if FAST:
+        y = tl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        y = tl.floor(x + 0.5)
+    return y
+
+
+@triton.jit
+def _reduce_2pi(x, FAST: tl.constexpr):
     """x - 2 pi k with k = rint(x / 2 pi), in fp32 (Cody-Waite, MATH §7.4).
 
     6.28125 has 8 significant bits, so k * 6.28125 is exact for |k| < 2**16 (|x| < 4e5) and the
-    first subtraction is exact; the two tail constants carry the rest of 2 pi.
+    first subtraction is exact; the fp32 tail constant carries the rest of 2 pi to 1.0e-11, so the
+    reduction adds at most |k| 1.0e-11 < 7e-7 rad, far below the half ulp of x itself (2**-6 rad
+    already at |x| = 2**17). A third constant would cost one more FMA per key element per query
+    block (kernel_sass.py) for nothing.
     """
-    k = tl.floor(x * 0.15915494309189535 + 0.5)
+    k = _rint(x * 0.15915494309189535, FAST)
     r = x - k * 6.28125
-    r = r - k * 0.0019353071693331003
-    r = r - k * 1.0253131677018246e-11
+    r = r - k * 0.0019353071693331003  # 2 pi - 6.28125 rounded to fp32
     return r
 
 
 @triton.jit
 def _cos_sin(x, FAST: tl.constexpr):
     """(cos x, sin x) for fp32 x of any size: reduce to [-pi, pi], then `_cos_sin_reduced`."""
-    c, s = _cos_sin_reduced(_reduce_2pi(x), FAST)
+    c, s = _cos_sin_reduced(_reduce_2pi(x, FAST), FAST)
     return c, s
 
 

@@ -86,7 +86,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         # [BM, BD] @ [BD, BN] -> [BM, BN], twice: the 2D-wide dot of MATH §3.3 (log2 units)
         b_s = tl.dot(b_qx, tl.trans(kx.to(b_qx.dtype)), input_precision=DOT_PREC)
-        b_s += tl.dot(b_qy, tl.trans(ky.to(b_qy.dtype)), input_precision=DOT_PREC)
+        b_s = tl.dot(b_qy, tl.trans(ky.to(b_qy.dtype)), b_s, input_precision=DOT_PREC)
         if MASKED:
             vis = m_n[None, :]
             if CAUSAL:
@@ -98,7 +98,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         # [BM, BN] @ [BN, BD] -> [BM, BD]
-        acc = acc * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -190,7 +190,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_qy = (qy * qk_scale).to(b_kx.dtype)
         # [BN, BD] @ [BD, BM] -> [BN, BM]
         b_st = tl.dot(b_kx, tl.trans(b_qx), input_precision=DOT_PREC)
-        b_st += tl.dot(b_ky, tl.trans(b_qy), input_precision=DOT_PREC)
+        b_st = tl.dot(b_ky, tl.trans(b_qy), b_st, input_precision=DOT_PREC)
         b_pt = _exp2_tile(b_st - b_lse[None, :], EXP2_MODE)
         if MASKED:
             vis = m_n[:, None] & m_m[None, :]
@@ -198,13 +198,13 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
                 vis = vis & (b_pk[:, None] <= b_pq[None, :])
             b_pt = tl.where(vis, b_pt, 0.0)
         # [BN, BM] @ [BM, BD] -> [BN, BD]
-        dv += tl.dot(b_pt.to(b_do.dtype), b_do, input_precision=DOT_PREC)
+        dv = tl.dot(b_pt.to(b_do.dtype), b_do, dv, input_precision=DOT_PREC)
         # [BN, BD] @ [BD, BM] -> [BN, BM]
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
         b_dst = (b_pt * (b_dpt - b_dlt[None, :])).to(b_kx.dtype)
         # [BN, BM] @ [BM, BD] -> [BN, BD]
-        dkx += tl.dot(b_dst, b_qx, input_precision=DOT_PREC)
-        dky += tl.dot(b_dst, b_qy, input_precision=DOT_PREC)
+        dkx = tl.dot(b_dst, b_qx, dkx, input_precision=DOT_PREC)
+        dky = tl.dot(b_dst, b_qy, dky, input_precision=DOT_PREC)
         if ATOMIC_DQ:
             _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_d, m_d, b_dst, b_kx, b_ky, x_q, c, s, sm_scale, AMP, DOT_PREC)
     return dkx, dky, dv
@@ -337,7 +337,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_kx, b_ky = kx.to(b_qx.dtype), ky.to(b_qx.dtype)
         # [BM, BD] @ [BD, BN] -> [BM, BN]
         b_s = tl.dot(b_qx, tl.trans(b_kx), input_precision=DOT_PREC)
-        b_s += tl.dot(b_qy, tl.trans(b_ky), input_precision=DOT_PREC)
+        b_s = tl.dot(b_qy, tl.trans(b_ky), b_s, input_precision=DOT_PREC)
         b_p = _exp2_tile(b_s - b_lse[:, None], EXP2_MODE)
         if MASKED:
             vis = m_n[None, :]
@@ -348,8 +348,8 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)
         b_ds = (b_p * (b_dp - b_dlt[:, None])).to(b_qx.dtype)
         # [BM, BN] @ [BN, BD] -> [BM, BD]
-        dqx += tl.dot(b_ds, b_kx, input_precision=DOT_PREC)
-        dqy += tl.dot(b_ds, b_ky, input_precision=DOT_PREC)
+        dqx = tl.dot(b_ds, b_kx, dqx, input_precision=DOT_PREC)
+        dqy = tl.dot(b_ds, b_ky, dqy, input_precision=DOT_PREC)
     return dqx, dqy
 
 

@@ -102,7 +102,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                      alpha, k_turn, u_max,
                                      c1, c2, c3, c4, c5, LINEAR, MASKED, FWD_SERIES, FAST, DOT_PREC)
-        b_s = b_a * c * (c_a * qk_scale)
+        b_s = b_a * c  # q_A carries c_a * scale * log2 e (tapa_fwd_kernel)
         if MASKED:
             vis = m_n[None, :]
             if CAUSAL:
@@ -114,7 +114,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         alpha_r = tl.exp2(m_i - m_use)
         l_i = l_i * alpha_r + tl.sum(b_p, 1)
         # [BM, BN] @ [BN, BV] -> [BM, BV]
-        acc = acc * alpha_r[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, input_precision=DOT_PREC)
+        acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha_r[:, None], input_precision=DOT_PREC)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -142,6 +142,8 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
     p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     b_qa, b_qp = _load_split(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, o_m, m_m, s_qt, o_a, o_p,
                              DA, DP, True)
+    # 1/sqrt(D_A) * scale * log2 e folded into q_A once, not multiplied into every score (MATH §7.9)
+    b_qa = (b_qa.to(tl.float32) * (c_a * qk_scale)).to(b_qa.dtype)
     sq = tl.sum(b_qp.to(tl.float32), 1)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
     q_lo, q_hi, u_max, b_pq = _row_range(b_pq, m_m, tl.load(k_sorted + i_b * s_srt) != 0, u_max)
@@ -208,14 +210,14 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_h
                                     LINEAR, MASKED, FAST,
                                     DOT_PREC)
         # [BN, BM] @ [BM, BV] -> [BN, BV]
-        dv += tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, input_precision=DOT_PREC)
+        dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, dv, input_precision=DOT_PREC)
         # [BN, BM] @ [BM, BA] -> [BN, BA]
-        dka += tl.dot(tl.trans(g_a).to(b_qa.dtype), b_qa, input_precision=DOT_PREC)
+        dka = tl.dot(tl.trans(g_a).to(b_qa.dtype), b_qa, dka, input_precision=DOT_PREC)
         if LINEAR:
             dks += tl.sum(g_p, 0)
         else:
             # [BN, BM] @ [BM, BP] -> [BN, BP]
-            dkp += tl.dot(tl.trans(g_p).to(b_qp.dtype), b_qp, input_precision=DOT_PREC)
+            dkp = tl.dot(tl.trans(g_p).to(b_qp.dtype), b_qp, dkp, input_precision=DOT_PREC)
         if ATOMIC_DQ:
             _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA, DP, LINEAR, DOT_PREC)
     return dka, dkp, dks, dv
@@ -345,12 +347,12 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
                                     LINEAR, MASKED, FAST,
                                     DOT_PREC)
         # [BM, BN] @ [BN, BA] -> [BM, BA]
-        dqa += tl.dot(g_a.to(b_ka.dtype), b_ka, input_precision=DOT_PREC)
+        dqa = tl.dot(g_a.to(b_ka.dtype), b_ka, dqa, input_precision=DOT_PREC)
         if LINEAR:
             dqs += tl.sum(g_p, 1)
         else:
             # [BM, BN] @ [BN, BP] -> [BM, BP]
-            dqp += tl.dot(g_p.to(b_kp.dtype), b_kp, input_precision=DOT_PREC)
+            dqp = tl.dot(g_p.to(b_kp.dtype), b_kp, dqp, input_precision=DOT_PREC)
     return dqa, dqp, dqs
 
 
