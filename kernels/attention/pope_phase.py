@@ -58,6 +58,17 @@ def _phase_cos_sin(pos, theta, bias, FAST: tl.constexpr):
 
 
 @triton.jit
+def _reload_phase(p_x, m_x, p_pos, m_pos, theta, bias, FAST: tl.constexpr):
+    """(raw x fp32, cos, sin) [R, BD] read again for a backward kernel's epilogue. The loads are
+    volatile so that the compiler cannot reuse the tiles computed before the block loop: kept live
+    through it, three fp32 [R, BD] tiles made the dK/dV and dQ kernels spill (kernel_sass.py)."""
+    x = tl.load(p_x, mask=m_x, other=0.0, volatile=True).to(tl.float32)
+    pos = tl.load(p_pos, mask=m_pos, other=0, volatile=True)
+    c, s = _phase_cos_sin(pos, theta, bias, FAST)
+    return x, c, s
+
+
+@triton.jit
 def _pope_expand(x, c, s, m_d, AMP: tl.constexpr, FAST: tl.constexpr):
     """x [R, BD] raw fp32 and the tile's (cos, sin) -> (mu cos phi, mu sin phi, mu)."""
     mu = tl.where(m_d[None, :], _amplitude(x, AMP, FAST), 0.0)

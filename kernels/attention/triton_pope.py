@@ -34,9 +34,11 @@ import torch
 import triton
 import triton.language as tl
 from phaselab.kernels.attention.pope_phase import (
+    _amplitude,
     _amplitude_grad,
     _phase_cos_sin,
     _pope_expand,
+    _reload_phase,
 )
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODE,
@@ -252,11 +254,12 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q
     p_k = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :]
     p_v = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :]
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
-    b_pk = tl.load(pos_k + i_b.to(tl.int64) * s_pkb + o_n, mask=m_n, other=0)
+    p_posk_n = pos_k + i_b.to(tl.int64) * s_pkb + o_n
+    b_pk = tl.load(p_posk_n, mask=m_n, other=0)
     b_k = tl.load(p_k, mask=m_kd, other=0.0).to(tl.float32)
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
     c_k, s_k = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
-    kx, ky, mu_k = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
+    kx, ky, _ = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
     # rows past S are zero-padded raw keys (softplus 0 = ln 2): zeroed here, so that the atomic
     # dQ gets nothing from them in tiles computed without masks
     b_kx = tl.where(m_kd, kx, 0.0).to(k.dtype.element_ty)
@@ -302,6 +305,8 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q
             # d/d delta = d/d(key phase) = sum_n mu_k (dk_hat_y cos - dk_hat_x sin); this head's
             # share is the change of that sum over its loops (the accumulators span the group).
             # Rows past S: unmasked tiles leave garbage there (never stored), hence the where.
+            x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, theta, theta * 0.0, FAST)
+            mu_k = _amplitude(x_k, AMP, FAST)
             dd = tl.sum(tl.where(m_kd, mu_k * (dky * c_k - dkx * s_k), 0.0), 0)
             tl.store(ddelta_part + ((i_b * H + i_h).to(tl.int64) * n_part_rows + i_n) * BLOCK_D + o_d,
                      (dd - dd_prev) * 0.6931471805599453)
@@ -309,7 +314,8 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q
     # d logit / d k_hat = scale * q_hat = q_hat_scaled * ln 2 (q_hat carried scale * log2 e)
     dkx = dkx * 0.6931471805599453
     dky = dky * 0.6931471805599453
-    b_dk = _amplitude_grad(b_k, AMP) * (dkx * c_k + dky * s_k)
+    x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, theta, theta * 0.0, FAST)
+    b_dk = _amplitude_grad(x_k, AMP) * (dkx * c_k + dky * s_k)
     o_dk = i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks + o_d[None, :]
     tl.store(dk + o_dk, b_dk.to(dk.dtype.element_ty), mask=m_kd)
     tl.store(dv + o_dk, dvacc.to(dv.dtype.element_ty), mask=m_kd)
@@ -379,8 +385,8 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
     if HAS_DELTA:
         bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
-    b_q = tl.load(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_m.to(tl.int64)[:, None] * s_qt
-                  + o_d[None, :], mask=m_qd, other=0.0).to(tl.float32)
+    p_qrows = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :]
+    b_q = tl.load(p_qrows, mask=m_qd, other=0.0).to(tl.float32)
     b_do = tl.load(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh + o_m.to(tl.int64)[:, None] * s_dot
                    + o_d[None, :], mask=m_qd, other=0.0)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
@@ -405,7 +411,8 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
                                   o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N)
     dqx = dqx * sm_scale  # d logit / d q_hat = scale * k_hat
     dqy = dqy * sm_scale
-    b_dq = _amplitude_grad(b_q, AMP) * (dqx * c_q + dqy * s_q)
+    x_q, c_q, s_q = _reload_phase(p_qrows, m_qd, p_posq + o_m, m_m, theta, bias, FAST)
+    b_dq = _amplitude_grad(x_q, AMP) * (dqx * c_q + dqy * s_q)
     tl.store(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh + o_m.to(tl.int64)[:, None] * s_dqt
              + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_qd)
 
