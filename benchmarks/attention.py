@@ -5,7 +5,6 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     sdpa-flash     F.scaled_dot_product_attention, FLASH_ATTENTION backend (FlashAttention-2)
     sdpa-cudnn     the same, CUDNN_ATTENTION backend
     pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable)
-    pope-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
     pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
     tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
     tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
@@ -43,8 +42,8 @@ from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
-METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-fused-atomic": "pope",
-               "pope-unfused": "pope", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
+METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
+               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
 
 
 def sdpa(backend):
@@ -56,11 +55,6 @@ def sdpa(backend):
 
 def pope_fused(q, k, v, pos, ctx):
     return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"])
-
-
-def pope_fused_atomic(q, k, v, pos, ctx):
-    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
-                          deterministic=False)
 
 
 def pope_unfused(q, k, v, pos, ctx):
@@ -86,7 +80,7 @@ def tapa_material(q, k, v, pos, ctx):
 
 
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-           "pope-fused": pope_fused, "pope-fused-atomic": pope_fused_atomic, "pope-unfused": pope_unfused, "tapa-fused": tapa_fused,
+           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material}
 

@@ -4,8 +4,8 @@ PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3).
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
 bottom-right when T < S, MATH §7.6). By default their backward uses no atomics, so it is
-deterministic (MATH §7.8); `deterministic=False` opts into one backward kernel that adds dQ with
-fp32 atomics. Positions enter the kernels as fp32
+deterministic (MATH §7.8); for TAPA, `deterministic=False` opts into one backward kernel that adds
+dQ with fp32 atomics. Positions enter the kernels as fp32
 (angles, TAPA distances), exact for |pos| < 2**24, as in the reference (MATH §7.2). Loop bounds
 skip fully masked blocks when positions are non-decreasing (checked on the device, no sync);
 other position orders stay exact but visit every block.
@@ -34,11 +34,11 @@ class PopeAttentionFunction(torch.autograd.Function):
     """out = PoPE attention; gradients for q, k, v and delta (fp32, [H, D])."""
 
     @staticmethod
-    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude, deterministic):
+    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude):
         out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
                                         amplitude=amplitude)
         ctx.save_for_backward(q, k, v, delta, pos_q, pos_k, inv_freq, out, lse)
-        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude, "deterministic": deterministic}
+        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude}
         return out
 
     @staticmethod
@@ -47,7 +47,7 @@ class PopeAttentionFunction(torch.autograd.Function):
         dq, dk, dv, ddelta = triton_pope.pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, **ctx.cfg)
         if ddelta is not None:
             ddelta = ddelta.to(delta.dtype)
-        return dq, dk, dv, ddelta, None, None, None, None, None, None, None
+        return dq, dk, dv, ddelta, None, None, None, None, None, None
 
 
 class TapaAttentionFunction(torch.autograd.Function):
@@ -129,7 +129,7 @@ def _check_scale(scale: float) -> float:
 @torch.compiler.disable
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
-                   causal: bool = True, amplitude: str = "softplus", deterministic: bool = True) -> Tensor:
+                   causal: bool = True, amplitude: str = "softplus") -> Tensor:
     """Fused PoPE attention (MATH §3), differentiable in q, k, v and delta.
 
     Args:
@@ -140,9 +140,6 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         delta_HD: fp32 [H, D] phase bias on the key side, or None (the "without delta" ablation).
         scale: softmax scale, default 1/sqrt(D) (MATH §3.4).
         causal: mask by positions (default True). amplitude: "softplus" (default), "relu", "identity".
-        deterministic: True (default) computes dQ in its own kernel, bitwise reproducible; False adds
-            it with fp32 atomics inside the dK/dV kernel (one backward kernel; on the GPU the order
-            of the additions varies from run to run).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
@@ -166,7 +163,7 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
     return PopeAttentionFunction.apply(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale,
-                                       bool(causal), amplitude, bool(deterministic))
+                                       bool(causal), amplitude)
 
 
 @torch.compiler.disable  # see pope_attention

@@ -22,9 +22,9 @@ the device, no sync) and the kernels bound their loops by bisection over the pos
 positions fall back to masking every block, which is still exact.
 
 Backward (FA2 style, no atomics, hence deterministic, MATH §7.8): one kernel per key block
-accumulates dK, dV over all query blocks of every query head of its GQA group; a second kernel per
-query block accumulates dQ (fp32, MATH §7.7) over the key blocks, and writes per-block partial
-sums of d(delta), reduced on the host in a fixed order.
+accumulates dK, dV over all query blocks of every query head of its GQA group, and per head the
+key side's partial sums of d(delta) (d/d delta = d/d key phase), reduced on the host in a fixed
+order; a second kernel per query block accumulates dQ (fp32, MATH §7.7) over the key blocks.
 """
 
 from __future__ import annotations
@@ -170,10 +170,9 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
 
 @triton.jit
 def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-                         p_dqbase, s_dqt, p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
-                         sm_scale, AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                         FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr):
+                         p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
+                         AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                         FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
     for i_m in range(lo, hi):
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_m = o_m < T
@@ -186,8 +185,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
         c, s = _phase_cos_sin(b_pq, theta, bias, FAST)
-        x_q = b_q.to(tl.float32)
-        qx, qy, _ = _pope_expand(x_q, c, s, m_d, AMP, FAST)
+        qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
         b_qx = (qx * qk_scale).to(b_kx.dtype)
         b_qy = (qy * qk_scale).to(b_kx.dtype)
         # [BN, BD] @ [BD, BM] -> [BN, BM]
@@ -207,43 +205,22 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         # [BN, BM] @ [BM, BD] -> [BN, BD]
         dkx = tl.dot(b_dst, b_qx, dkx, input_precision=DOT_PREC)
         dky = tl.dot(b_dst, b_qy, dky, input_precision=DOT_PREC)
-        if ATOMIC_DQ:
-            _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_d, m_d, b_dst, b_kx, b_ky, x_q, c, s, sm_scale, AMP, DOT_PREC)
     return dkx, dky, dv
 
 
-@triton.jit
-def _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_d, m_d, b_dst, b_kx, b_ky, x_q, c, s, sm_scale, AMP: tl.constexpr,
-               DOT_PREC: tl.constexpr):
-    """This key block's share of dQ, added in fp32 with atomics (deterministic=False: one backward
-    kernel, S and P recomputed once and no key-side transform in a dQ kernel; MATH §7.7, §7.8).
-    The chain rule through the query's amplitude and phase is linear, so it is applied per tile
-    and the accumulator is the D-wide raw dQ, not the 2D-wide d q_hat."""
-    b_ds = tl.trans(b_dst)
-    # [BM, BN] @ [BN, BD] -> [BM, BD], twice
-    dqx = tl.dot(b_ds, b_kx, input_precision=DOT_PREC)
-    dqy = tl.dot(b_ds, b_ky, input_precision=DOT_PREC)
-    b_dq = _amplitude_grad(x_q, AMP) * (dqx * c + dqy * s) * sm_scale  # d logit / d q_hat = scale * k_hat
-    tl.atomic_add(p_dqbase + o_m.to(tl.int64)[:, None] * s_dqt + o_d[None, :], b_dq,
-                  mask=m_m[:, None] & m_d[None, :], sem="relaxed")
-
-
-# The autotuner times every config on the real arguments: the atomic dQ would be added again by
-# each timing run, and a config with larger key blocks leaves d(delta) rows of a smaller one
-# behind, so both buffers are zeroed before each run; ATOMIC_DQ is in the key (two kernels).
-@triton.autotune(configs=_bwd_configs(), **(_TUNE | {"key": [*_TUNE["key"], "ATOMIC_DQ"]}),
-                 reset_to_zero=["dq32", "ddelta_part"])
+# The autotuner times every config on the real arguments: a config with larger key blocks would
+# leave the d(delta) rows of a smaller one behind, so the buffer is zeroed before each run.
+@triton.autotune(configs=_bwd_configs(), **_TUNE, reset_to_zero=["ddelta_part"])
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t", "n_part_rows"])
-def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q, pos_k, q_sorted, inv_freq,
+def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_k, q_sorted, inv_freq,
                          delta, s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
-                         s_dkb, s_dkh, s_dks, s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_srt,
-                         T, S, H, GROUP, qk_scale, sm_scale, n_iter_t, n_part_rows,
+                         s_dkb, s_dkh, s_dks, s_pqb, s_pkb, s_srt,
+                         T, S, H, GROUP, qk_scale, n_iter_t, n_part_rows,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, AMP: tl.constexpr,
                          HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
-    sm_scale = tl.cast(sm_scale, tl.float32)
     G = H // GROUP
     i_b, i_g = i_bg // G, i_bg % G
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -260,10 +237,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
     c_k, s_k = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
     kx, ky, _ = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
-    # rows past S are zero-padded raw keys (softplus 0 = ln 2): zeroed here, so that the atomic
-    # dQ gets nothing from them in tiles computed without masks
-    b_kx = tl.where(m_kd, kx, 0.0).to(k.dtype.element_ty)
-    b_ky = tl.where(m_kd, ky, 0.0).to(k.dtype.element_ty)
+    b_kx, b_ky = kx.to(k.dtype.element_ty), ky.to(k.dtype.element_ty)
 
     n_qb = tl.cdiv(T, BLOCK_M)
     n_full = T // BLOCK_M
@@ -282,24 +256,23 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, ddelta_part, pos_q
         bias = theta * 0.0
         if HAS_DELTA:
             bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
-        p_dqbase = dq32 + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh
         p_qbase = q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh
         p_dobase = do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh
         p_lse = lse + (i_b * H + i_h).to(tl.int64) * T
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         # diagonal blocks (masked), fully visible blocks, then the ragged tail block (masked)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
-            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_dqbase, s_dqt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, mid, qk_scale, sm_scale, AMP, CAUSAL, True,
-            FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
+            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, mid, qk_scale, AMP, CAUSAL, True,
+            FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
-            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_dqbase, s_dqt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, mid, n_full, qk_scale, sm_scale, AMP, CAUSAL, False,
-            FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
+            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, mid, n_full, qk_scale, AMP, CAUSAL, False,
+            FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
-            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt, p_dqbase, s_dqt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, qk_scale, sm_scale, AMP, CAUSAL, True,
-            FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
+            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, qk_scale, AMP, CAUSAL, True,
+            FAST, DOT_PREC, BLOCK_M)
         if HAS_DELTA:
             # d(delta) from the key side: the logit depends on m theta - delta - n theta, so
             # d/d delta = d/d(key phase) = sum_n mu_k (dk_hat_y cos - dk_hat_x sin); this head's
@@ -445,17 +418,15 @@ def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bo
 
 
 def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bool,
-             amplitude: str, deterministic: bool = True):
+             amplitude: str):
     """Backward launches; returns dq, dk, dv (input dtypes) and ddelta fp32 [H, D] (or None).
-    deterministic=False adds dQ with fp32 atomics inside the dK/dV kernel (one kernel; run-to-run
-    differences in the last bits of dQ) instead of a second, deterministic dQ kernel."""
+    An fp32-atomic dQ inside the dK/dV kernel was measured 3-6 % slower on the H200 (its registers
+    spill; benchmarks/NOTES-device.md, session 4), so PoPE has only this deterministic path."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()
     dlt = (do.float() * out.float()).sum(-1)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    # fp32 dQ accumulator of the atomic mode (never low-precision atomics, issue 3)
-    dq32 = torch.zeros(q.shape if not deterministic else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
     # d(delta) partials: one row per (batch*head, key block), zero where a block does not exist
     # (the block count depends on the tuned BLOCK_N); summed on the host in a fixed order.
     n_rows = triton.cdiv(S, min(c.kwargs["BLOCK_N"] for c in _bwd_configs()))
@@ -470,13 +441,10 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     pope_bwd_kernel_dkdv[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * G)](
-        q, k, v, do, lse, dlt, dk, dv, dq32, part, pos_q, pos_k, q_sorted, inv_freq, delta_arg, *strides,
-        dk.stride(0), dk.stride(1), dk.stride(2), dq32.stride(0), dq32.stride(1), dq32.stride(2),
-        _pos_stride(pos_q), _pos_stride(pos_k), 0 if q_sorted.shape[0] == 1 else 1, T, S, H, H // G,
-        scale * LOG2E, scale, _bisect_iters(T), n_rows, ATOMIC_DQ=not deterministic, **common)
+        q, k, v, do, lse, dlt, dk, dv, part, pos_q, pos_k, q_sorted, inv_freq, delta_arg, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
+        0 if q_sorted.shape[0] == 1 else 1, T, S, H, H // G, scale * LOG2E, _bisect_iters(T), n_rows, **common)
     ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
-    if not deterministic:
-        return dq32.to(q.dtype), dk, dv, ddelta
     pope_bwd_kernel_dq[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
         q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_freq, delta_arg, *strides,
         dq.stride(0), dq.stride(1), dq.stride(2), _pos_stride(pos_q), _pos_stride(pos_k),
