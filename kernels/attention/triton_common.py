@@ -178,8 +178,12 @@ def _causal_query_range(p_posq, pos_k_block, b_pk, m_n, q_sorted, i_b, s_srt, T,
 def _fwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    # one-stage variants: with a software-pipelined loop ptxas serialises every wgmma of PoPE's
+    # forward (warning C7515; kernel_sass.py shows one wait per MMA), without it they issue in
+    # groups of eight; which wins is measured per shape by the autotuner
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
+            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2), (256, 64, 8, 1),
+                                 (128, 64, 8, 1)]]
 
 
 def _bwd_configs() -> list[triton.Config]:
