@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The next H200 call (written 2026-12-01 after session 3, not run yet): issue 3's open questions.
+# A next H200 call (written 2026-12-01 after session 3, not run as a whole; session 4 timed TAPA
+# D=128 with the 64x128 backward config, item 2, in h200_session4c.sh): issue 3's open questions.
 #  1. Does the tiny TAPA model diverge with the atomic-dQ backward (session 3, call 3) and from
 #     which step? tapa_atomic_model_probe.py prints both backwards' loss curves against reference.
 #  2. TAPA D=128 with the 64x128 backward config in the autotune (it won for PoPE D=64 in session

@@ -16,10 +16,13 @@ import triton.language as tl
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 
-# How the score tiles' softmax exponentials run (issue 3; A/B-timed on the H200, benchmarks/NOTES-device.md):
-# "mufu" ex2.approx on the special-function unit, which PoPE's transform and TAPA's cosine also
-# load; "poly" 2**x as 2**j * p(f) on the FMA/ALU pipes (FlashAttention-4's trick); "split" half of
-# each tile's columns each way. Read at import, like PHASELAB_TAPA_SERIES.
+# How the score tiles' softmax exponentials run (issue 3): "mufu" ex2.approx on the special-function
+# unit, which PoPE's transform and TAPA's cosine also load; "poly" 2**x as 2**j * p(f) on the
+# FMA/ALU pipes (FlashAttention-4's trick for MUFU-bound tiles); "split" half of each tile's
+# columns each way. On the H200 (session 4, benchmarks/NOTES-device.md) PoPE's forward took 21-23 %
+# (poly) and 12-13 % (split) longer than with "mufu" at 4k and 16k: these kernels are bound by
+# instruction issue, not by the special-function unit, so "mufu" is the default; the others stay
+# as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
 EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}
 EXP2_MODE = tl.constexpr(EXP2_MODES[os.environ.get("PHASELAB_EXP2", "mufu")])
 
@@ -178,12 +181,12 @@ def _causal_query_range(p_posq, pos_k_block, b_pk, m_n, q_sorted, i_b, s_srt, T,
 def _fwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    # one-stage variants: with a software-pipelined loop ptxas serialises every wgmma of PoPE's
-    # forward (warning C7515; kernel_sass.py shows one wait per MMA), without it they issue in
-    # groups of eight; which wins is measured per shape by the autotuner
+    # Measured and left out (H200, session 4): one-stage variants. Software pipelining makes ptxas
+    # serialise every wgmma of PoPE's forward (warning C7515, one wait per MMA in kernel_sass.py),
+    # one stage issues them in groups of eight, yet the autotuner kept the two-stage configs for
+    # PoPE and TAPA at 4k, 16k and 64k.
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2), (256, 64, 8, 1),
-                                 (128, 64, 8, 1)]]
+            for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
 
 
 def _bwd_configs() -> list[triton.Config]:
