@@ -48,10 +48,10 @@ KERNELS = {
                                                        "BLOCK_V": 128, "CAUSAL": True, "LINEAR": False, "FAST": True,
                                                        "DOT_PREC": "tf32"}),
 }
+BF16_PTRS = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
 FP32_PTRS = {"lse", "dlt", "inv_freq", "delta", "dq32", "ddelta_part"}
 INT_PTRS = {"pos_q": "*i64", "pos_k": "*i64", "k_sorted": "*i32", "q_sorted": "*i32"}
 FLOATS = {"qk_scale", "sm_scale", "c_a", "alpha", "k_turn", "u_max", "c1", "c2", "c3", "c4", "c5"}
-UNSPECIALISED = {"T", "S", "n_iter_s", "n_iter_t", "n_part_rows"}  # do_not_specialize in the kernels
 
 
 def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int) -> tuple[str, str]:
@@ -72,10 +72,8 @@ def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int)
         if arg in consts:
             sig[arg] = "constexpr"
             continue
-        sig[arg] = (INT_PTRS.get(arg) or ("*fp32" if arg in FP32_PTRS else None)
-                    or ("fp32" if arg in FLOATS else None) or ("*bf16" if not arg.startswith("s_") and arg not in
-                                                               UNSPECIALISED and arg.islower() and len(arg) <= 3
-                                                               else "i32"))
+        sig[arg] = (INT_PTRS.get(arg) or ("*bf16" if arg in BF16_PTRS else None)
+                    or ("*fp32" if arg in FP32_PTRS else None) or ("fp32" if arg in FLOATS else "i32"))
         # what the launcher specialises at run time: pointers and strides divisible by 16 elements' bytes
         if sig[arg].startswith("*") or arg.startswith("s_") and arg not in ("s_srt", "s_pqb", "s_pkb"):
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -115,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--env", action="append", default=[], help="NAME=VALUE set before the kernels are imported")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("kernel_sass.py compiles for sm_90a: unset TRITON_INTERPRET")
     for kv in args.env:
         key, _, value = kv.partition("=")
         os.environ[key] = value
