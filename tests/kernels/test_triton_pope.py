@@ -237,11 +237,16 @@ GPU_CASES = [  # (B, H, G, T, S, D, causal, dtype): every head dim, both dtypes,
 def test_pope_gpu_calibrated(B, H, G, T, S, D, causal, dtype):
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
     do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
+    check_calibrated("pope", q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+
+
+def check_calibrated(label, q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
+    """Output and every gradient within twice PyTorch's own error in q's dtype (DESIGN §6)."""
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     for name, r, lo, o in zip(NAMES, ref, low, out):
-        calibrated_close(f"pope-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+        calibrated_close(f"{label}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
@@ -251,12 +256,7 @@ def test_pope_gpu_autotuned_first_call(monkeypatch):
     that may win; they are zeroed between runs (reset_to_zero), so the result still holds."""
     monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 320, 320, 64, torch.bfloat16, "cuda", offset=3)
-    do = seeded_like(q)
-    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    for name, r, lo, o in zip(NAMES, ref, low, out):
-        calibrated_close(f"pope-autotuned-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+    check_calibrated("pope-autotuned", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
 
 
 @pytest.mark.gpu
@@ -264,12 +264,7 @@ def test_pope_gpu_large_positions():
     """Positions near 2**17 (MATH §7.4) through the GPU's range reduction + approximate cos/sin."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda",
                                                          offset=2**17 - 300)
-    do = seeded_like(q)
-    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
-    for name, r, lo, o in zip(NAMES, ref, low, out):
-        calibrated_close(f"pope-bigpos-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+    check_calibrated("pope-bigpos", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
 
 
 @pytest.mark.gpu
