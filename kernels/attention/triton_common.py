@@ -101,8 +101,8 @@ def _exp2_poly(x):
     """2**x for fp32 x <= 0 without the special-function unit; exactly 0 below -125 (and at -inf),
     where the bit-level scaling would reach the denormals; 2**-125 is 2.4e-38 of the row's max.
 
-    x = j + f with j = rint(x) taken by the 1.5 * 2**23 shifter (no float->int conversion, which
-    would run on the special-function unit too) and f in [-0.5, 0.5]; 2**f by a degree-5 fit
+    x = j + f with j = rint(x) taken by the 1.5 * 2**23 shifter (two adds, no conversion
+    instruction) and f in [-0.5, 0.5]; 2**f by a degree-5 fit
     (relative error 7.5e-8, fp32 level); 2**j added to the exponent bits: t's bits are
     0x4B400000 + j, and since 0x4B400000 has its low 9 bits clear, (t's bits) << 23 is j << 23
     modulo 2**32.
@@ -128,7 +128,8 @@ def _exp2_tile(x, MODE: tl.constexpr):
         y = _exp2_poly(x)
     else:
         # even columns on the FMA pipe, odd ones on the special-function unit: a column pair sits
-        # in one thread in Triton's MMA layouts, so the split and join move no data
+        # in one thread in Triton's MMA layouts, so the split and join move no data (kernel_sass.py:
+        # no shuffles or shared-memory traffic added)
         a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
         y = tl.reshape(tl.join(_exp2_poly(a), tl.exp2(b)), [x.shape[0], x.shape[1]])
     return y
