@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 4, first call (2026-12-01): PoPE's one-kernel backward and the softmax exp2 modes.
+# (A record of what ran: the pope-fused-atomic method and PoPE's atomic mode were removed after call 2.)
 #  1. GPU tests of PoPE (now with the atomic-dQ mode and d(delta) from the key side), TAPA and the
 #     exp2 helper.
 #  2. PoPE D=64, 4k / 16k, against cuDNN: deterministic and atomic backward, each with

@@ -20,7 +20,7 @@ LOG2E = 1.0 / LN2
 # unit, which PoPE's transform and TAPA's cosine also load; "poly" 2**x as 2**j * p(f) on the
 # FMA/ALU pipes (FlashAttention-4's trick for MUFU-bound tiles); "split" half of each tile's
 # columns each way. On the H200 (session 4, benchmarks/NOTES-device.md) PoPE's forward took 21-23 %
-# (poly) and 12-13 % (split) longer than with "mufu" at 4k and 16k: these kernels are bound by
+# (poly) and 11-13 % (split) longer than with "mufu" at 4k and 16k: these kernels are bound by
 # instruction issue, not by the special-function unit, so "mufu" is the default; the others stay
 # as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
 EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}

@@ -252,10 +252,14 @@ def check_calibrated(label, q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causa
 @pytest.mark.gpu
 def test_pope_gpu_autotuned_first_call(monkeypatch):
     """PHASELAB_AUTOTUNE=1 on a shape no other test tunes: the first backward times every config on
-    the real buffers, and a config with 64-key blocks leaves more d(delta) rows than the 128-key one
-    that may win; they are zeroed between runs (reset_to_zero), so the result still holds."""
+    the real buffers, and a config with 64-key blocks writes more d(delta) rows than a 128-key one.
+    Without zeroing between runs (reset_to_zero) a winning 128-key config would leave rows 32-63 of
+    the 64-key runs in the sum. 128-key dK/dV tiles won at every length benchmarked on the H200
+    (4k-64k, session 4), so the length is 4000 (no other test uses it, so no earlier untuned call
+    has cached a config for it); should a 64-key config win here, every row is rewritten and this
+    test cannot see the bug."""
     monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 320, 320, 64, torch.bfloat16, "cuda", offset=3)
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 2, 4000, 4000, 64, torch.bfloat16, "cuda", offset=3)
     check_calibrated("pope-autotuned", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
 
 
