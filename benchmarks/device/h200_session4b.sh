@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 4, second call (2026-12-01): the kernels after the offline instruction audit
-# (A record of what ran: the pope-fused-atomic method and PoPE's atomic mode were removed after call 2.)
 # (benchmarks/kernel_sass.py): MMA accumulating in place, the slimmer softplus and range reduction,
 # no fp32 tiles live through the backward loops, TAPA's scale folded into q_A.
+# (A record of what ran: the pope-fused-atomic method and PoPE's atomic mode were removed after call 2.)
 #  1. GPU tests of PoPE, TAPA and the exp2 helper.
 #  2. PoPE D=64 against cuDNN at 4k / 16k / 64k, deterministic and atomic backward.
 #  3. TAPA D=128 against SDPA flash at 4k / 16k, deterministic and atomic backward.
