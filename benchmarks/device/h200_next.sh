@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next H200 call (written 2026-12-01 after session 4, not run yet): what session 4 left open.
+# Record (superseded by h200_session5b.sh, session 5): the call planned after session 4: what session 4 left open.
 #  1. The GPU tests written after session 4's last call (test_pope_gpu_autotuned_first_call: the
 #     first autotuned PoPE backward with d(delta) rows zeroed between timing runs), with the rest of
 #     the PoPE / TAPA / exp2 GPU tests.
