@@ -3,9 +3,10 @@ sm_90a with the Triton in this environment (no GPU needed: Triton's bundled ptxa
 prints ptxas' register and spill counts and the opcode histogram of each of the kernel's block loops
 (unmasked first, then masked), per iteration and per score of a thread.
 
-On the H200 (benchmarks/NOTES-device.md) these kernels are bound by instruction issue rather than
-by the tensor cores or the special-function unit alone, so the per-score instruction count is the
-number to drive down between device runs.
+On the H200 these kernels are latency-bound (Nsight Compute, benchmarks/NOTES-device.md session
+5: one 8-warp CTA per SM at 255 registers, issue slots 28-34 % busy, warps stalled on barriers,
+fixed-latency dependencies and shared-memory queues); fewer instructions per score shorten the
+dependent chains, but A/B timing on the device decides (benchmarks/attention_ablation.py).
 
 Usage:
     python benchmarks/kernel_sass.py pope_fwd --block 256 64 --warps 8

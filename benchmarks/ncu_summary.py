@@ -29,7 +29,8 @@ STALLS = ["wait", "barrier", "mio_throttle", "long_scoreboard", "short_scoreboar
 
 
 def summarise(path: str) -> str:
-    rows = list(csv.reader(open(path, newline="")))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     head, data = rows[0], rows[2:]  # row 1 holds the units
     col = {name: i for i, name in enumerate(head)}
     kernels = [r[col["Kernel Name"]].split("(")[0].strip() for r in data]

@@ -20,9 +20,10 @@ LOG2E = 1.0 / LN2
 # unit, which PoPE's transform and TAPA's cosine also load; "poly" 2**x as 2**j * p(f) on the
 # FMA/ALU pipes (FlashAttention-4's trick for MUFU-bound tiles); "split" half of each tile's
 # columns each way. On the H200 (session 4, benchmarks/NOTES-device.md) PoPE's forward took 21-23 %
-# (poly) and 11-13 % (split) longer than with "mufu" at 4k and 16k: these kernels are bound by
-# instruction issue, not by the special-function unit, so "mufu" is the default; the others stay
-# as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
+# (poly) and 11-13 % (split) longer than with "mufu" at 4k and 16k: the kernels are latency-bound
+# (session 5's Nsight Compute: 2 warps per scheduler, issue slots 28-34 % busy, the MUFU pipe
+# 28-43 %), so more instructions cost more than a busier MUFU; "mufu" is the default, the others
+# stay as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
 EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}
 EXP2_MODE = tl.constexpr(EXP2_MODES[os.environ.get("PHASELAB_EXP2", "mufu")])
 
@@ -182,10 +183,12 @@ def _causal_query_range(p_posq, pos_k_block, b_pk, m_n, q_sorted, i_b, s_srt, T,
 def _fwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    # Measured and left out (H200, session 4): one-stage variants. Software pipelining makes ptxas
-    # serialise every wgmma of PoPE's forward (warning C7515, one wait per MMA in kernel_sass.py),
-    # one stage issues them in groups of eight, yet the autotuner kept the two-stage configs for
-    # PoPE and TAPA at 4k, 16k and 64k.
+    # Measured and left out (H200, session 4): one-stage variants. ptxas serialises every wgmma of
+    # PoPE's two-stage forward (C7515, one wait per MMA): the masked loop's tl.where on the score
+    # tile after the pipelined unmasked loop triggers it (kernel_sass.py, session 5). One stage, or
+    # the masked loop first, issues them in groups of eight, yet both were slower on the H200
+    # (masked-first spills at 256x64: 15.3 vs 14.2 ms at 16k); Nsight Compute puts the wgmma
+    # stalls at 0.14 per issued instruction, against 1.2 on barriers (NOTES-device.md).
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
 
@@ -193,8 +196,11 @@ def _fwd_configs() -> list[triton.Config]:
 def _bwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    # 32-key tiles (session 5): TAPA's D=128 dQ kernel spills at its tuned 64x64/4-warp tile
+    # (69M local loads at 16k, Nsight Compute) and not at 64x32 or 128x32 (kernel_sass.py)
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2)]]
+            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
+                                 (64, 32, 4, 2), (128, 32, 8, 2)]]
 
 
 def prune_configs(configs, named_args, **kwargs):

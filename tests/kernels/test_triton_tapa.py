@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, tapa_phase
+from phaselab.kernels.attention import reference, tapa_phase, triton_common, triton_tapa
 from phaselab.kernels.attention.function import tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
@@ -253,6 +253,30 @@ def test_tapa_gpu_atomic_dq_calibrated(case):
     out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, deterministic=False)
     for name, r, lo, o in zip(NAMES, ref, low, out):
         calibrated_close(f"tapa-atomic-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", triton_common._bwd_configs(),
+                         ids=lambda c: f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}-w{c.num_warps}")
+def test_tapa_gpu_every_bwd_config(cfg):
+    """Each backward tile config the autotuner may pick (the GPU sweep above runs only the first),
+    on the awkward fp16 GQA case with D=128 and T=217, under the same 2x rule."""
+    B, H, G, T, S, D, causal, params, dtype = GPU_CASES[1]
+    q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=3)
+    do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
+    ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
+    kernels = (triton_tapa.tapa_bwd_kernel_dkdv, triton_tapa.tapa_bwd_kernel_dq)
+    saved = [kern.configs for kern in kernels]
+    try:
+        for kern in kernels:
+            kern.configs = [cfg]
+        out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
+    finally:
+        for kern, configs in zip(kernels, saved):
+            kern.configs = configs
+    for name, r, lo, o in zip(NAMES, ref, low, out):
+        calibrated_close(f"tapa-{cfg}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
