@@ -24,9 +24,9 @@ def _amplitude(x, AMP: tl.constexpr, FAST: tl.constexpr):
     softplus = max(x, 0) + ln 2 * log2(1 + y), y = 2**(-|x| log2 e) in (0, 1]: two special-function
     ops and four others per element, because this runs for every element of every key tile a
     query block visits (MATH §6), and every instruction lengthens the dependent chains of these
-    latency-bound kernels (Nsight Compute, benchmarks/NOTES-device.md session 5). Accuracy: 1 + y rounds in fp32, so mu carries an absolute error
-    below 1.2e-7 (and is 0 instead of exp(x) below x = -17); no threshold is needed above 20, where
-    y < 3e-9 vanishes against x.
+    latency-bound kernels (Nsight Compute, benchmarks/NOTES-device.md session 5). Accuracy: 1 + y
+    rounds in fp32, so mu carries an absolute error below 1.2e-7 (and is 0 instead of exp(x) below
+    x = -17); no threshold is needed above 20, where y < 3e-9 vanishes against x.
     """
     if AMP == 0:
         y = tl.exp2(tl.abs(x) * -1.4426950408889634)

@@ -45,9 +45,9 @@ def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2
     |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
     (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
     6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, this kernel's
-    busiest pipe (42 % in the forward at 16k, Nsight Compute, benchmarks/NOTES-device.md). Per-row |R_i|^alpha stays exact. Other tiles (near the
-    diagonal, a key block that spans too many positions, padding rows read as position 0) take
-    the exact path.
+    busiest pipe (42 % in the forward at 16k, Nsight Compute, benchmarks/NOTES-device.md).
+    Per-row |R_i|^alpha stays exact. Other tiles (near the diagonal, a key block that spans too
+    many positions, padding rows read as position 0) take the exact path.
     """
     pq = b_pq.to(tl.float32)
     pk = b_pk.to(tl.float32)
