@@ -1,8 +1,9 @@
 """Where the fused kernels' time goes (issue 3): time PoPE / TAPA variants that leave one stage
 of the per-element / per-score math out, at fixed tile configs, and take differences.
 
-The variants compute WRONG attention: they exist only to place time inside a kernel on a GPU
-without hardware counters (device README: "time variants that leave one stage out"). Each runs in
+The variants compute WRONG attention: they exist only to place time inside a kernel (hardware
+counters say how busy each pipe is and why warps stall, not what one stage costs: "time variants
+that leave one stage out", device README). Each runs in
 its own process, because a variant swaps one of the kernels' jit helpers before the first compile
 (Triton binds a kernel's global helpers when it compiles).
 
@@ -41,7 +42,8 @@ from phaselab.kernels.attention.tapa_phase import _tapa_turns
 
 VARIANTS = {"pope": ["full", "no-softplus", "no-trig", "no-transform"],
             "tapa": ["full", "no-cos", "no-weight", "plain"]}
-# the configs the H200 autotuner chose (benchmarks/results/attention-h200-{d64,tapa-d128}.json)
+# the tiles the H200 autotuner chose in session 4 (results of session 5's call 1 used these; TAPA's
+# dQ has picked 64x32 since call 4, benchmarks/NOTES-device.md)
 CONFIGS = {"pope": {"pope_fwd_kernel": (256, 64, 8, 2), "pope_bwd_kernel_dkdv": (64, 128, 8, 2),
                     "pope_bwd_kernel_dq": (128, 64, 8, 2)},
            "tapa": {"tapa_fwd_kernel": (128, 64, 8, 2), "tapa_bwd_kernel_dkdv": (32, 64, 4, 2),
