@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -105,3 +107,18 @@ def shape_id(**dims: Any) -> str:
 def generator(seed: int = 42, device: str | torch.device = "cpu") -> torch.Generator:
     """A seeded torch.Generator (tests use seed 42, DESIGN §6)."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+@contextlib.contextmanager
+def forced_config(config: Any, *autotuned: Any) -> Iterator[None]:
+    """Run Triton `@autotune` kernels with the one `config` inside the block (the lists are
+    restored on exit): GPU tests of every tile the autotuner may pick, since untuned runs take
+    only the first (issue 3)."""
+    saved = [kernel.configs for kernel in autotuned]
+    try:
+        for kernel in autotuned:
+            kernel.configs = [config]
+        yield
+    finally:
+        for kernel, configs in zip(autotuned, saved):
+            kernel.configs = configs

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from phaselab.kernels.testing import assert_close, calibrated_close, generator, rel_rms, shape_id
+from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, rel_rms, shape_id
 
 
 def test_rel_rms_values():
@@ -59,3 +59,18 @@ def test_shape_id_format():
     assert shape_id(D=48, dtype=torch.float16, causal=False, layout="concat") == "D48-fp16-nocausal-concat"
     with pytest.raises(TypeError, match="x="):
         shape_id(x=[1])
+
+
+def test_forced_config_sets_one_config_and_restores_on_error():
+    """On the real autotuned kernels: one config inside the block, the lists back afterwards, even
+    when the block raises."""
+    import triton
+    from phaselab.kernels.attention import triton_pope
+
+    kernels = (triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq)
+    before = [list(k.configs) for k in kernels]
+    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+    with pytest.raises(RuntimeError, match="inside"), forced_config(cfg, *kernels):
+        assert [k.configs for k in kernels] == [[cfg], [cfg]]
+        raise RuntimeError("inside")
+    assert [k.configs for k in kernels] == before

@@ -12,10 +12,10 @@ import os
 import pytest
 import torch
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference
+from phaselab.kernels.attention import reference, triton_common, triton_pope
 from phaselab.kernels.attention.function import TritonBackend, pope_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
-from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
+from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
                                        reason="CPU interpreter test; the gpu tests cover CUDA")
@@ -252,15 +252,27 @@ def check_calibrated(label, q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causa
 @pytest.mark.gpu
 def test_pope_gpu_autotuned_first_call(monkeypatch):
     """PHASELAB_AUTOTUNE=1 on a shape no other test tunes: the first backward times every config on
-    the real buffers, and a config with 64-key blocks writes more d(delta) rows than a 128-key one.
-    Without zeroing between runs (reset_to_zero) a winning 128-key config would leave rows 32-63 of
-    the 64-key runs in the sum. 128-key dK/dV tiles won at every length benchmarked on the H200
-    (4k-64k, session 4), so the length is 4000 (no other test uses it, so no earlier untuned call
-    has cached a config for it); should a 64-key config win here, every row is rewritten and this
-    test cannot see the bug."""
+    the real buffers, and a config with 32- or 64-key blocks writes more d(delta) rows than a
+    128-key one. Without zeroing between runs (reset_to_zero) a winning 128-key config would leave
+    the smaller tiles' extra rows (32-124 at S=4000) in the sum. 128-key dK/dV tiles won at every
+    length benchmarked on the H200 (4k-64k, sessions 4-5), so the length is 4000 (no other test
+    uses it, so no earlier untuned call has cached a config for it); should a 32-key config win
+    here, every row is rewritten and this test cannot see the bug."""
     monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 2, 4000, 4000, 64, torch.bfloat16, "cuda", offset=3)
     check_calibrated("pope-autotuned", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", triton_common._bwd_configs(),
+                         ids=lambda c: f"{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}-w{c.num_warps}")
+def test_pope_gpu_every_bwd_config(cfg):
+    """Each backward tile config the autotuner may pick (the sweep above runs only the first) on a
+    GQA case whose lengths no tile divides, under the same 2x rule."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 8, 2, 1000, 1000, 64, torch.bfloat16, "cuda", offset=3)
+    with forced_config(cfg, triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq):
+        check_calibrated(f"pope-{cfg.kwargs['BLOCK_M']}x{cfg.kwargs['BLOCK_N']}", q, k, v, pos_q, pos_k, inv_freq,
+                         delta, seeded_like(q), causal=True)
 
 
 @pytest.mark.gpu

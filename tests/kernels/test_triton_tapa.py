@@ -17,7 +17,7 @@ from phaselab.kernels import registry
 from phaselab.kernels.attention import reference, tapa_phase, triton_common, triton_tapa
 from phaselab.kernels.attention.function import tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
-from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
+from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
                                        reason="CPU interpreter test; the gpu tests cover CUDA")
@@ -266,15 +266,8 @@ def test_tapa_gpu_every_bwd_config(cfg):
     do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
     ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
-    kernels = (triton_tapa.tapa_bwd_kernel_dkdv, triton_tapa.tapa_bwd_kernel_dq)
-    saved = [kern.configs for kern in kernels]
-    try:
-        for kern in kernels:
-            kern.configs = [cfg]
+    with forced_config(cfg, triton_tapa.tapa_bwd_kernel_dkdv, triton_tapa.tapa_bwd_kernel_dq):
         out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
-    finally:
-        for kern, configs in zip(kernels, saved):
-            kern.configs = configs
     for name, r, lo, o in zip(NAMES, ref, low, out):
         calibrated_close(f"tapa-{cfg}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
