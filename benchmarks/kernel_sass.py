@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         key, _, value = kv.partition("=")
         os.environ[key] = value
     report, sass = compile_sass(args.kernel, *args.block, args.warps, args.stages)
-    print("\n".join(line.strip() for line in report.splitlines() if "registers" in line or "spill" in line))
+    # registers, spills, and ptxas' performance warnings (C7515: serialised wgmma, session 5)
+    print("\n".join(line.strip() for line in report.splitlines()
+                    if "registers" in line or "spill" in line or "Performance Loss" in line))
     tile = args.block[0] * args.block[1] / (32 * args.warps)  # scores per thread per iteration
     for i, loop in enumerate(loops(sass)):
         ops = collections.Counter(op for _, op, _ in loop)
