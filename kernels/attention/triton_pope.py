@@ -58,6 +58,8 @@ from phaselab.kernels.attention.triton_common import (
 )
 
 AMPLITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
+# d(delta) partial rows are sized for the narrowest key block any backward config may use
+_PART_BLOCK_N = min(c.kwargs["BLOCK_N"] for c in _bwd_configs())
 
 
 # ----------------------------------------------------------------------------- autotuning
@@ -429,7 +431,7 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     # d(delta) partials: one row per (batch*head, key block), zero where a block does not exist
     # (the block count depends on the tuned BLOCK_N); summed on the host in a fixed order.
-    n_rows = triton.cdiv(S, min(c.kwargs["BLOCK_N"] for c in _bwd_configs()))
+    n_rows = triton.cdiv(S, _PART_BLOCK_N)
     part = torch.zeros((B, H, n_rows if delta is not None else 1, block_d(D)), dtype=torch.float32,
                        device=q.device)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)

@@ -27,6 +27,7 @@ import math
 import torch
 import torch.nn.functional as F
 from phaselab.kernels.loss.function import linear_cross_entropy
+from phaselab.kernels.loss.reference import row_weights
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, resolve
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.models.positional import build_input_pe, build_pe
@@ -191,9 +192,7 @@ def masked_cross_entropy(logits_BTV: Tensor, targets_BT: Tensor, mask_BT: Tensor
     """
     nll_BT = F.cross_entropy(logits_BTV.float().flatten(0, 1), targets_BT.flatten(), ignore_index=-1,
                              reduction="none").view_as(targets_BT)
-    weight_BT = (targets_BT >= 0).float()
-    if mask_BT is not None:
-        weight_BT = weight_BT * mask_BT.float()
+    weight_BT = row_weights(targets_BT, mask_BT)  # the fused loss's weights too (kernels/loss)
     return (nll_BT * weight_BT).sum() / weight_BT.sum()
 
 
