@@ -286,7 +286,8 @@ SaveFn = Callable[[int, Mapping[str, float]], str | None]
 
 def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, start_step: int,
           save: SaveFn, rank: int = 0, world: int = 1, stop_after: int | None = None,
-          stop_flag: StopFlag | None = None, reduce: Callable[[float], float] = float) -> LoopResult:
+          stop_flag: StopFlag | None = None, reduce: Callable[[float], float] = float,
+          on_eval: Callable[[int, Mapping[str, float]], None] | None = None) -> LoopResult:
     """Run optimiser steps ``start_step .. cfg.steps - 1``.
 
     Args:
@@ -299,6 +300,9 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             simulated kill for tests and ``debug_steps``.
         stop_flag: set by the SIGTERM handler (signals.py); checkpoint, then TrainingPreempted.
         reduce: averages a float over ranks for logging (identity on one process).
+        on_eval: called on every rank after each periodic validation with ``(step, metrics)``
+            (``valid/loss``, ``valid/acc``), before that step's checkpoint; keeps the
+            best-validation weights for ``eval.select: best_valid``.
     Logged on rank 0 (the other ranks' numbers are not gathered): per log step the train metrics,
     ``train/peak_mem_gib`` on CUDA (peak of the window since the previous log step, so the run's
     peak is the max over the lines); per checkpoint ``ckpt/save_s`` at the checkpoint's step.
@@ -352,6 +356,8 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             metrics |= {"valid/loss": ev["loss"], "valid/acc": ev["acc"]}
             if rank == 0:
                 tracker.log_metrics({"valid/loss": ev["loss"], "valid/acc": ev["acc"]}, step=step)
+            if on_eval is not None:
+                on_eval(step, {"valid/loss": ev["loss"], "valid/acc": ev["acc"]})
         result.metrics = metrics
         preempted = stop_flag is not None and stop_flag.requested
         if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or preempted:
