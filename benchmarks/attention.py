@@ -36,10 +36,11 @@ os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.function import pope_attention, tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",

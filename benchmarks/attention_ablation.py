@@ -37,6 +37,7 @@ shim.install()
 
 import triton
 import triton.language as tl
+
 from phaselab.kernels.attention import pope_phase, tapa_phase, triton_pope, triton_tapa
 from phaselab.kernels.attention.tapa_phase import _tapa_turns
 
@@ -106,6 +107,7 @@ def time_length(family: str, N: int, extra: dict, warmup: int, iters: int) -> di
 
     import torch
     from attention import time_ms
+
     from phaselab.kernels.attention.function import pope_attention, tapa_attention
     from phaselab.kernels.attention.score_mod import pope_inv_freq
 
@@ -152,6 +154,7 @@ def checksum(family: str, variant: str) -> dict:
     tiny causal case (N=37, D=32) on the CPU under TRITON_INTERPRET=1: the smoke test's evidence
     that "full" is the shipped kernel and that a variant's helpers were swapped in."""
     import torch
+
     from phaselab.kernels.attention import reference
     from phaselab.kernels.attention.function import pope_attention, tapa_attention
     from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq

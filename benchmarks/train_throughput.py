@@ -49,8 +49,8 @@ import shim
 shim.install()
 
 import step_profile
-
 import torch
+
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.data import DataConfig, TextConfig, build_dataset
 from phaselab.workloads.models.presets import preset

@@ -50,7 +50,7 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
 
 def _git(repo: Path, *args: str) -> bytes | None:
     try:
-        res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
+        res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return res.stdout if res.returncode == 0 else None
@@ -77,7 +77,7 @@ def device_info() -> dict[str, str | None]:
     nccl = None
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:  # NCCL absent from this build: record that, do not fail the stage
+    except Exception:  # noqa: BLE001  NCCL absent from this build: record that, do not fail the stage
         nccl = None
     return {"device": torch.cuda.get_device_name(0), "cuda": torch.version.cuda, "nccl": nccl}
 

@@ -48,7 +48,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Self
 
 from sqlalchemy import Connection, and_, func, select, update
 
@@ -96,7 +96,7 @@ class CatalogStore(StoreReads):
     def dispose(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> CatalogStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -158,10 +158,10 @@ class CatalogStore(StoreReads):
         if not isinstance(row, StageSpec):
             raise TypeError(f"upsert_stage takes a StageSpec, got {type(row).__name__}")
         now = utcnow()
-        values = dict(stage_hash=row.stage_hash, kind=row.kind, name=row.name, config=dict(row.config),
-                      cache_key_parts=dict(row.cache_key_parts), state=row.state, attempts=0,
-                      created_at=now, updated_at=now, ray_run_name=row.ray_run_name,
-                      storage_uri=row.storage_uri)
+        values = {"stage_hash": row.stage_hash, "kind": row.kind, "name": row.name, "config": dict(row.config),
+                      "cache_key_parts": dict(row.cache_key_parts), "state": row.state, "attempts": 0,
+                      "created_at": now, "updated_at": now, "ray_run_name": row.ray_run_name,
+                      "storage_uri": row.storage_uri}
         with self._tx() as conn:
             # RETURNING, not rowcount: drivers disagree on rowcount for a skipped ON CONFLICT row.
             inserted = conn.execute(self._insert(Stage).values(**values)
@@ -233,8 +233,8 @@ class CatalogStore(StoreReads):
         if to_state == "SUCCEEDED":
             raise StateError("a stage becomes SUCCEEDED only through finalize_success (DESIGN §5.1)")
         now = utcnow()
-        values: dict[str, Any] = dict(state=to_state, updated_at=now, failure_class=failure_class,
-                                      message=message)
+        values: dict[str, Any] = {"state": to_state, "updated_at": now, "failure_class": failure_class,
+                                      "message": message}
         if to_state in TERMINAL:
             values["finished_at"] = now
         with self._tx() as conn:
@@ -305,9 +305,9 @@ class CatalogStore(StoreReads):
                           storage_uri: str | None = None, mlflow_run_id: str | None = None,
                           gpu_seconds: float | None = None, backend: str | None = None) -> None:
         """Set the given (non-None) bookkeeping fields of a stage."""
-        values = {k: v for k, v in dict(ray_run_name=ray_run_name, storage_uri=storage_uri,
-                                        mlflow_run_id=mlflow_run_id, gpu_seconds=gpu_seconds,
-                                        backend=backend).items() if v is not None}
+        values = {k: v for k, v in {"ray_run_name": ray_run_name, "storage_uri": storage_uri,
+                                        "mlflow_run_id": mlflow_run_id, "gpu_seconds": gpu_seconds,
+                                        "backend": backend}.items() if v is not None}
         if not values:
             return
         with self._tx() as conn:
@@ -347,8 +347,8 @@ class CatalogStore(StoreReads):
             self._upsert_attempt(conn, stage_hash, row.attempts, env, now)
             for task, meta in (eval_meta or {}).items():
                 self._upsert_eval_meta(conn, stage_hash, task, meta.get("version"), meta.get("config"))
-            values: dict[str, Any] = dict(state="SUCCEEDED", env=dict(env), finished_at=now, updated_at=now,
-                                          failure_class=None, message=None)
+            values: dict[str, Any] = {"state": "SUCCEEDED", "env": dict(env), "finished_at": now, "updated_at": now,
+                                          "failure_class": None, "message": None}
             for key, val in (("backend", backend), ("mlflow_run_id", mlflow_run_id),
                              ("gpu_seconds", gpu_seconds)):
                 if val is not None:
@@ -361,9 +361,9 @@ class CatalogStore(StoreReads):
         rows = {}
         for m in metrics:  # last report of an identity wins, also within one call
             ident = metric_ident(m.name, m.task, m.split, m.context_len, m.depth, m.step)
-            rows[ident] = dict(stage_hash=stage_hash, ident=ident, name=m.name, value=float(m.value),
-                               unit=m.unit, step=m.step, context_len=m.context_len, depth=m.depth,
-                               task=m.task, split=m.split, n=m.n, stderr=m.stderr)
+            rows[ident] = {"stage_hash": stage_hash, "ident": ident, "name": m.name, "value": float(m.value),
+                               "unit": m.unit, "step": m.step, "context_len": m.context_len, "depth": m.depth,
+                               "task": m.task, "split": m.split, "n": m.n, "stderr": m.stderr}
         stmt = self._insert(Metric)
         stmt = stmt.on_conflict_do_update(
             index_elements=["stage_hash", "ident"],
@@ -374,8 +374,8 @@ class CatalogStore(StoreReads):
                           now: datetime) -> None:
         if not artifacts:
             return
-        rows = {a.name: dict(produced_by=stage_hash, name=a.name, uri=a.uri, sha256=a.sha256,
-                             bytes=a.bytes, kind=a.kind, created_at=now) for a in artifacts}
+        rows = {a.name: {"produced_by": stage_hash, "name": a.name, "uri": a.uri, "sha256": a.sha256,
+                             "bytes": a.bytes, "kind": a.kind, "created_at": now} for a in artifacts}
         stmt = self._insert(Artifact)
         stmt = stmt.on_conflict_do_update(
             index_elements=["produced_by", "name"],
@@ -387,10 +387,10 @@ class CatalogStore(StoreReads):
         backend = env.get("attn_backend")
         if isinstance(backend, Mapping):  # per-layer record of the backends that ran
             backend = ",".join(sorted(set(map(str, backend.values()))))
-        values = dict(stage_hash=stage_hash, attempt_no=attempt_no, git_sha=env.get("git_sha"),
-                      dirty_diff_hash=env.get("dirty_diff_hash"), device=env.get("device"),
-                      world_size=env.get("world_size"), seeds=env.get("seeds"), attn_backend=backend,
-                      packages=env.get("packages"), env=dict(env), recorded_at=now)
+        values = {"stage_hash": stage_hash, "attempt_no": attempt_no, "git_sha": env.get("git_sha"),
+                      "dirty_diff_hash": env.get("dirty_diff_hash"), "device": env.get("device"),
+                      "world_size": env.get("world_size"), "seeds": env.get("seeds"), "attn_backend": backend,
+                      "packages": env.get("packages"), "env": dict(env), "recorded_at": now}
         stmt = self._insert(Attempt)
         stmt = stmt.on_conflict_do_update(
             index_elements=["stage_hash", "attempt_no"],

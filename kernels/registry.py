@@ -22,8 +22,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from phaselab.kernels.attention.score_mod import ScoreMod
     from torch import Tensor
+
+    from phaselab.kernels.attention.score_mod import ScoreMod
 
 log = logging.getLogger(__name__)
 

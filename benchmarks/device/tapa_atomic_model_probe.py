@@ -11,8 +11,9 @@ sys.path.insert(0, "tests/kernels")
 import shim
 
 shim.install()
-from phaselab.kernels.attention import function
 from test_triton_pope import tiny_model_losses
+
+from phaselab.kernels.attention import function
 
 ORIGINAL = function.tapa_attention
 for deterministic in (False, True):

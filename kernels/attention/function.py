@@ -22,9 +22,10 @@ import math
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
+
 from phaselab.kernels.attention import triton_common, triton_pope, triton_tapa
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
-from torch import Tensor
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128

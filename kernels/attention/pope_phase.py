@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
 from phaselab.kernels.attention.triton_common import _cos_sin, _log2
 
 

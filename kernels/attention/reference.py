@@ -21,8 +21,9 @@ import math
 from typing import Any, ClassVar
 
 import torch
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from torch import Tensor
+
+from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
 _COMPUTE_DTYPES = (torch.float32, torch.float64)

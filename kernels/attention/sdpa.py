@@ -19,11 +19,12 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
 from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
 from phaselab.kernels.attention.score_mod import ScoreMod
 from phaselab.kernels.registry import AttnCall, BackendUnsupported
-from torch import Tensor
 
 
 def _kernel_choice(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> contextlib.AbstractContextManager:

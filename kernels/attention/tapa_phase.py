@@ -11,6 +11,7 @@ import os
 
 import triton
 import triton.language as tl
+
 from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2, _rint
 
 # The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,

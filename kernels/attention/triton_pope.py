@@ -29,10 +29,10 @@ order; a second kernel per query block accumulates dQ (fp32, MATH §7.7) over th
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
+
 from phaselab.kernels.attention.pope_phase import (
     _amplitude,
     _amplitude_grad,

@@ -32,7 +32,15 @@ import math
 import torch
 import triton
 import triton.language as tl
-from phaselab.kernels.attention.tapa_phase import FWD_SERIES, _block_ends, _row_range, _tapa_grads, _tapa_score, _taylor
+
+from phaselab.kernels.attention.tapa_phase import (
+    FWD_SERIES,
+    _block_ends,
+    _row_range,
+    _tapa_grads,
+    _tapa_score,
+    _taylor,
+)
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODE,
     LOG2E,

@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 
 import torch
-from phaselab.kernels.loss.reference import row_weights
 from torch import Tensor
+
+from phaselab.kernels.loss.reference import row_weights
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import train_throughput as tt
+
 from phaselab.workloads.models.presets import preset
 
 

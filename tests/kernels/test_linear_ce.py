@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+
 from phaselab.kernels.loss import reference
 from phaselab.kernels.loss.function import linear_cross_entropy
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id

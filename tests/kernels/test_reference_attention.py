@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
 from phaselab.kernels.rotary.reference import apply_rotary

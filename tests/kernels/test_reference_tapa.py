@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, generator

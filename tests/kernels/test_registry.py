@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+
 from phaselab.kernels import registry
 from phaselab.kernels.attention.reference import ReferenceBackend
 from phaselab.kernels.attention.score_mod import ScoreMod

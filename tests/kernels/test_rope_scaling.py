@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.kernels.attention.reference import attention
 from phaselab.kernels.rotary import scaling as S
 from phaselab.kernels.rotary.reference import apply_rotary

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.kernels.rotary.reference import apply_rotary
 from phaselab.kernels.rotary.scaling import default_inv_freq
 from phaselab.kernels.testing import assert_close, generator, shape_id

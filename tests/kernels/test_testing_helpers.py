@@ -7,7 +7,15 @@ import math
 
 import pytest
 import torch
-from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, rel_rms, shape_id
+
+from phaselab.kernels.testing import (
+    assert_close,
+    calibrated_close,
+    forced_config,
+    generator,
+    rel_rms,
+    shape_id,
+)
 
 
 def test_rel_rms_values():
@@ -65,6 +73,7 @@ def test_forced_config_sets_one_config_and_restores_on_error():
     """On the real autotuned kernels: one config inside the block, the lists back afterwards, even
     when the block raises."""
     import triton
+
     from phaselab.kernels.attention import triton_pope
 
     kernels = (triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+
 from phaselab.kernels.attention.triton_common import EXP2_MODES, _exp2_tile
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",

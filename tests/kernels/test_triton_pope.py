@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+
 from phaselab.kernels import registry
 from phaselab.kernels.attention import reference, triton_common, triton_pope
 from phaselab.kernels.attention.function import TritonBackend, pope_attention

@@ -13,6 +13,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+
 from phaselab.kernels import registry
 from phaselab.kernels.attention import reference, tapa_phase, triton_common, triton_tapa
 from phaselab.kernels.attention.function import tapa_attention

@@ -7,6 +7,7 @@ import zipfile
 from collections import Counter
 
 import pytest
+
 from phaselab.workloads.data.blimp import blimp_digest, blimp_records, load_blimp
 
 

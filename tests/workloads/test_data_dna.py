@@ -7,6 +7,7 @@ import gzip
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import DataConfig, DnaConfig, build_dataset
 from phaselab.workloads.data.dna import DnaTokenizer, encode_records, iter_fasta, split_records
 

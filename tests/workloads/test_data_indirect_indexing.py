@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import DataConfig, IndirectIndexingConfig, build_dataset, epoch_order
 from phaselab.workloads.data.indirect_indexing import (
     CHAR_TO_ID,

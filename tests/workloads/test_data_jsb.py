@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import ASSETS_DIR, DataConfig, JsbConfig, build_dataset
 from phaselab.workloads.data.jsb import JsbChorales, detokenize, pad_batch, tokenize_chorale
 

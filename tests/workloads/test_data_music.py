@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import DataConfig, MaestroConfig, MissingExtraError, build_dataset
 from phaselab.workloads.data.music import split_pieces, transpose, transpose_tables
 

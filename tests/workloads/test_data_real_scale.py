@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import (
     ASSETS_DIR,
     DataConfig,

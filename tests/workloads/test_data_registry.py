@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from phaselab.workloads.config import ConfigError, from_dict, to_dict
 from phaselab.workloads.data import (
     DataConfig,

@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.data import DataConfig, TextConfig, build_dataset
 from phaselab.workloads.data.tokenizers import CharTokenizer
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from phaselab.kernels import registry
 from phaselab.kernels.registry import BackendUnsupported
 from phaselab.workloads.models import ContextExtension, KVCache, preset

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.kernels.attention import reference
 from phaselab.workloads.models import ContextExtension, preset
 from phaselab.workloads.models.positional import TAPA, ALiBi, NoPE, PoPE, RoPE

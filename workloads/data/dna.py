@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from phaselab.workloads.data import (
     ASSETS_DIR,
     DataConfig,

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from phaselab.workloads.data import (
     SPLIT_CODES,
     SPLITS,

@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+
 from phaselab.workloads.data import (
     ASSETS_DIR,
     SPLIT_CODES,

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from phaselab.workloads.data import (
     SPLIT_CODES,
     SPLITS,

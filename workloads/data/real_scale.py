@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from phaselab.workloads.data import (
     SPLITS,
     DataConfig,

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+
 from phaselab.workloads.config import from_dict, to_dict
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.transformer import Transformer

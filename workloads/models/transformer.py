@@ -26,13 +26,14 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from phaselab.kernels.loss.function import linear_cross_entropy
 from phaselab.kernels.loss.reference import row_weights
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, resolve
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.models.positional import build_input_pe, build_pe
 from phaselab.workloads.models.positional.base import check_positions
-from torch import Tensor, nn
 
 
 class RMSNorm(nn.Module):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.positional.absolute import LearnedPE, SinusoidalPE
 from phaselab.workloads.models.positional.alibi import ALiBi
@@ -10,7 +12,6 @@ from phaselab.workloads.models.positional.base import NoPE, PositionalEncoding, 
 from phaselab.workloads.models.positional.pope import PoPE
 from phaselab.workloads.models.positional.rope import RoPE
 from phaselab.workloads.models.positional.tapa import TAPA
-from torch import nn
 
 __all__ = [
     "TAPA",

@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import Tensor, nn
+
 from phaselab.workloads.models.config import ContextExtension
 from phaselab.workloads.models.positional.base import Fp32Buffers, check_positions
-from torch import Tensor, nn
 
 
 class SinusoidalPE(Fp32Buffers):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding

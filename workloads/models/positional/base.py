@@ -19,8 +19,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from phaselab.workloads.models.config import ContextExtension, PEConfig
 from torch import Tensor, nn
+
+from phaselab.workloads.models.config import ContextExtension, PEConfig
 
 if TYPE_CHECKING:
     from phaselab.kernels.attention.score_mod import ScoreMod

@@ -20,11 +20,12 @@ import math
 from typing import ClassVar
 
 import torch
+from torch import Tensor, nn
+
 from phaselab.kernels.attention.reference import pope_amplitude, pope_expand
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
-from torch import Tensor, nn
 
 DELTA_MIN, DELTA_MAX = -2.0 * math.pi, 0.0
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import Tensor
+
 from phaselab.kernels.rotary import reference as rotary
 from phaselab.kernels.rotary.scaling import RopeConfig, rope_frequencies
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.config import ContextExtension, PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding, with_extension
-from torch import Tensor
 
 
 class RoPE(PositionalEncoding):
