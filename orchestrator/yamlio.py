@@ -1,9 +1,11 @@
-"""YAML at the edge: parse with ``yaml.safe_load`` and keep a line/column for every key.
+"""YAML at the edge: parse safely, within bounds, and keep a line/column for every key.
 
-A grid error must name FILE:LINE:COLUMN and the key (issue 6). ``yaml.safe_load`` drops marks, so
-the same text is also *composed* (``yaml.compose`` with the SafeLoader: node tree only, no object
-construction) and walked once to map every path ``("stages", "pretrain", "train", "lr")`` to the
-position of its key. The data itself always comes from ``yaml.safe_load``.
+A grid error must name FILE:LINE:COLUMN and the key. The text is *composed* once by a bounded
+SafeLoader (node tree only: no tags beyond the safe ones, no object construction), which refuses
+a file over ``limits.MAX_YAML_BYTES``, nesting deeper than ``limits.MAX_YAML_DEPTH`` and more than
+``limits.MAX_YAML_NODES`` nodes after alias expansion, each with the position and key where the
+limit was crossed. The node tree is then constructed into data by the same safe constructor and
+walked once to map every path ``("stages", "pretrain", "train", "lr")`` to the position of its key.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from phaselab.orchestrator import limits
 
 YamlPath = tuple[Any, ...]
 
@@ -102,17 +105,107 @@ def _walk(node: yaml.Node, path: YamlPath, marks: Marks, issues: list[Issue]) ->
             _walk(item, (*path, i), marks, issues)
 
 
-def load_yaml(text: str, *, file: str) -> tuple[Any, Marks]:
-    """Parse ``text`` (named ``file`` in messages). Returns (data, marks); raises GridError on
-    syntax errors and duplicate keys, with the position PyYAML reports."""
-    marks = Marks(file)
+class _LimitExceeded(Exception):
+    def __init__(self, mark: yaml.Mark, path: YamlPath, message: str) -> None:
+        super().__init__(message)
+        self.mark, self.path, self.message = mark, path, message
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer counts nesting depth and expanded nodes as it goes: an alias
+    adds the expanded size of the node it names (known once that node is complete), so the
+    count is what a walk of the constructed data would visit, computed in linear time."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._path: list[Any] = []
+        self._depth = 0
+        self._expanded = 0
+        self._sizes: dict[int, int] = {}
+
+    def _count(self, n: int, mark: yaml.Mark) -> None:
+        self._expanded += n
+        if self._expanded > limits.MAX_YAML_NODES:
+            raise _LimitExceeded(mark, tuple(self._path), f"more than {limits.MAX_YAML_NODES} YAML "
+                                 "nodes after alias expansion (an alias bomb?)")
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        part = index.value if isinstance(index, yaml.ScalarNode) else index
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = self.anchors.get(event.anchor)
+            if node is not None and id(node) not in self._sizes:
+                raise _LimitExceeded(event.start_mark, (*self._path, part) if part is not None else
+                                     tuple(self._path), f"alias *{event.anchor} refers to itself")
+            if node is not None:
+                self._count(self._sizes[id(node)], event.start_mark)
+            return super().compose_node(parent, index)
+        if part is not None:
+            self._path.append(part)
+        self._depth += 1
+        try:
+            if self._depth > limits.MAX_YAML_DEPTH:
+                raise _LimitExceeded(event.start_mark, tuple(self._path), f"nested deeper than "
+                                     f"{limits.MAX_YAML_DEPTH} levels")
+            if isinstance(event, yaml.ScalarEvent):
+                self._check_scalar(event)
+            before = self._expanded
+            self._count(1, event.start_mark)
+            node = super().compose_node(parent, index)
+            self._sizes[id(node)] = self._expanded - before
+            return node
+        finally:
+            self._depth -= 1
+            if part is not None:
+                self._path.pop()
+
+    def _check_scalar(self, event: yaml.ScalarEvent) -> None:
+        value = event.value
+        if len(value) > limits.MAX_SCALAR_CHARS:
+            raise _LimitExceeded(event.start_mark, tuple(self._path), f"a scalar of {len(value)} "
+                                 f"characters (at most {limits.MAX_SCALAR_CHARS})")
+        digits = sum(c.isdigit() for c in value[:200])
+        if digits > 32 and self.resolve(yaml.ScalarNode, value, event.implicit).endswith((":int", ":float")):
+            raise _LimitExceeded(event.start_mark, tuple(self._path), f"a number of {len(value)} "
+                                 "characters; no setting takes more than 32 digits")
+
+
+def _compose(text: str, file: str) -> tuple[Any, yaml.Node | None]:
+    """(data, node tree) of ``text``; GridError on syntax errors and exceeded limits."""
+    if len(text) > limits.MAX_YAML_BYTES:
+        raise GridError([Issue(Mark(file, 1, 1), "", f"grid text of {len(text)} characters is over "
+                               f"the limit of {limits.MAX_YAML_BYTES}")])
+    loader = None
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text)
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except _LimitExceeded as err:
+        mark = Mark(file, err.mark.line + 1, err.mark.column + 1)
+        raise GridError([Issue(mark, dotted(err.path), err.message)]) from None
     except yaml.MarkedYAMLError as err:
         m = err.problem_mark
         mark = Mark(file, m.line + 1, m.column + 1) if m is not None else Mark(file, 1, 1)
         raise GridError([Issue(mark, "", f"YAML syntax error: {err.problem}")]) from None
+    except yaml.YAMLError as err:   # ReaderError: a character YAML does not allow
+        line, col = _line_col(text, getattr(err, "position", 0) or 0)
+        raise GridError([Issue(Mark(file, line, col), "", f"not a YAML text: {err}")]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return data, root
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def load_yaml(text: str, *, file: str) -> tuple[Any, Marks]:
+    """Parse ``text`` (named ``file`` in messages). Returns (data, marks); raises GridError on
+    syntax errors, exceeded limits and duplicate keys, with the position of the problem."""
+    marks = Marks(file)
+    data, root = _compose(text, file)
     marks.set((), Mark(file, 1, 1))
     issues: list[Issue] = []
     if root is not None:
@@ -122,11 +215,32 @@ def load_yaml(text: str, *, file: str) -> tuple[Any, Marks]:
     return data, marks
 
 
-def load_yaml_file(path: Path) -> tuple[Any, Marks]:
+def read_grid_text(path: Path) -> str:
+    """The text of a grid file: its size checked before it is read, UTF-8 without NUL bytes.
+    GridError (naming the file, and the line of the first bad byte) otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file {str(path)!r} does not exist")
-    return load_yaml(path.read_text(encoding="utf-8"), file=str(path))
+    size = path.stat().st_size
+    if size > limits.MAX_YAML_BYTES:
+        raise GridError([Issue(Mark(str(path), 1, 1), "", f"grid file of {size} bytes is over the "
+                               f"limit of {limits.MAX_YAML_BYTES} bytes")])
+    raw = path.read_bytes()[:limits.MAX_YAML_BYTES + 1]
+    bad = raw.find(b"\0")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = err.start if bad < 0 else min(bad, err.start)
+    if bad >= 0:
+        line = raw.count(b"\n", 0, bad) + 1
+        col = bad - (raw.rfind(b"\n", 0, bad) + 1) + 1
+        raise GridError([Issue(Mark(str(path), line, col), "", f"not a UTF-8 text file (byte "
+                               f"0x{raw[bad]:02x} at offset {bad}); a grid is YAML in UTF-8")])
+    return text
+
+
+def load_yaml_file(path: Path) -> tuple[Any, Marks]:
+    return load_yaml(read_grid_text(path), file=str(path))
 
 
 def get_path(data: Any, path: YamlPath) -> Any:
