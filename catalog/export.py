@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from phaselab.catalog.fingerprint import git_state
 from phaselab.catalog.store import CatalogStore
 
 SCHEMA_VERSION = 1
@@ -89,8 +90,6 @@ def stage_rows(store: CatalogStore, grid_id: int, grid: str) -> list[dict[str, A
 
 
 def provenance(store: CatalogStore, grid: dict[str, Any], now: datetime | None = None) -> dict[str, str]:
-    from phaselab.catalog.fingerprint import git_state
-
     sha, dirty = git_state()
     return {"phaselab.schema_version": str(SCHEMA_VERSION), "phaselab.grid": grid["name"],
             "phaselab.grid_hash": grid["grid_hash"],

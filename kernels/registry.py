@@ -80,7 +80,7 @@ class AttentionBackend(Protocol):
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor: ...
     # trivial_pos: the caller guarantees pos_q == pos_k == 0..T-1 (T == S) without looking at
-    # them, so a backend may take a fast path (sdpa: is_causal) with no device sync (issue 4)
+    # them, so a backend may take a fast path (sdpa: is_causal) with no device sync (a sync per attention call is also a graph break under torch.compile)
 
 
 _TARGETS: dict[str, str] = {

@@ -113,7 +113,7 @@ def generator(seed: int = 42, device: str | torch.device = "cpu") -> torch.Gener
 def forced_config(config: Any, *autotuned: Any) -> Iterator[None]:
     """Run Triton `@autotune` kernels with the one `config` inside the block (the lists are
     restored on exit): GPU tests of every tile the autotuner may pick, since untuned runs take
-    only the first (issue 3)."""
+    only the first."""
     saved = [kernel.configs for kernel in autotuned]
     try:
         for kernel in autotuned:

@@ -1,5 +1,5 @@
 """Autograd functions, validated public wrappers and the registry's `triton` backend for the fused
-PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3).
+PoPE and TAPA kernels (triton_pope.py, triton_tapa.py).
 
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
@@ -124,7 +124,7 @@ def _check_scale(scale: float) -> float:
 # ----------------------------------------------------------------------------- public wrappers
 
 
-# Outside torch.compile's graph (issue 4): dynamo traced into these user-defined Triton kernels and
+# Outside torch.compile's graph: dynamo traced into these user-defined Triton kernels and
 # failed on the H200 (fp64 scalar arguments; "ListVariable is already tracked for mutation" in the
 # host-side launch code). The compiled model breaks its graph here and runs the kernels as they are.
 @torch.compiler.disable
@@ -192,10 +192,12 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     B, _H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
     pos_k = _check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
-    ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale, "phase": phase})
-    d_amp, _ = tapa_split(D, theta)
-    return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(alpha), float(phase_scale),
-                                       phase == "linear", _check_scale(scale), bool(causal), bool(deterministic))
+    params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
+                                           "phase": phase}).params  # validated (MATH §4.2)
+    d_amp, _ = tapa_split(D, params["theta"])
+    return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]),
+                                       float(params["phase_scale"]), params["phase"] == "linear",
+                                       _check_scale(scale), bool(causal), bool(deterministic))
 
 
 # ----------------------------------------------------------------------------- registry backend

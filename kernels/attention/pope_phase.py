@@ -2,9 +2,10 @@
 the softplus amplitude and the cos/sin of the position-only phases.
 
 The amplitude runs for every element of every key tile a query block visits (and of every query
-tile in the dK/dV backward): the 2D-wide operands may not live in HBM (issue 3).
+tile in the dK/dV backward): the 2D-wide operands may not live in HBM (that is the unfused path,
+5x the memory: benchmarks/results/attention-h200.md).
 
-Measured and dropped (benchmarks/NOTES-device.md, 2026-12-01): rotating a per-tile base phase by a
+Measured on the H200 and dropped (kernels/attention/README.md, "Measured and not shipped"): rotating a per-tile base phase by a
 per-program table of (cos, sin)(j theta) when positions advance by 1, instead of a MUFU cos and sin
 per element, changed the forward by -3 % / +1.5 % (4k / 16k) and made forward+backward 15-17 %
 slower (taken to be the two [BLOCK, BD] fp32 tables live in registers through the loops).
@@ -25,7 +26,7 @@ def _amplitude(x, AMP: tl.constexpr, FAST: tl.constexpr):
     softplus = max(x, 0) + ln 2 * log2(1 + y), y = 2**(-|x| log2 e) in (0, 1]: two special-function
     ops and four others per element, because this runs for every element of every key tile a
     query block visits (MATH §6), and every instruction lengthens the dependent chains of these
-    latency-bound kernels (Nsight Compute, benchmarks/NOTES-device.md session 5). Accuracy: 1 + y
+    latency-bound kernels (Nsight Compute, benchmarks/results/ncu/pope-16k.csv). Accuracy: 1 + y
     rounds in fp32, so mu carries an absolute error below 1.2e-7 (and is 0 instead of exp(x) below
     x = -17); no threshold is needed above 20, where y < 3e-9 vanishes against x.
     """

@@ -205,7 +205,11 @@ def scores(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
 
 def logits(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor, scale: float,
            score_mod: ScoreMod | None, compute_dtype: torch.dtype | None = torch.float32) -> Tensor:
-    """Unmasked logits_BHTS = scale * scores(...) (+ the ALiBi bias for kind "alibi")."""
+    """Unmasked logits_BHTS = scale * scores(...) (+ the ALiBi bias for kind "alibi").
+
+    The spec a fused kernel's logit tile must match. TAPA callers pass scale=1.0 (MATH §4.2); for
+    alibi the bias -slope_h*(m-n) is added after scaling (MATH §5).
+    """
     dtype = _compute_dtype(compute_dtype)
     out = scale * scores(q_BHTD, k_BGSD, pos_q_BT=pos_q_BT, pos_k_BS=pos_k_BS, score_mod=score_mod,
                          compute_dtype=dtype)

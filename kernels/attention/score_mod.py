@@ -10,7 +10,8 @@ defaults at construction, so every backend reads the same, explicit values:
     alibi: {"slopes": Tensor[H] (0 for heads without ALiBi)}
 
 For `pope` and `tapa` the q and k handed to the backend are the RAW projections (D wide,
-pre-softplus, un-rotated). `ScoreMod.reference` is the spec every fused kernel must match.
+pre-softplus, un-rotated). `reference.logits(q, k, ..., score_mod=mod)` is the spec every fused
+kernel must match (reference.py imports this module, never the other way round).
 
 Example:
     >>> mod = ScoreMod(kind="pope", params={"inv_freq": pope_inv_freq(64), "delta": None})
@@ -95,18 +96,6 @@ class ScoreMod:
         full = {**_DEFAULTS[self.kind], **self.params}
         _VALIDATORS[self.kind](full)
         object.__setattr__(self, "params", FrozenParams(full))
-
-    def reference(self, q_BHTD: Tensor, k_BGSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor, *,
-                  scale: float = 1.0, compute_dtype: Any = None) -> Tensor:
-        """Unmasked fp32 logits_BHTS = scale * score + additive bias (ALiBi); the kernel spec.
-
-        For pope and tapa this is `scale * reference.scores(...)` (TAPA callers pass scale=1.0,
-        MATH §4.2). For alibi the bias -slope_h*(m-n) is added after scaling (MATH §5).
-        """
-        from phaselab.kernels.attention import reference
-
-        return reference.logits(q_BHTD, k_BGSD, pos_q_BT=pos_q_BT, pos_k_BS=pos_k_BS, scale=scale,
-                                score_mod=self, compute_dtype=compute_dtype)
 
 
 def tapa_split(head_dim: int, theta: float) -> tuple[int, int]:

@@ -30,8 +30,8 @@ from phaselab.kernels.registry import AttnCall, BackendUnsupported
 def _kernel_choice(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> contextlib.AbstractContextManager:
     """cuDNN alone for the training case it handles (Hopper or newer, where it was measured and its
     GPU tests ran; bf16/fp16, head dim <= 128, plain causal without a mask): 1.5-1.8x faster than
-    FlashAttention-2 there on the H200 in isolation (benchmarks/results/attention-h200*.md; in the
-    124M training benchmark the MFU moved within run-to-run noise, NOTES-device.md); torch's own
+    FlashAttention-2 there on the H200 in isolation (benchmarks/results/attention-h200.md; in the
+    124M training benchmark the MFU moved within run-to-run noise); torch's own
     order tries flash first. Everything else is left to torch and the user's global settings. (A
     priority list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
     D = q_BHTD.shape[-1]
@@ -60,7 +60,7 @@ def build_mask(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool, cu_seqlens: 
                trivial_pos: bool = False) -> tuple[Tensor | None, bool]:
     """(bool mask [B|1, 1, T, S] or None, use is_causal). is_causal only for trivial positions:
     declared by the caller (`trivial_pos`, no device sync; a graph break per layer under
-    torch.compile otherwise, issue 4) or found by comparing with arange (one sync per call)."""
+    torch.compile otherwise, which cost the compiled 124M model 6 MFU points on the H200) or found by comparing with arange (one sync per call)."""
     T, S = pos_q_BT.shape[-1], pos_k_BS.shape[-1]
     if trivial_pos and T != S:
         raise ValueError(f"trivial_pos=True needs T == S, got T={T}, S={S}")

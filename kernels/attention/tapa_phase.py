@@ -1,4 +1,4 @@
-"""TAPA's per-tile math inside the fused kernels (triton_tapa.py; MATH §4.2, §7.5; issue 3): the
+"""TAPA's per-tile math inside the fused kernels (triton_tapa.py; MATH §4.2, §7.5): the
 distance weight |m - n|^alpha, exact by lg2/ex2 on the special-function unit or, for forward
 tiles away from the diagonal, a per-row exact power times a binomial series in the in-tile offset
 on the FMA pipe; the score tile (`_tapa_score`) and its gradients (`_tapa_grads`).
@@ -14,9 +14,9 @@ import triton.language as tl
 
 from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2, _rint
 
-# The off-diagonal binomial series runs in the forward only: on the H200 (2026-12-01,
-# benchmarks/NOTES-device.md) it made the forward 3-8 % faster and the backward (fwd+bwd minus fwd)
-# 16-21 % slower.
+# The off-diagonal binomial series runs in the forward only: on the H200 it made the forward 3-8 %
+# faster and the backward (fwd+bwd minus fwd) 16-21 % slower (kernels/attention/README.md,
+# "Measured and not shipped").
 # PHASELAB_TAPA_SERIES=0 switches it off (read at import, for A/B timing in benchmarks/attention.py).
 FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
 
@@ -46,7 +46,7 @@ def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2
     |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
     (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
     6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, this kernel's
-    busiest pipe (42 % in the forward at 16k, Nsight Compute, benchmarks/NOTES-device.md).
+    busiest pipe (42 % in the forward at 16k, Nsight Compute, benchmarks/results/ncu/tapa-16k.csv).
     Per-row |R_i|^alpha stays exact. Other tiles (near the diagonal, a key block that spans too
     many positions, padding rows read as position 0) take the exact path.
     """

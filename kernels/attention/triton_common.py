@@ -1,4 +1,4 @@
-"""Helpers shared by the fused PoPE and TAPA kernels (triton_pope.py, triton_tapa.py; issue 3):
+"""Helpers shared by the fused PoPE and TAPA kernels (triton_pope.py, triton_tapa.py):
 fp32 range reduction and MUFU transcendentals, the causal block ranges found by bisection over
 sorted positions, autotuning configs and host-side conventions. Spec of the kernels: MATH §3, §4,
 §7; verification: tests/kernels/test_triton_{pope,tapa}.py.
@@ -16,13 +16,13 @@ import triton.language as tl
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 
-# How the score tiles' softmax exponentials run (issue 3): "mufu" ex2.approx on the special-function
+# How the score tiles' softmax exponentials run: "mufu" ex2.approx on the special-function
 # unit, which PoPE's transform and TAPA's cosine also load; "poly" 2**x as 2**j * p(f) on the
 # FMA/ALU pipes (FlashAttention-4's trick for MUFU-bound tiles); "split" half of each tile's
-# columns each way. On the H200 (session 4, benchmarks/NOTES-device.md) PoPE's forward took 21-23 %
-# (poly) and 11-13 % (split) longer than with "mufu" at 4k and 16k: the kernels are latency-bound
-# (session 5's Nsight Compute: 2 warps per scheduler, issue slots 28-34 % busy, the MUFU pipe
-# 28-43 %), so more instructions cost more than a busier MUFU; "mufu" is the default, the others
+# columns each way. On the H200 PoPE's forward took 21-23 % (poly) and 11-13 % (split) longer than
+# with "mufu" at 4k and 16k: the kernels are latency-bound (Nsight Compute, results/ncu/pope-16k.csv:
+# 2 warps per scheduler, issue slots 29-34 % busy, the MUFU pipe 29-43 %), so more instructions cost
+# more than a busier MUFU (kernels/attention/README.md, "Measured and not shipped"); "mufu" is the default, the others
 # stay as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
 EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}
 EXP2_MODE = tl.constexpr(EXP2_MODES[os.environ.get("PHASELAB_EXP2", "mufu")])
@@ -183,12 +183,13 @@ def _causal_query_range(p_posq, pos_k_block, b_pk, m_n, q_sorted, i_b, s_srt, T,
 def _fwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    # Measured and left out (H200, session 4): one-stage variants. ptxas serialises every wgmma of
+    # Measured on the H200 and left out: one-stage variants. ptxas serialises every wgmma of
     # PoPE's two-stage forward (C7515, one wait per MMA): the masked loop's tl.where on the score
-    # tile after the pipelined unmasked loop triggers it (kernel_sass.py, session 5). One stage, or
-    # the masked loop first, issues them in groups of eight, yet both were slower on the H200
-    # (masked-first spills at 256x64: 15.3 vs 14.2 ms at 16k); Nsight Compute puts the wgmma
-    # stalls at 0.14 per issued instruction, against 1.2 on barriers (NOTES-device.md).
+    # tile after the pipelined unmasked loop triggers it (benchmarks/kernel_sass.py). One stage, or
+    # the masked loop first, issues them in groups of eight, yet neither was faster (masked-first
+    # spills at 256x64: 15.3 vs 14.2 ms at 16k, benchmarks/results/attention-h200-d64-maskedfirst.md);
+    # Nsight Compute puts the wgmma stalls at 0.14 per issued instruction, against 1.2 on barriers
+    # (benchmarks/results/ncu/pope-16k.csv; kernels/attention/README.md).
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
 
@@ -196,8 +197,10 @@ def _fwd_configs() -> list[triton.Config]:
 def _bwd_configs() -> list[triton.Config]:
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    # 32-key tiles (session 5): TAPA's D=128 dQ kernel spills at its tuned 64x64/4-warp tile
-    # (69M local loads at 16k, Nsight Compute) and not at 64x32 or 128x32 (kernel_sass.py)
+    # 32-key tiles: TAPA's D=128 dQ kernel spills at its tuned 64x64/4-warp tile (69M local loads
+    # at 16k, benchmarks/results/ncu/tapa-16k.csv) and not at 64x32 or 128x32 (kernel_sass.py);
+    # with 64x32 TAPA's fwd+bwd went from 2.04x to 1.96x FlashAttention-2
+    # (benchmarks/results/attention-h200-tapa-d128.md)
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
                                  (64, 32, 4, 2), (128, 32, 8, 2)]]
@@ -206,7 +209,7 @@ def _bwd_configs() -> list[triton.Config]:
 def prune_configs(configs, named_args, **kwargs):
     """Without PHASELAB_AUTOTUNE=1 keep one config (tests and first calls compile one variant):
     the first, or the first with 8 warps for 128-wide heads, whose fp32 accumulators spill at 4
-    warps (measured on the H200, benchmarks/NOTES-device.md). With it, time them all."""
+    warps (benchmarks/kernel_sass.py; kernels/attention/README.md). With it, time them all."""
     width = max(kwargs.get(n, named_args.get(n, 0)) for n in ("BLOCK_D", "BLOCK_V"))
     if os.environ.get("PHASELAB_AUTOTUNE", "0") != "1":
         wide = [c for c in configs if c.num_warps == 8]

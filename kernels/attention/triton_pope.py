@@ -1,5 +1,5 @@
 """Fused PoPE flash attention (forward and backward) in Triton; spec: `reference.attention` with a
-pope `ScoreMod` (MATH §3, issue 3).
+pope `ScoreMod` (MATH §3).
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny
 shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/test_triton_pope.py; other
@@ -423,7 +423,7 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
              amplitude: str):
     """Backward launches; returns dq, dk, dv (input dtypes) and ddelta fp32 [H, D] (or None).
     An fp32-atomic dQ inside the dK/dV kernel was measured 3-6 % slower on the H200 (its registers
-    spill; benchmarks/NOTES-device.md, session 4), so PoPE has only this deterministic path."""
+    spill; kernels/attention/README.md, "Measured and not shipped"), so PoPE has only this deterministic path."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()

@@ -1,5 +1,5 @@
 """Fused TAPA flash attention (forward and backward) in Triton; spec: `reference.attention` with a
-tapa `ScoreMod` (MATH §4, issue 3).
+tapa `ScoreMod` (MATH §4).
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny
 shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/test_triton_tapa.py; other
@@ -472,7 +472,7 @@ def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, p
     do = do.contiguous()
     dlt = (do.float() * out.float()).sum(-1)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-    # fp32 dQ accumulator of the atomic mode (never low-precision atomics, issue 3)
+    # fp32 dQ accumulator of the atomic mode (never low-precision atomics: bf16/fp16 adds would lose dQ's low bits)
     dq32 = torch.zeros(q.shape if not deterministic else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)

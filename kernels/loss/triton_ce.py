@@ -1,4 +1,4 @@
-"""Cross-entropy rows in Triton: the logits buffer becomes its own gradient in one launch (issue 4).
+"""Cross-entropy rows in Triton: the logits buffer becomes its own gradient in one launch.
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny shapes
 (tests/kernels/test_linear_ce.py); the bf16 GPU test and its speed on the H200 are run separately.

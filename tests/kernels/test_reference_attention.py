@@ -122,7 +122,7 @@ def test_pope_amplitudes_match_loop_scores(amplitude):
                           for h in range(2)]], dtype=torch.float64)
     got = R.scores(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, score_mod=mod, compute_dtype=torch.float32)
     assert_close(f"pope-{amplitude}", want, got, 2e-6)
-    assert torch.equal(got, mod.reference(q, k, pos_q, pos_k))
+    assert torch.equal(got, R.logits(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0, score_mod=mod))
 
 
 @pytest.mark.parametrize("T,S", [(1, 64), (7, 64), (1, 1), (63, 63)], ids=lambda v: str(v))
@@ -300,7 +300,7 @@ def test_pre_expanded_pope_with_narrow_v_matches_fused_reference():
         assert_close(f"pope-expanded-{layout}", fused, out, 2e-6)
 
 
-def test_scoremod_reference_logits_scale_the_score_and_add_the_alibi_bias_unscaled():
+def test_reference_logits_scale_the_score_and_add_the_alibi_bias_unscaled():
     H, T, D = 4, 6, 8
     q, k = _rand(1, H, T, D, seed=1), _rand(1, H, T, D, seed=2)
     pos = torch.tensor([[0, 2, 3, 7, 8, 20]])
@@ -308,11 +308,12 @@ def test_scoremod_reference_logits_scale_the_score_and_add_the_alibi_bias_unscal
     dot = q.double() @ k.double().transpose(-1, -2)
     dist = (pos[0][:, None] - pos[0][None, :]).double()
     bias = -mod.params["slopes"].double()[:, None, None] * dist
-    assert_close("alibi-logits", 0.3 * dot + bias, mod.reference(q, k, pos, pos, scale=0.3), 1e-6)
+    got = R.logits(q, k, pos_q_BT=pos, pos_k_BS=pos, scale=0.3, score_mod=mod)
+    assert_close("alibi-logits", 0.3 * dot + bias, got, 1e-6)
     assert torch.equal(R.scores(q, k, pos_q_BT=pos, pos_k_BS=pos, score_mod=mod), q @ k.transpose(-1, -2))
     assert bool((bias[H // 2:] == 0).all()) and bool((bias[0] != 0).any())  # half the heads are NoPE
     tapa = _mod("tapa", H, D)
-    assert torch.equal(tapa.reference(q, k, pos, pos),
+    assert torch.equal(R.logits(q, k, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, score_mod=tapa),
                        R.scores(q, k, pos_q_BT=pos, pos_k_BS=pos, score_mod=tapa))
 
 
