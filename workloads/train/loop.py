@@ -54,7 +54,8 @@ class TrainConfig:
     event (the last step always evaluates and checkpoints). ``eval_batches`` 0 means the whole
     split; ``final_eval_batches`` is the same for the end-of-run evaluation on
     ``final_eval_splits`` (empty = every split of the dataset but "train"). ``precision`` "auto"
-    is bf16 autocast on CUDA, fp32 on CPU.
+    is bf16 autocast on CUDA, fp32 on CPU. ``cuda_graphs`` runs each optimiser step as one
+    replayed CUDA graph (``fast_step.py``: small models at GPU speed; one process per stage).
     """
 
     steps: int = 1000
@@ -82,6 +83,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     compile: bool = False
+    cuda_graphs: bool = False
     seed: int = 0
     log_every: int = 10
     device: str = "auto"
@@ -100,6 +102,9 @@ class TrainConfig:
             raise ValueError(f"train.precision must be auto|fp32|bf16, got {self.precision!r}")
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"train.zero_stage must be None or 0-3, got {self.zero_stage!r}")
+        if self.cuda_graphs and self.zero_stage is not None:
+            raise ValueError(f"train.cuda_graphs does not run under DeepSpeed (train.zero_stage="
+                             f"{self.zero_stage}): set one of them")
         self.schedule_obj()  # validates lr/min_lr/warmup/decay_steps
         self.optim()
 
@@ -284,6 +289,89 @@ class LoopResult:
 SaveFn = Callable[[int, Mapping[str, float]], str | None]
 
 
+class StepEvents:
+    """What happens after each optimiser step, shared by the eager loop and the graph loop
+    (``fast_step.GraphEngine.run_windows``): the loss record, throughput, logging, periodic
+    validation (and ``on_eval``), checkpoints and the SIGTERM check.
+
+    ``done(step, loss, lr, grad_norm, tokens)`` is called once per finished step, in order, with
+    the 1-based count of steps done; the graph loop calls it a few steps late, in batches, with
+    ``can_save`` true only where the module holds that step's weights (every evaluation and
+    checkpoint step is one; a SIGTERM is acted on at the next such step).
+    """
+
+    def __init__(self, engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker,
+                 save: SaveFn, rank: int, world: int, stop_flag: StopFlag | None,
+                 on_eval: Callable[[int, Mapping[str, float]], None] | None, result: LoopResult) -> None:
+        self.engine, self.dataset, self.cfg, self.tracker = engine, dataset, cfg, tracker
+        self.save, self.rank, self.stop_flag, self.on_eval = save, rank, stop_flag, on_eval
+        self.result = result
+        self.eval_bs = cfg.eval_batch_size or cfg.micro_batch(world)
+        self.window_t: float | None = None
+        self.window_steps = self.window_tokens = 0
+
+    def is_eval_step(self, step: int) -> bool:
+        return bool(self.cfg.eval_every and step % self.cfg.eval_every == 0) or step == self.cfg.steps
+
+    def is_ckpt_step(self, step: int) -> bool:
+        return bool(self.cfg.ckpt_every and step % self.cfg.ckpt_every == 0) or step == self.cfg.steps
+
+    def is_log_step(self, step: int) -> bool:
+        return step % self.cfg.log_every == 0 or step == self.cfg.steps
+
+    def done(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, *,
+             can_save: bool = True) -> None:
+        cfg, result = self.cfg, self.result
+        result.losses[step - 1] = loss
+        result.step = step
+        # Throughput excludes the first step of this call (compilation, allocator warm-up).
+        if self.window_t is None:
+            self.window_t = time.perf_counter()
+        else:
+            self.window_steps, self.window_tokens = self.window_steps + 1, self.window_tokens + tokens
+        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+        if self.is_log_step(step):
+            self._log(step, metrics)
+        if (self.is_eval_step(step) or self.is_ckpt_step(step)) and not can_save:
+            raise RuntimeError(f"step {step} evaluates or checkpoints, but the weights are ahead of it")
+        if self.is_eval_step(step):
+            metrics |= self._validate(step)
+        result.metrics = metrics
+        preempted = can_save and self.stop_flag is not None and self.stop_flag.requested
+        if self.is_ckpt_step(step) or preempted:
+            t0 = time.perf_counter()
+            path = self.save(step, metrics)
+            if self.rank == 0:  # every rank saved; rank 0's wall time includes the callee's barrier
+                self.tracker.log_metrics({"ckpt/save_s": time.perf_counter() - t0}, step=step)
+            if preempted:
+                raise TrainingPreempted(step, path)
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        device = self.engine.device
+        elapsed = time.perf_counter() - self.window_t
+        if self.window_steps and elapsed > 0:
+            metrics |= {"train/steps_per_s": self.window_steps / elapsed,
+                        "train/tokens_per_s": self.window_tokens / elapsed}
+        peak = peak_memory_gib(device)
+        if peak is not None:
+            metrics["train/peak_mem_gib"] = peak
+            reset_peak_memory(device)
+        self.window_t, self.window_steps, self.window_tokens = time.perf_counter(), 0, 0
+        if self.rank == 0:
+            self.tracker.log_metrics(metrics, step=step)
+
+    def _validate(self, step: int) -> dict[str, float]:
+        engine = self.engine
+        ev = evaluate(engine.module, self.dataset, "valid", batch_size=self.eval_bs,
+                      max_batches=self.cfg.eval_batches, device=engine.device, autocast=engine.autocast)
+        out = {"valid/loss": ev["loss"], "valid/acc": ev["acc"]}
+        if self.rank == 0:
+            self.tracker.log_metrics(out, step=step)
+        if self.on_eval is not None:
+            self.on_eval(step, out)
+        return out
+
+
 def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, start_step: int,
           save: SaveFn, rank: int = 0, world: int = 1, stop_after: int | None = None,
           stop_flag: StopFlag | None = None, reduce: Callable[[float], float] = float,
@@ -291,7 +379,8 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
     """Run optimiser steps ``start_step .. cfg.steps - 1``.
 
     Args:
-        engine: TorchEngine or DeepSpeedEngine.
+        engine: TorchEngine, DeepSpeedEngine, or ``fast_step.GraphEngine`` (which runs the steps
+            itself, in windows of graph replays: ``engine.run_windows``).
         dataset: CONTRACTS §3.3 Dataset (``get_batch``, ``eval_batches``).
         save: ``save(step, metrics) -> checkpoint path`` called every ``ckpt_every`` steps, at the
             end, and on SIGTERM (every rank calls it; the callee decides who writes).
@@ -309,17 +398,28 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
     Raises:
         TrainingDiverged: NaN/Inf loss or grad norm, with the step.
     """
+    result = LoopResult(step=start_step)
+    events = StepEvents(engine, dataset, cfg, tracker=tracker, save=save, rank=rank, world=world,
+                        stop_flag=stop_flag, on_eval=on_eval, result=result)
+    end = cfg.steps if stop_after is None else max(start_step, min(cfg.steps, stop_after))
+    reset_peak_memory(engine.device)  # a restore or an earlier call must not count in the first window
+    run_windows = getattr(engine, "run_windows", None)
+    if run_windows is not None:
+        run_windows(dataset, cfg, events, start=start_step, end=end)
+    else:
+        _eager_steps(engine, dataset, cfg, events, start=start_step, end=end, rank=rank, world=world,
+                     reduce=reduce)
+    if result.step < cfg.steps:
+        result.stopped = "stop_after"
+    return result
+
+
+def _eager_steps(engine: Engine, dataset: Any, cfg: TrainConfig, events: StepEvents, *, start: int,
+                 end: int, rank: int, world: int, reduce: Callable[[float], float]) -> None:
+    """One host-driven optimiser step after the other (TorchEngine, DeepSpeedEngine)."""
     schedule = cfg.schedule_obj()
     micro = cfg.micro_batch(world)
-    eval_bs = cfg.eval_batch_size or micro
-    result = LoopResult(step=start_step)
-    window_t, window_steps, window_tokens = None, 0, 0
-    step = start_step
-    reset_peak_memory(engine.device)  # a restore or an earlier call must not count in the first window
-    while step < cfg.steps:
-        if stop_after is not None and step >= stop_after:
-            result.stopped = "stop_after"
-            break
+    for step in range(start, end):
         lr = schedule.lookup(step)
         micro_losses, tokens = [], 0
         for k in range(cfg.grad_accum):
@@ -328,43 +428,4 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
             micro_losses.append(engine.micro_step(batch, step=step, last=k == cfg.grad_accum - 1))
             tokens += batch.x_BT.numel() * world
         values, grad_norm = engine.optimizer_step(lr, micro_losses, step=step)
-        loss = reduce(sum(values) / cfg.grad_accum)
-        result.losses[step] = loss
-        step += 1
-        result.step = step
-        # Throughput excludes the first step of this call (compilation, allocator warm-up).
-        if window_t is None:
-            window_t = time.perf_counter()
-        else:
-            window_steps, window_tokens = window_steps + 1, window_tokens + tokens
-        metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            elapsed = time.perf_counter() - window_t
-            if window_steps and elapsed > 0:
-                metrics |= {"train/steps_per_s": window_steps / elapsed,
-                            "train/tokens_per_s": window_tokens / elapsed}
-            peak = peak_memory_gib(engine.device)
-            if peak is not None:
-                metrics["train/peak_mem_gib"] = peak
-                reset_peak_memory(engine.device)
-            window_t, window_steps, window_tokens = time.perf_counter(), 0, 0
-            if rank == 0:
-                tracker.log_metrics(metrics, step=step)
-        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            ev = evaluate(engine.module, dataset, "valid", batch_size=eval_bs,
-                          max_batches=cfg.eval_batches, device=engine.device, autocast=engine.autocast)
-            metrics |= {"valid/loss": ev["loss"], "valid/acc": ev["acc"]}
-            if rank == 0:
-                tracker.log_metrics({"valid/loss": ev["loss"], "valid/acc": ev["acc"]}, step=step)
-            if on_eval is not None:
-                on_eval(step, {"valid/loss": ev["loss"], "valid/acc": ev["acc"]})
-        result.metrics = metrics
-        preempted = stop_flag is not None and stop_flag.requested
-        if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or preempted:
-            t0 = time.perf_counter()
-            path = save(step, metrics)
-            if rank == 0:  # every rank saved; rank 0's wall time includes the callee's barrier
-                tracker.log_metrics({"ckpt/save_s": time.perf_counter() - t0}, step=step)
-            if preempted:
-                raise TrainingPreempted(step, path)
-    return result
+        events.done(step + 1, reduce(sum(values) / cfg.grad_accum), lr, grad_norm, tokens)
