@@ -15,10 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from phaselab.orchestrator import limits
 from phaselab.orchestrator.spec import GridSpec, StageTemplate
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, YamlPath, dotted, suggest
 
 _INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
+
 
 def kind_sections(kind: str) -> tuple[str, ...]:
     """Which config sections a stage kind reads (DESIGN §3.3: a stage receives only its own
@@ -62,9 +64,47 @@ def _matches(axes: Mapping[str, Any], rule: Mapping[str, Any]) -> bool:
     return True
 
 
-def expand_cells(spec: GridSpec) -> list[Cell]:
+def check_size(spec: GridSpec, marks: Marks, *, max_cells: int | None = None,
+               max_stages: int | None = None) -> int:
+    """Refuse a grid whose cell or stage count exceeds its maximum, from the axis lengths alone
+    (before any cell exists). Returns the cell count before ``exclude``: what expansion visits."""
+    max_cells = limits.max_cells() if max_cells is None else max_cells
+    max_stages = limits.max_stages() if max_stages is None else max_stages
+    issues: list[Issue] = []
+    if len(spec.seeds) > limits.MAX_SEEDS:
+        issues.append(Issue(marks.at(("seeds",)), "seeds", f"{len(spec.seeds)} seeds; at most {limits.MAX_SEEDS}"))
+    else:
+        bad = [(i, why) for i, seed in enumerate(spec.seeds) if (why := limits.out_of_range("seed", seed))]
+        issues += [Issue(marks.at(("seeds", i)), f"seeds.{i}", why) for i, why in bad[:1]]
+    groups = [(("axes", "product", k), v) for k, v in spec.axes.product.items()]
+    groups += [(("axes", "zip", i, k), v) for i, z in enumerate(spec.axes.zip) for k, v in z.items()]
+    for path, values in groups:
+        if len(values) > limits.MAX_SWEEP_VALUES:
+            issues.append(Issue(marks.at(path), dotted(path), f"{len(values)} values; an axis takes at "
+                                f"most {limits.MAX_SWEEP_VALUES}"))
+    cells = len(spec.seeds)
+    for values in spec.axes.product.values():
+        cells *= len(values)
+    for group in spec.axes.zip:
+        cells *= min((len(v) for v in group.values()), default=1)
+    where = ("axes",) if spec.axes.product or spec.axes.zip else ("seeds",)
+    if cells > max_cells:
+        issues.append(Issue(marks.at(where), dotted(where), f"the grid has {cells} cells (axes x seeds); "
+                            f"at most {max_cells} (raise it with --max-cells or {limits.CELLS_ENV})"))
+    elif cells * len(spec.stages) > max_stages:
+        issues.append(Issue(marks.at(("stages",)), "stages", f"{cells} cells x {len(spec.stages)} stages = "
+                            f"{cells * len(spec.stages)} stage instances; at most {max_stages} "
+                            f"(raise it with {limits.STAGES_ENV})"))
+    if issues:
+        raise GridError(issues)
+    return cells
+
+
+def expand_cells(spec: GridSpec, marks: Marks | None = None) -> list[Cell]:
     """All cells in a stable order: product axes (in file order) x zip groups x seeds, minus
-    ``exclude`` matches. Example: product {pe: [rope, pope]}, seeds [0, 1] -> 4 cells."""
+    ``exclude`` matches. Example: product {pe: [rope, pope]}, seeds [0, 1] -> 4 cells. The
+    counts are checked first (:func:`check_size`)."""
+    check_size(spec, marks if marks is not None else Marks("<grid>"))
     prod_names = list(spec.axes.product)
     prod = [dict(zip(prod_names, combo)) for combo in itertools.product(*spec.axes.product.values())]
     zips = [[dict(zip(g, vals)) for vals in zip(*g.values())] for g in spec.axes.zip]
@@ -79,6 +119,20 @@ def expand_cells(spec: GridSpec) -> list[Cell]:
                 if not any(_matches(axes, rule) for rule in spec.axes.exclude):
                     cells.append(Cell(axes=axes))
     return cells
+
+
+def check_ranges(stage: ResolvedStage, marks: Marks) -> None:
+    """Refuse an integer of a stage's sections outside its documented range (``limits``), at the
+    YAML line that set it. Values are only read: the cache key does not change."""
+    issues: list[Issue] = []
+    for name, value in limits.iter_leaves(dict(stage.sections), ""):
+        why = limits.out_of_range(name.rpartition(".")[2], value)
+        if why is None:
+            continue
+        path = map_config_error(stage, name, marks)
+        issues.append(Issue(marks.at(path), dotted(path), f"{why} (stage {stage.name!r}, cell {stage.cell.key})"))
+    if issues:
+        raise GridError(issues)
 
 
 def deep_merge(base: Any, over: Any, base_path: YamlPath, over_path: YamlPath,
@@ -159,8 +213,10 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
                **(st.resources.model_dump(exclude_unset=True) if st.resources else {})}
         launcher = st.launcher or spec.defaults.launcher or (
             "ray_train" if st.kind in ("pretrain", "cpt", "finetune") else "ray_task")   # tune: trials are Tune's
-        out.append(ResolvedStage(name=name, cell=cell, template=st, sections=sections,
-                                 origins=origins, resources=res, launcher=launcher))
+        rs = ResolvedStage(name=name, cell=cell, template=st, sections=sections,
+                           origins=origins, resources=res, launcher=launcher)
+        check_ranges(rs, marks)
+        out.append(rs)
     return out
 
 
@@ -184,7 +240,7 @@ def resolve_grid(spec: GridSpec, marks: Marks,
     """Every (resolved stage, typed config) of the grid; ``normalize`` converts a stage's sections
     into its typed config (raising GridError with positions). Without it the raw sections pass."""
     out = []
-    for cell in expand_cells(spec):
+    for cell in expand_cells(spec, marks):
         for rs in resolve_cell(spec, cell, marks):
             out.append((rs, normalize(rs) if normalize else dict(rs.sections)))
     return out
