@@ -62,9 +62,12 @@ class StageContext:
     launcher: str = "ray_task"
     resources: Resources = field(default_factory=Resources)
 
-    def upstream_artifact(self, input_name: str, artifact: str) -> Path:
+    def upstream_artifact(self, input_name: str, artifact: str, *, required: bool = True) -> Path | None:
+        """The upstream's artifact path; a missing one raises, or is None when not ``required``."""
         up = self.upstream.get(input_name)
         if up is None or artifact not in up.get("artifacts", {}):
+            if not required:
+                return None
             raise ValueError(f"stage {self.name}: no upstream {input_name!r} artifact {artifact!r} "
                              f"(have {sorted(self.upstream)})")
         return Path(up["artifacts"][artifact])
@@ -178,6 +181,7 @@ def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> di
     from phaselab.workloads.evals import api
 
     spec = dict(raw)
+    select = _normalize_select(spec.pop("select", None))
     suite = spec.get("suite")
     if suite not in EVAL_SUITES:
         raise SectionError("eval.suite", f"unknown eval suite {suite!r}; expected one of "
@@ -191,7 +195,23 @@ def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> di
     if sub is not None:
         module, cls = sub_target.split(":")
         out[sub] = _convert(getattr(importlib.import_module(module), cls), out[sub] or {}, f"eval.{sub}")
+    if select is not None:
+        out["select"] = select
     return out
+
+
+def _normalize_select(raw: Any) -> dict | None:
+    """``eval.select`` as its SelectConfig dict (defaults included, DESIGN §5.4), or None for the
+    default ``last``: an eval that selects the final checkpoint keeps the key it had before
+    selection existed."""
+    from phaselab.workloads.config import ConfigError, to_dict
+    from phaselab.workloads.evals.api import SelectConfig, parse_select
+
+    try:
+        select = parse_select(raw, path="eval.select")
+    except ConfigError as err:
+        raise section_error(err, "eval.select") from None
+    return None if select == SelectConfig() else to_dict(select)
 
 
 def _convert_data_in_eval(raw: Any) -> dict:

@@ -6,6 +6,12 @@ rule, factor, original_max_seq_len, base, attention_factor, block_size) re-build
 checkpoint's RoPE with that scaling rule before the suite runs, weights unchanged: PI / YaRN
 applied at inference without fine-tuning (TAPA Table 2, EXPERIMENTS §6 #22). It is part of the
 typed config, so it enters the stage's cache key; an eval without it hashes as before.
+
+``eval.select`` (``last`` | ``best_valid`` | {rule, metric, mode}; workloads.evals.api.SelectConfig)
+picks the upstream's final checkpoint or its best-validation weights (the training stage's
+``best`` artifact; EXPERIMENTS §2.2 "Reporting"). The default ``last`` is left out of the typed
+config, so an eval without ``select`` hashes as before; the records of a best_valid eval name
+the selected step (``select/step``) and the criterion's value there.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ class EvalStage(Stage):
     sections = ("data", "eval", "extend")
 
     def run(self, ctx: StageContext) -> StageResult:
-        from phaselab.workloads.evals.api import ExtensionNotApplicable, run_eval
+        from phaselab.workloads.evals.api import ExtensionNotApplicable, NoBestCheckpoint, run_eval
 
         checkpoint = ctx.upstream_artifact("checkpoint", "checkpoint")
+        best = ctx.upstream_artifact("checkpoint", "best", required=False)
         try:
             records = run_eval(ctx.config["eval"], checkpoint=checkpoint, out_dir=ctx.out_dir,
-                               tracker=ctx.tracker, extend=ctx.config.get("extend"))
-        except ExtensionNotApplicable as err:
+                               tracker=ctx.tracker, extend=ctx.config.get("extend"), best=best)
+        except (ExtensionNotApplicable, NoBestCheckpoint) as err:
             raise ValueError(f"stage {ctx.name!r}: {err}") from err
         artifacts = {"records": ctx.out_dir / "records.json"}
         metrics = {r.key(): r.value for r in records}

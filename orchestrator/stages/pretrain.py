@@ -162,8 +162,11 @@ class PretrainStage(Stage):
         for k, v in out.metrics.items():   # scalars not already in the records (e.g. tokens/s)
             if k not in named and isinstance(v, (int, float)) and math.isfinite(v):
                 records.append(MetricRecord(name=k, value=float(v)))
-        return StageResult(status="succeeded", metrics=dict(out.metrics),
-                           artifacts={"checkpoint": Path(out.checkpoint)}, records=records)
+        artifacts = {"checkpoint": Path(out.checkpoint)}
+        if out.best is not None:   # best-validation weights, for evals with select: best_valid
+            artifacts["best"] = Path(out.best)
+        return StageResult(status="succeeded", metrics=dict(out.metrics), artifacts=artifacts,
+                           records=records)
 
 
 class ContinuedStage(PretrainStage):

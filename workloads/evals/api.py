@@ -14,6 +14,13 @@ through ``tracker.log_records``, writes them to ``out_dir/records.json`` and log
 
 Keys common to every suite:
     suite       "ppl-by-length" | "niah" | "lm-eval" | "task" | "freq"
+    select      which checkpoint of the training run is evaluated (:class:`SelectConfig`):
+                "last" (default: the final checkpoint, ``checkpoint``) | "best_valid" (the
+                weights with the best periodic validation, EXPERIMENTS §2.2 "Reporting") |
+                {rule: best_valid, metric: valid/loss | valid/acc, mode: min | max}. best_valid
+                reads the training run's ``best/`` folder (``best=``); the suite's records are
+                followed by ``select/step`` (the selected step) and ``select/best_valid/<metric>``
+                (that metric's value there), both with ``step`` = the selected step.
     data        a DataConfig mapping (``phaselab.workloads.data``): the tokenizer / documents /
                 dataset the suite reads. Default {kind: text} (Tiny Shakespeare, char level),
                 except for ``task``, whose default is DataConfig() (Indirect Indexing).
@@ -83,6 +90,55 @@ from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension
 
 SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
+SELECT_RULES = ("last", "best_valid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectConfig:
+    """Checkpoint selection of an evaluation (``eval.select``; EXPERIMENTS §6 #7).
+
+    ``metric``/``mode`` apply to ``best_valid``: a validation metric the training loop reports
+    and the direction training keeps it in (checkpoint.BEST_CRITERIA: valid/loss min, valid/acc
+    max); ``mode`` None means that direction. ``last`` takes no metric or mode.
+    """
+
+    rule: Literal["last", "best_valid"] = "last"
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+
+    def __post_init__(self) -> None:
+        from phaselab.workloads.train.checkpoint import BEST_CRITERIA
+
+        if self.rule == "last":
+            if self.metric is not None or self.mode is not None:
+                raise ValueError("metric and mode apply to rule 'best_valid' only")
+            return
+        metric = self.metric or "valid/loss"
+        if metric not in BEST_CRITERIA:
+            raise ValueError(f"metric {metric!r}: training keeps best weights for "
+                             f"{', '.join(BEST_CRITERIA)} only")
+        kept = BEST_CRITERIA[metric]
+        if self.mode is not None and self.mode != kept:
+            raise ValueError(f"mode {self.mode!r}: training keeps {metric} at its {kept} only")
+        object.__setattr__(self, "metric", metric)   # resolved, so equal selections hash equal
+        object.__setattr__(self, "mode", kept)
+
+    def label(self) -> str:
+        return "last" if self.rule == "last" else f"best_valid {self.metric} ({self.mode})"
+
+
+def parse_select(raw: Any, path: str = "select") -> SelectConfig:
+    """``"last"`` | ``"best_valid"`` | a mapping -> SelectConfig (ConfigError naming ``path``)."""
+    from phaselab.workloads.config import ConfigError
+
+    if raw is None:
+        return SelectConfig()
+    if isinstance(raw, str):
+        if raw not in SELECT_RULES:
+            raise ConfigError(f"{path}: unknown selection rule {raw!r}; expected one of "
+                              f"{', '.join(SELECT_RULES)}")
+        raw = {"rule": raw}
+    return from_dict(SelectConfig, raw, path=path)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,24 +406,64 @@ _RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path, ContextExtension | 
 }
 
 
+class NoBestCheckpoint(ValueError):
+    """``select: best_valid`` but the training run kept no best-validation weights."""
+
+
+def select_checkpoint(select: SelectConfig, *, checkpoint: Path, best: Path | None
+                      ) -> tuple[Path, dict[str, Any] | None]:
+    """The model.pt that ``select`` picks and, for best_valid, its ``best.json`` (step, metric,
+    value, mode). ``best`` is the training run's ``best/`` folder (None: it kept none)."""
+    from phaselab.workloads.train.checkpoint import read_best
+
+    if select.rule == "last":
+        return Path(checkpoint), None
+    info = read_best(best, select.metric, select.mode) if best is not None else None
+    if info is None:
+        where = f"under {str(best)!r}" if best is not None else "(the training stage exposes no 'best' artifact)"
+        raise NoBestCheckpoint(
+            f"select: {select.label()} needs the best-validation weights of the training run, but "
+            f"none were kept {where}; train with periodic validation (train.eval_every > 0) or "
+            "use select: last")
+    return Path(info["model"]), info
+
+
+def selection_records(info: Mapping[str, Any], records: list[MetricRecord]) -> list[MetricRecord]:
+    """The catalog rows saying which step ``best_valid`` selected and why (module docstring)."""
+    step = int(info["step"])
+    task = records[0].task if records else None
+    unit = "nats/token" if info["metric"].endswith("loss") else "fraction"
+    return [MetricRecord(name="select/step", value=float(step), unit="step", step=step, task=task),
+            MetricRecord(name=f"select/best_valid/{info['metric']}", value=float(info["value"]),
+                         unit=unit, step=step, task=task, split=info["metric"].split("/")[0])]
+
+
 def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracker: Tracker,
-             extend: Mapping[str, Any] | ContextExtension | None = None) -> list[MetricRecord]:
-    """Run the evaluation ``spec["suite"]`` on the model at ``checkpoint`` (module docstring),
-    with its RoPE re-built by ``extend`` when given (inference-time context extension).
+             extend: Mapping[str, Any] | ContextExtension | None = None,
+             best: Path | None = None) -> list[MetricRecord]:
+    """Run the evaluation ``spec["suite"]`` on the model that ``spec["select"]`` picks
+    (``checkpoint``, the final one, or the best-validation weights under ``best``; module
+    docstring), with its RoPE re-built by ``extend`` when given (inference-time context extension).
 
     Returns the MetricRecord rows (also logged to ``tracker`` and written to
-    ``out_dir/records.json``). Raises ValueError for an unknown suite or a bad spec, and
-    ExtensionNotApplicable (a ValueError) for ``extend`` on a non-RoPE checkpoint.
+    ``out_dir/records.json``). Raises ValueError for an unknown suite or a bad spec,
+    ExtensionNotApplicable (a ValueError) for ``extend`` on a non-RoPE checkpoint and
+    NoBestCheckpoint (a ValueError) for ``best_valid`` without kept best weights.
     """
     if not isinstance(spec, Mapping):
         raise TypeError(f"eval spec must be a mapping, got {type(spec).__name__}")
     suite = spec.get("suite")
     if suite not in _RUNNERS:
         raise ValueError(f"unknown eval suite {suite!r}; expected one of {SUITES}")
+    spec = dict(spec)
+    select = parse_select(spec.pop("select", None))
     ext = eval_extension(extend)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = _RUNNERS[suite](spec, Path(checkpoint), out_dir, ext)
+    chosen, info = select_checkpoint(select, checkpoint=Path(checkpoint), best=best)
+    out = _RUNNERS[suite](spec, chosen, out_dir, ext)
+    if info is not None:
+        out.records = out.records + selection_records(info, out.records)
     tracker.log_records(out.records)
     records_path = out_dir / "records.json"
     records_path.write_text(json.dumps([r.to_dict() for r in out.records], indent=1))
@@ -377,4 +473,5 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     return out.records
 
 
-__all__ = ["SUITES", "ExtensionNotApplicable", "SuiteOutput", "eval_extension", "extend_for_eval", "run_eval"]
+__all__ = ["SUITES", "ExtensionNotApplicable", "NoBestCheckpoint", "SelectConfig", "SuiteOutput",
+           "eval_extension", "extend_for_eval", "parse_select", "run_eval", "select_checkpoint"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ from phaselab.workloads.config import ConfigError, from_dict, to_dict
 from phaselab.workloads.data import DataConfig, build_dataset
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
 from phaselab.workloads.train.checkpoint import (
+    BEST,
     LATEST,
+    BestKeeper,
     CheckpointDir,
     load_train_state,
     rng_state,
@@ -44,7 +46,8 @@ from phaselab.workloads.train.checkpoint import (
     set_rng_state,
     write_json,
 )
-from phaselab.workloads.train.loop import TorchEngine, TrainConfig, evaluate, resolve_device, train
+from phaselab.workloads.train.fast_step import engine_for
+from phaselab.workloads.train.loop import TrainConfig, evaluate, resolve_device, train
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import stop_on_sigterm
 
@@ -54,11 +57,14 @@ MODEL_FILE, STATE_FILE, SPEC_FILE = "model.pt", "train_state.pt", "spec.json"
 
 @dataclass
 class TrainOutcome:
-    """Result of a training stage (CONTRACTS §3.4). ``checkpoint`` is the final ``model.pt``."""
+    """Result of a training stage (CONTRACTS §3.4). ``checkpoint`` is the final ``model.pt``;
+    ``best`` the folder of best-validation weights (checkpoint.BestKeeper), None without
+    periodic validation (``train.eval_every`` 0)."""
 
     metrics: dict[str, float]
     checkpoint: Path
     records: list[MetricRecord]
+    best: Path | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +157,29 @@ def _restore(ckpt: Path, *, model, optimizer) -> int:
     return int(state["step"])
 
 
+def keep_best(out_dir: Path, cfg: TrainConfig, model) -> Callable[[int, Mapping[str, float]], None] | None:
+    """The loop's ``on_eval`` that keeps the best-validation weights under ``out_dir/best``
+    (``eval.select: best_valid``); None without periodic validation (``eval_every`` 0), where
+    the only validation is the final step's and "best" would just be "last"."""
+    if not cfg.eval_every:
+        return None
+    from phaselab.workloads.models.checkpoint_io import save_model
+
+    keeper = BestKeeper(Path(out_dir) / BEST)
+
+    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
+        for metric in keeper.update(metrics):
+            keeper.save(step, metric, metrics[metric], lambda d: save_model(model, d / MODEL_FILE))
+
+    return on_eval
+
+
+def best_folder(out_dir: Path) -> Path | None:
+    """``out_dir/best`` when a training run kept best-validation weights there, else None."""
+    path = Path(out_dir) / BEST
+    return path if path.is_dir() and any(path.iterdir()) else None
+
+
 def final_evaluation(module, dataset, cfg: TrainConfig, *, step: int, device, autocast
                      ) -> tuple[dict[str, float], list[MetricRecord]]:
     """Loss and accuracy on each final-eval split, as metrics and MetricRecord rows."""
@@ -218,8 +247,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     tracker.log_params(flat_params(resolved) | {"init_from": str(init_from)})
     if load_s is not None:  # issue 8: restore time, at the step the run resumes from
         tracker.log_metrics({"ckpt/load_s": load_s}, step=start)
-    engine = TorchEngine(model, optimizer, device=device, precision=cfg.precision,
-                         grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum, compile=cfg.compile)
+    engine = engine_for(model, optimizer, cfg, device=device, block_size=dataset.block_size)
 
     def save(step: int, metrics: Mapping[str, float]) -> str:
         path = ckpts.save(step, lambda d: _write_checkpoint(
@@ -229,7 +257,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
 
     with stop_on_sigterm() as flag:
         result = train(engine, dataset, cfg, tracker=tracker, start_step=start, save=save,
-                       stop_after=stop_after, stop_flag=flag)
+                       stop_after=stop_after, stop_flag=flag, on_eval=keep_best(out_dir, cfg, model))
     final = ckpts.latest()
     if result.stopped == "stop_after":
         return TrainOutcome(metrics={"step": float(result.step), **result.metrics},
@@ -242,4 +270,5 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     metrics = {"step": float(result.step), **result.metrics, **final_metrics}
     tracker.log_records(records)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return TrainOutcome(metrics=metrics, checkpoint=final / MODEL_FILE, records=records)
+    return TrainOutcome(metrics=metrics, checkpoint=final / MODEL_FILE, records=records,
+                        best=best_folder(out_dir))

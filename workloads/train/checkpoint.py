@@ -178,3 +178,78 @@ def write_json(path: Path, obj: Any) -> None:
 def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a ``train_state.pt`` written by the loop (tensors and plain containers only)."""
     return torch.load(path, map_location=map_location, weights_only=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Best-validation weights, for ``eval.select: best_valid`` (EXPERIMENTS §2.2 "Reporting": test
+# NLL at the checkpoint with the best validation NLL). Layout under a stage's folder::
+#
+#     best/valid_loss.min/step_0001200/{model.pt, best.json}   lowest valid/loss so far
+#     best/valid_acc.max/step_0000900/{model.pt, best.json}    highest valid/acc so far
+#
+# Each criterion is a CheckpointDir with keep=1: the same atomic save, so a kill leaves the
+# previous best or the new one. Only improvements are saved, so the newest complete folder is
+# always the best one even when a kill interrupts the pruning of the older one.
+
+BEST = "best"
+BEST_FILE = "best.json"
+# What the loop's periodic validation reports (loop.evaluate), each in its natural direction.
+BEST_CRITERIA: Mapping[str, str] = {"valid/loss": "min", "valid/acc": "max"}
+
+
+def criterion_name(metric: str, mode: str) -> str:
+    """``("valid/loss", "min")`` -> ``"valid_loss.min"`` (the criterion's folder name)."""
+    return f"{metric.replace('/', '_')}.{mode}"
+
+
+def read_best(root: Path, metric: str, mode: str) -> dict[str, Any] | None:
+    """``best.json`` of the kept best checkpoint of (metric, mode) under ``root`` (a stage's
+    ``best/`` folder) with ``"model"`` = its model.pt path, or None when none was kept."""
+    latest = CheckpointDir(Path(root) / criterion_name(metric, mode), keep=1).latest()
+    if latest is None or not (latest / BEST_FILE).is_file():
+        return None
+    info = json.loads((latest / BEST_FILE).read_text())
+    return {**info, "model": str(latest / "model.pt")}
+
+
+class BestKeeper:
+    """Keeps the best weights of each criterion (``BEST_CRITERIA``) under ``root``.
+
+    Every rank holds one and calls :meth:`update` with the same (rank-averaged) metrics, so
+    all ranks agree on whether weights must be gathered; only the writer calls :meth:`save`.
+    A resumed run starts from the values in the kept ``best.json`` files. A best kept after
+    the checkpoint a run resumes from stays: the replayed steps reproduce it bit for bit on
+    CPU, and on GPU it is a checkpoint of the same run and data order.
+    """
+
+    def __init__(self, root: Path, criteria: Mapping[str, str] = BEST_CRITERIA) -> None:
+        self.root = Path(root)
+        self.criteria = dict(criteria)
+        self.values: dict[str, float] = {}
+        for metric, mode in self.criteria.items():
+            info = read_best(self.root, metric, mode)
+            if info is not None:
+                self.values[metric] = float(info["value"])
+
+    def update(self, metrics: Mapping[str, float]) -> list[str]:
+        """The criteria that ``metrics`` improve (strictly; NaN never does); remembers them."""
+        better = []
+        for metric, mode in self.criteria.items():
+            value = metrics.get(metric)
+            if value is None or not np.isfinite(value):
+                continue
+            old = self.values.get(metric)
+            if old is None or (value < old if mode == "min" else value > old):
+                self.values[metric] = float(value)
+                better.append(metric)
+        return better
+
+    def save(self, step: int, metric: str, value: float, write_model: Callable[[Path], Any]) -> Path:
+        """Atomically keep ``write_model(folder)``'s model.pt as the best of ``metric`` at ``step``."""
+        mode = self.criteria[metric]
+
+        def write(tmp: Path) -> None:
+            write_model(tmp)
+            write_json(tmp / BEST_FILE, {"step": step, "metric": metric, "value": float(value), "mode": mode})
+
+        return CheckpointDir(self.root / criterion_name(metric, mode), keep=1).save(step, write)

@@ -18,7 +18,8 @@ fine-tunes load), ``spec.json`` and one ``rng_rank{r}.pt`` per rank.
 
 Per-step metrics of rank 0 go to ``out_dir/metrics.jsonl`` (``out_dir`` must be on storage every
 worker can reach; the orchestrator replays it into MLflow), the final MetricRecords to
-``out_dir/records.json``. Besides the loop's lines (``train/*``, ``valid/*``, ``ckpt/save_s``), a
+``out_dir/records.json``, the best-validation weights to ``out_dir/best`` (rank 0;
+checkpoint.BestKeeper). Besides the loop's lines (``train/*``, ``valid/*``, ``ckpt/save_s``), a
 resumed run writes ``ckpt/load_s`` at the resumed step: rank 0's wall seconds from asking Ray for
 the checkpoint folder to the restored RNG state.
 """
@@ -200,7 +201,8 @@ def train_loop_per_worker(cfg: dict) -> None:
     import torch
     from phaselab.workloads.train.api import final_evaluation
     from phaselab.workloads.train.checkpoint import load_train_state, rng_state, set_rng_state, write_json
-    from phaselab.workloads.train.loop import TorchEngine, train
+    from phaselab.workloads.train.fast_step import engine_for
+    from phaselab.workloads.train.loop import train
     from phaselab.workloads.train.optim import build_optimizer
 
     ctx = ray.train.get_context()
@@ -216,9 +218,8 @@ def train_loop_per_worker(cfg: dict) -> None:
     else:
         model.to(device)
         optimizer = build_optimizer(model, tc.optim())
-        engine = TorchEngine(model, optimizer, device=device, precision=tc.precision,
-                             grad_clip=tc.grad_clip, grad_accum=tc.grad_accum, compile=tc.compile,
-                             ddp=world > 1)
+        engine = engine_for(model, optimizer, tc, device=device, block_size=dataset.block_size,
+                            world=world, ddp=world > 1)
     out_dir = Path(cfg["out_dir"])
     tracker = JsonlTracker(out_dir / "metrics.jsonl")
     start, t0 = 0, time.perf_counter()
@@ -254,7 +255,8 @@ def train_loop_per_worker(cfg: dict) -> None:
 
     result = train(engine, dataset, tc, tracker=tracker, start_step=start, rank=rank, world=world,
                    save=lambda step, m: _report(step, m, lambda tmp: write(tmp, step, m)),
-                   stop_after=cfg.get("stop_after"), reduce=_allreduce_mean)
+                   stop_after=cfg.get("stop_after"), reduce=_allreduce_mean,
+                   on_eval=_keep_best(out_dir, tc, engine, rank))
     if result.stopped == "stop_after":
         return
     # Every rank evaluates the same batches: under ZeRO-3 each forward gathers collectively.
@@ -265,6 +267,33 @@ def train_loop_per_worker(cfg: dict) -> None:
         (out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records], indent=1))
         (out_dir / "metrics.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
     ray.train.report(final)
+
+
+def _keep_best(out_dir: Path, tc, engine, rank: int):
+    """The loop's ``on_eval`` keeping the best-validation weights under ``out_dir/best``
+    (``eval.select: best_valid``; api.keep_best is the single-process twin). Every rank decides
+    on the rank-averaged metrics, so all agree on entering ``full_weights`` (a collective
+    gather under ZeRO-3); rank 0 writes. None when ``eval_every`` is 0."""
+    if not tc.eval_every:
+        return None
+    import contextlib
+
+    from phaselab.workloads.models.checkpoint_io import save_model
+    from phaselab.workloads.train.checkpoint import BEST, BestKeeper
+
+    keeper = BestKeeper(out_dir / BEST)
+
+    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
+        better = keeper.update({k: _allreduce_mean(float(v)) for k, v in metrics.items()})
+        if not better:
+            return
+        full = engine.full_weights() if tc.zero_stage is not None else contextlib.nullcontext(engine.module)
+        with full as module:
+            if rank == 0:
+                for metric in better:
+                    keeper.save(step, metric, keeper.values[metric], lambda d: save_model(module, d / "model.pt"))
+
+    return on_eval
 
 
 def _resolved(parsed) -> dict[str, Any]:
@@ -343,7 +372,7 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         TrainingDiverged / any worker error (re-raised from the Ray result).
     """
     import ray.train
-    from phaselab.workloads.train.api import TrainOutcome, parse_spec
+    from phaselab.workloads.train.api import TrainOutcome, best_folder, parse_spec
     from ray.train.torch import TorchTrainer
 
     parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
@@ -375,7 +404,7 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
               else result.metrics or {})
     metrics = {k: float(v) for k, v in source.items() if isinstance(v, (int, float))}
     return TrainOutcome(metrics=metrics, checkpoint=Path(result.checkpoint.path) / "model.pt",
-                        records=records)
+                        records=records, best=best_folder(out_dir))
 
 
 if __name__ == "__main__":  # `python -m phaselab.workloads.train.ray_entry SPEC.json OUT --debug-steps N`
