@@ -1,4 +1,4 @@
-"""Attention kernel benchmark (issue 3; EXPERIMENTS §3.6): fused PoPE / TAPA vs PyTorch SDPA.
+"""Attention kernel benchmark (EXPERIMENTS §3.6): fused PoPE / TAPA vs PyTorch SDPA.
 
 Methods, each timed forward and forward+backward (CUDA events, median of `--iters` after
 `--warmup`):
@@ -13,8 +13,9 @@ TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
 at the same shape and mode. Peak memory is the allocator's peak above the inputs.
 
-Usage (the H200; no install needed):
-    python benchmarks/attention.py --out benchmarks/results/attention-h200
+Usage (on a GPU machine; benchmarks/README.md):
+    benchmarks/run_on_gpu.sh attention --out attention-h200
+    python benchmarks/attention.py --head-dims 64 --methods sdpa-cudnn pope-fused --out benchmarks/results/attention-h200-d64
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shim
-
-shim.install()
 os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
 
 import torch

@@ -1,10 +1,10 @@
-"""Where the fused kernels' time goes (issue 3): time PoPE / TAPA variants that leave one stage
+"""Where the fused kernels' time goes: time PoPE / TAPA variants that leave one stage
 of the per-element / per-score math out, at fixed tile configs, and take differences.
 
 The variants compute WRONG attention: they exist only to place time inside a kernel (hardware
 counters say how busy each pipe is and why warps stall, not what one stage costs: "time variants
-that leave one stage out", device README). Each runs in
-its own process, because a variant swaps one of the kernels' jit helpers before the first compile
+that leave one stage out"). Each runs in its own
+process, because a variant swaps one of the kernels' jit helpers before the first compile
 (Triton binds a kernel's global helpers when it compiles).
 
     pope full           the shipped kernel (softplus amplitude, fp32 angle, range reduction, cos/sin)
@@ -16,8 +16,8 @@ its own process, because a variant swaps one of the kernels' jit helpers before 
     tapa no-weight      |m - n|^alpha replaced by the constant k_turn
     tapa plain          both: the two dots and the softmax only
 
-Usage (the H200):
-    python benchmarks/attention_ablation.py --out benchmarks/results/ablation-h200
+Usage (on a GPU machine; benchmarks/README.md):
+    benchmarks/run_on_gpu.sh attention_ablation --lengths 4096 16384 --out ablation-h200
 """
 
 from __future__ import annotations
@@ -30,11 +30,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shim
-
-shim.install()
-
 import triton
 import triton.language as tl
 
@@ -43,8 +38,9 @@ from phaselab.kernels.attention.tapa_phase import _tapa_turns
 
 VARIANTS = {"pope": ["full", "no-softplus", "no-trig", "no-transform"],
             "tapa": ["full", "no-cos", "no-weight", "plain"]}
-# the tiles the H200 autotuner chose in session 4 (results of session 5's call 1 used these; TAPA's
-# dQ has picked 64x32 since call 4, benchmarks/NOTES-device.md)
+# the tiles the H200 autotuner chose for these shapes when benchmarks/results/ablation-h200.md was
+# measured (TAPA's dQ has picked 64x32 since the 32-key tiles joined the autotune list:
+# benchmarks/results/attention-h200-tapa-d128.md)
 CONFIGS = {"pope": {"pope_fwd_kernel": (256, 64, 8, 2), "pope_bwd_kernel_dkdv": (64, 128, 8, 2),
                     "pope_bwd_kernel_dq": (128, 64, 8, 2)},
            "tapa": {"tapa_fwd_kernel": (128, 64, 8, 2), "tapa_bwd_kernel_dkdv": (32, 64, 4, 2),

@@ -1,10 +1,10 @@
-"""Offline instruction audit of the fused attention kernels (issue 3): compiles one kernel for
+"""Offline instruction audit of the fused attention kernels: compiles one kernel for
 sm_90a with the Triton in this environment (no GPU needed: Triton's bundled ptxas/cuobjdump), then
 prints ptxas' register and spill counts and the opcode histogram of each of the kernel's block loops
 (unmasked first, then masked), per iteration and per score of a thread.
 
-On the H200 these kernels are latency-bound (Nsight Compute, benchmarks/NOTES-device.md session
-5: one 8-warp CTA per SM at 255 registers, issue slots 28-34 % busy, warps stalled on barriers,
+On the H200 these kernels are latency-bound (Nsight Compute, benchmarks/results/ncu/pope-16k.csv;
+kernels/attention/README.md: one 8-warp CTA per SM at 255 registers, issue slots 29-34 % busy, warps stalled on barriers,
 fixed-latency dependencies and shared-memory queues); fewer instructions per score shorten the
 dependent chains, but A/B timing on the device decides (benchmarks/attention_ablation.py).
 
@@ -22,14 +22,8 @@ import inspect
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shim
-
-shim.install()
 
 # kernel name -> (module, kernel, constexprs besides BLOCK_M/BLOCK_N, pointer element types)
 KERNELS = {
@@ -120,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         key, _, value = kv.partition("=")
         os.environ[key] = value
     report, sass = compile_sass(args.kernel, *args.block, args.warps, args.stages)
-    # registers, spills, and ptxas' performance warnings (C7515: serialised wgmma, session 5)
+    # registers, spills, and ptxas' performance warnings (C7515: serialised wgmma, kernels/attention/README.md)
     print("\n".join(line.strip() for line in report.splitlines()
                     if "registers" in line or "spill" in line or "Performance Loss" in line))
     tile = args.block[0] * args.block[1] / (32 * args.warps)  # scores per thread per iteration

@@ -1,5 +1,5 @@
 """Summarise an Nsight Compute raw-page CSV (`ncu --import R.ncu-rep --page raw --csv`) of the
-fused attention kernels (issue 3): duration, issue activity, pipe utilisation, warp stall reasons
+fused attention kernels: duration, issue activity, pipe utilisation, warp stall reasons
 per issued instruction, spills. Prints a markdown table, one column per profiled kernel launch.
 
 Usage:

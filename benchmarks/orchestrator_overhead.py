@@ -1,5 +1,5 @@
 """Orchestrator overhead: N no-op stages through phaselab vs the same N trials through a Ray Tune
-grid, on one local Ray cluster (issue 6 acceptance; DESIGN §5.1-§5.2).
+grid, on one local Ray cluster (DESIGN §5.1-§5.2; target: phaselab no slower than Tune).
 
 phaselab side: ``benchmarks/overhead_grid.yaml`` with the override ``defaults.noop.tag=range(0,N)``
 (N cells of one ``noop`` stage, 1 CPU each), a fresh SQLite catalog in a temp dir, the real
@@ -255,7 +255,7 @@ def write_results(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "orchestrator-overhead.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     s = report["summary"]
-    lines = ["# Orchestrator overhead: phaselab vs a Ray Tune grid (issue 6)", "",
+    lines = ["# Orchestrator overhead: phaselab vs a Ray Tune grid", "",
              f"- date (UTC): {report['date_utc']}", f"- command: `{report['command']}`",
              f"- machine: {report['machine']}", f"- versions: {report['versions']}",
              f"- load average (1/5/15 min) before: {report['load_avg_before']}, after: {report['load_avg_after']}",

@@ -1,4 +1,4 @@
-"""Loss curves of runs with the same global batch on different GPU counts (issue 8).
+"""Loss curves of runs with the same global batch on different GPU counts (benchmarks/scaling.py).
 
 The 1-GPU and the N-GPU runs of benchmarks/scaling.py see the same micro-batches (it keeps
 ``grad_accum * world`` constant, and the loop draws batch ``(step * accum + k) * world + rank``,

@@ -1,4 +1,4 @@
-"""Issue 8: DeepSpeed ZeRO data-parallel scaling through Ray Train V2 (real ``ray_entry.fit``).
+"""DeepSpeed ZeRO data-parallel scaling through Ray Train V2 (real ``ray_entry.fit``).
 
 For each (model preset, encoding, ZeRO stage, world size) this runs one training stage with
 ``phaselab.workloads.train.ray_entry.fit`` and derives, from the per-step lines rank 0 writes to

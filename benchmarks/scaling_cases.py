@@ -1,4 +1,4 @@
-"""Issue 8 scaling study: what one case is (preset, encoding, ZeRO stage, world size), the
+"""Scaling study (benchmarks/scaling.py): what one case is (preset, encoding, ZeRO stage, world size), the
 settings every case shares, and the training spec ``fit`` gets.
 
 ``benchmarks/scaling.py`` is the command line; ``scaling_measure.py`` runs and measures the fits;
@@ -11,7 +11,7 @@ import dataclasses
 
 # KINDS.md: NVLink multicast must stay off on the lent multi-GPU machines (also in Ray workers).
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-# rope -> cuDNN/flash SDPA; pope/tapa -> the fused Triton kernels (issue 3). CPU: the reference.
+# rope -> cuDNN/flash SDPA; pope/tapa -> the fused Triton kernels (kernels/attention). CPU: the reference.
 CUDA_BACKENDS = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}
 
 

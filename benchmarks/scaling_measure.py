@@ -1,4 +1,4 @@
-"""Issue 8 scaling study: one timed ``ray_entry.fit`` per case and the numbers derived from
+"""Scaling study (benchmarks/scaling.py): one timed ``ray_entry.fit`` per case and the numbers derived from
 the lines rank 0 writes to its ``metrics.jsonl`` (the method is described in
 ``benchmarks/scaling.py``'s docstring): per step ``train/loss``, ``train/steps_per_s`` and, on
 CUDA, ``train/peak_mem_gib``; per checkpoint ``ckpt/save_s``; on a resume ``ckpt/load_s``.

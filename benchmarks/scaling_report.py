@@ -1,4 +1,4 @@
-"""Issue 8 scaling study: efficiencies, loss-curve checks, the table and the results files
+"""Scaling study (benchmarks/scaling.py): efficiencies, loss-curve checks, the table and the results files
 (``OUT.json`` with every number, ``OUT.md`` for people), and the merge of several device calls.
 """
 

@@ -1,6 +1,6 @@
-"""Where a training step's time goes (issue 4's MFU gap): torch.profiler over a few extra steps
-after the timed window of `train_throughput.py --profile N`, summarised as device busy time per
-step against the step's wall time, and the kernels that take it.
+"""Where a training step's time goes (what keeps the 124M model's MFU below its 40 % target):
+torch.profiler over a few extra steps after the timed window of `train_throughput.py --profile N`,
+summarised as device busy time per step against the step's wall time, and the kernels that take it.
 
 The profiled steps come after the timed ones, so the profiler's own overhead never enters the
 tokens/s and MFU columns. On CUDA "busy" is the union of the device-side events' intervals (kernels

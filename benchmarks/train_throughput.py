@@ -1,4 +1,4 @@
-"""Training throughput (issue 4): tokens/s and MFU of the 124M OpenWebText-shape model for RoPE,
+"""Training throughput: tokens/s and MFU of the 124M OpenWebText-shape model for RoPE,
 PoPE and TAPA on Tiny Shakespeare (GPT-2 BPE), sequence length 1024, bf16 autocast.
 
 Every encoding runs the real training loop, ``workloads.train.loop.train`` with ``TorchEngine``
@@ -21,8 +21,8 @@ Backends: ``rope`` runs on sdpa; ``pope`` and ``tapa`` on triton on CUDA (the fu
 kernels/attention/function.py), else the reference; ``--encodings pope:sdpa`` picks one
 explicitly. The backend that ran (read from the built model) is recorded in every row.
 
-Usage (the H200; no install needed, see benchmarks/TRAIN_THROUGHPUT.md):
-    python benchmarks/train_throughput.py --out benchmarks/results/train-h200
+Usage (on a GPU machine: benchmarks/README.md, "Training throughput"):
+    benchmarks/run_on_gpu.sh train_throughput --compile --warmup 15 --out train-h200
     python benchmarks/train_throughput.py --tiny --device cpu --out /tmp/tt   # CPU smoke (seconds)
 """
 
@@ -42,11 +42,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shim
-
-shim.install()
 
 import step_profile
 import torch
@@ -266,7 +261,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="torch.compile the model (TrainConfig.compile)")
     p.add_argument("--device", default="auto", help="auto | cuda | cpu")
     p.add_argument("--loss", choices=["fused", "torch"], default="fused",
-                   help="fused: linear + cross-entropy kernel on CUDA (issue 4); torch: the logits path")
+                   help="fused: linear + cross-entropy kernel on CUDA (kernels/loss); torch: the logits path")
     p.add_argument("--autotune", action="store_true",
                    help="PHASELAB_AUTOTUNE=1: time every Triton config in the first (warm-up) steps")
     p.add_argument("--peak-tflops", type=float, default=H200_DENSE_BF16_TFLOPS,

@@ -1,4 +1,4 @@
-"""``phaselab export GRID --format parquet|csv --out DIR`` (DESIGN §5.10, issue 7).
+"""``phaselab export GRID --format parquet|csv --out DIR`` (DESIGN §5.10).
 
 Writes two hive-partitioned datasets under ``DIR``::
 

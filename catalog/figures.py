@@ -1,4 +1,4 @@
-"""Cross-cell figures from the catalog (issue 7): perplexity vs context length per encoding, like
+"""Cross-cell figures from the catalog: perplexity vs context length per encoding, like
 PoPE's Figure 2 and TAPA's Tables 1–2 drawn as curves.
 
 A figure reuses a table spec (one definition of rows, columns, metric and seed aggregation): each

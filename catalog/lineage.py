@@ -1,4 +1,4 @@
-"""Lineage: catalog rows ↔ MLflow runs, and walks over the stage DAG (DESIGN §5.5, issue 7).
+"""Lineage: catalog rows ↔ MLflow runs, and walks over the stage DAG (DESIGN §5.5).
 
 The catalog is the source of truth; MLflow mirrors it for browsing. A cell's parent run id is
 stored on the ``cell`` row (first writer wins), a stage's run id on the ``stage`` row, so a

@@ -1,4 +1,4 @@
-"""The catalog's tables as SQLAlchemy 2 typed ORM models (DESIGN §5.1, issue 7).
+"""The catalog's tables as SQLAlchemy 2 typed ORM models (DESIGN §5.1).
 
 The SQL catalog is the source of truth for DAG state and results; MLflow and Ray hold none of it.
 

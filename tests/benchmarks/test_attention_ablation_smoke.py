@@ -1,4 +1,4 @@
-"""benchmarks/attention_ablation.py (issue 3): "full" is the shipped kernel (it matches the float64
+"""benchmarks/attention_ablation.py: "full" is the shipped kernel (it matches the float64
 reference) and each variant really swaps its helpers in (its output and dq differ), checked under
 TRITON_INTERPRET=1 on a tiny causal case; one subprocess per variant, since a variant patches
 module globals before the first launch."""

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_sass.py (issue 3): the SASS loop parser on a known listing, and one real
+"""benchmarks/kernel_sass.py: the SASS loop parser on a known listing, and one real
 offline sm_90a compile of a fused kernel with Triton's bundled ptxas (no GPU needed)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_loops_known_listing():
 
 
 def test_pope_dq_compiles_for_sm90_offline():
-    """A subprocess without TRITON_INTERPRET: the kernels' conftest sets it for this session, and
+    """A subprocess without TRITON_INTERPRET: the kernels' conftest sets it for the whole pytest process, and
     interpreted kernels have no compiler front end to audit."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_sass.py"), "pope_dq", "--block", "128",

@@ -1,5 +1,5 @@
-"""benchmarks/ncu_summary.py (issue 3) on the committed Nsight Compute export of the shipped PoPE
-kernels (H200, 16k, session 5): kernel columns in launch order and known values."""
+"""benchmarks/ncu_summary.py on the committed Nsight Compute export of the shipped PoPE
+kernels (H200, 16k, benchmarks/results/ncu/pope-16k.csv): kernel columns in launch order and known values."""
 
 from __future__ import annotations
 

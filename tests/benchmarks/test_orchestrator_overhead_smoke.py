@@ -1,4 +1,4 @@
-"""benchmarks/orchestrator_overhead.py (issue 6) and the ``noop`` stage kind it runs.
+"""benchmarks/orchestrator_overhead.py and the ``noop`` stage kind it runs.
 
 Fast tests: the percentile arithmetic on known answers, and the noop grid's planning (one stage
 per tag, unknown keys and bad values rejected). The Ray test runs the phaselab side for real on

@@ -1,4 +1,4 @@
-"""benchmarks/scaling.py and plot_loss_curves.py (issue 8).
+"""benchmarks/scaling.py and plot_loss_curves.py.
 
 The fast tests check the arithmetic on hand-made metrics lines with known answers; the one Ray
 test runs ONE short real ``ray_entry.fit`` (tiny model, DeepSpeed ZeRO-2, 1 CPU worker, fp32) and

@@ -1,4 +1,4 @@
-"""benchmarks/train_throughput.py (issue 4): the FLOP and timing arithmetic on known answers, and
+"""benchmarks/train_throughput.py: the FLOP and timing arithmetic on known answers, and
 one real `--tiny` run on the CPU (every encoding through the real training loop)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fused linear + cross-entropy (kernels/loss, issue 4) against the float64 reference.
+"""Fused linear + cross-entropy (kernels/loss) against the float64 reference.
 
 CPU: the reference against an independent float64 formula; the Triton row kernel under
 TRITON_INTERPRET=1 (tests/kernels/conftest.py sets it without CUDA and NaN-poisons the kernels'

@@ -1,5 +1,5 @@
 """Shared Triton helpers (kernels/attention/triton_common.py): the softmax exponential's three
-modes (issue 3) against float64 2**x, run as a small kernel (TRITON_INTERPRET=1 on the CPU)."""
+modes against float64 2**x, run as a small kernel (TRITON_INTERPRET=1 on the CPU)."""
 
 from __future__ import annotations
 

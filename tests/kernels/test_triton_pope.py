@@ -1,4 +1,4 @@
-"""Fused PoPE attention (kernels/attention/triton_pope.py) against the float64 reference (issue 3).
+"""Fused PoPE attention (kernels/attention/triton_pope.py) against the float64 reference.
 
 CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
 GPU (`gpu`): shape x dtype x causal x T<S sweep with the 2x calibrated rule (DESIGN §6).
@@ -256,7 +256,7 @@ def test_pope_gpu_autotuned_first_call(monkeypatch):
     the real buffers, and a config with 32- or 64-key blocks writes more d(delta) rows than a
     128-key one. Without zeroing between runs (reset_to_zero) a winning 128-key config would leave
     the smaller tiles' extra rows (32-124 at S=4000) in the sum. 128-key dK/dV tiles won at every
-    length benchmarked on the H200 (4k-64k, sessions 4-5), so the length is 4000 (no other test
+    length benchmarked on the H200 (4k-64k, benchmarks/results/attention-h200.md), so the length is 4000 (no other test
     uses it, so no earlier untuned call has cached a config for it); should a 32-key config win
     here, every row is rewritten and this test cannot see the bug."""
     monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
@@ -299,7 +299,7 @@ def test_pope_gpu_deterministic_long():
 
 def tiny_model_losses(kind: str, backend: str, steps: int = 6) -> list[float]:
     """Losses of the tiny model (pe `kind`, attention `backend`) trained `steps` steps on one fixed
-    CUDA batch with bf16 autocast from seed 0 (also used by benchmarks/device probes)."""
+    CUDA batch with bf16 autocast from seed 0."""
     from phaselab.workloads.models.presets import preset
     from phaselab.workloads.models.transformer import Transformer
 
@@ -325,7 +325,7 @@ def tiny_model_losses(kind: str, backend: str, steps: int = 6) -> list[float]:
 @pytest.mark.parametrize("kind", ["pope", "tapa"])
 def test_triton_backend_trains_like_reference(kind):
     """A tiny model trained 6 steps (bf16 autocast) on the triton backend reproduces the reference
-    backend's losses (issue 3 acceptance). Both models start from the same seed and batch."""
+    backend's losses. Both models start from the same seed and batch."""
     ref, tri = tiny_model_losses(kind, "reference"), tiny_model_losses(kind, "triton")
     assert tri[-1] < tri[0] - 0.05, tri  # it trains
     for step, (a, b) in enumerate(zip(ref, tri)):

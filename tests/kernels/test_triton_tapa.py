@@ -1,4 +1,4 @@
-"""Fused TAPA attention (kernels/attention/triton_tapa.py) against the float64 reference (issue 3).
+"""Fused TAPA attention (kernels/attention/triton_tapa.py) against the float64 reference.
 
 CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
 GPU (`gpu`): shape x dtype x causal x T<S x phase sweep with the 2x calibrated rule (DESIGN §6).

@@ -264,7 +264,7 @@ def test_model_fits_a_fixed_batch(kind):
 
 def test_default_positions_declare_trivial_pos_to_the_backend():
     """forward without pos_BT passes trivial_pos=True (sdpa then takes is_causal with no device
-    sync and no graph break under torch.compile, issue 4); explicit positions do not, and both give
+    sync and no graph break under torch.compile); explicit positions do not, and both give
     the same logits."""
     model = Transformer(preset("tiny", pe={"kind": "rope"}, attention={"backend": "sdpa"}))
     seen = []

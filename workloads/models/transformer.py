@@ -293,7 +293,7 @@ class Transformer(nn.Module):
 
     def _loss_only(self, h_BTC: Tensor, targets_BT: Tensor, loss_mask_BT: Tensor | None) -> Tensor:
         """The loss of `forward(logits=False)`. On CUDA: the fused linear + cross-entropy kernel
-        (issue 4: the logits are written once, in the matmul's dtype, and become their own gradient;
+        (the logits are written once, in the matmul's dtype, and become their own gradient;
         none leave the compiled graph). Elsewhere: the same `masked_cross_entropy` as logits=True,
         so CPU training stays bitwise identical (the Triton kernel needs a GPU)."""
         if h_BTC.device.type != "cuda":

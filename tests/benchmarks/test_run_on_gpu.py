@@ -1,0 +1,40 @@
+"""benchmarks/run_on_gpu.sh: the one script that runs any benchmark on a GPU machine. Checked with
+--dry-run (it prints the commands it would run): the editable install of the checkout, the
+benchmark's command line with a relative --out under $OUT, the pytest mode, unknown names."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "run_on_gpu.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def _dry(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path)}
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60, check=False)
+
+
+def test_benchmark_command_installs_the_checkout_and_writes_under_out(tmp_path):
+    run = _dry(tmp_path, "attention", "--head-dims", "64", "--out", "attention-h200-d64")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert "python3 -m pip install -q --no-index --no-deps --no-build-isolation -e ." in [ln.strip() for ln in lines]
+    assert lines[-1].split() == ["python3", "benchmarks/attention.py", "--head-dims", "64", "--out",
+                                 f"{tmp_path}/attention-h200-d64"]
+
+
+def test_pytest_mode_and_unknown_benchmark(tmp_path):
+    run = _dry(tmp_path, "pytest", "tests/kernels", "-m", "gpu")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1].split() == ["python3", "-m", "pytest", "tests/kernels", "-m", "gpu"]
+    bad = _dry(tmp_path, "no_such_benchmark")
+    assert bad.returncode == 2 and "no benchmark" in bad.stderr
