@@ -16,6 +16,11 @@ revision, the build time and the (12-character) hashes of every stage that contr
 
 Worked example: values 94.1, 95.0 for seeds 0, 1 and no seed 2 render as
 ``94.55 ± 0.64 (n=2/3)``.
+
+Checkpoint selection: a cell whose stages evaluated the best-validation checkpoint (eval
+``select: best_valid``; their ``select/step`` and ``select/best_valid/<metric>`` rows) is marked
+``†``, and the footnote names the criterion and the selected step of every seed; unmarked cells
+evaluated the final checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any, Literal
 
 HOLE_MD = "—"
 HOLE_TEX = "--"
+SELECTED = "†"                           # the cell's value is at the best-validation checkpoint
+BEST_VALID = "select/best_valid/"        # + criterion metric (workloads.evals.api.selection_records)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +118,8 @@ class BuiltTable:
     inputs: dict[str, str]                 # stage_hash -> "attempts|finished_at|state"
     grid_hash: str = ""
     revision: str = ""
+    # (row key, column) -> (criterion, selected step per seed in seed order) of best_valid cells
+    selection: dict[tuple[tuple[Any, ...], Any], tuple[str, tuple[int, ...]]] = field(default_factory=dict)
 
     def best(self) -> set[tuple[tuple[Any, ...], Any]]:
         """(row key, column) of the bold cells: best mean per column within its bold group."""
@@ -184,7 +193,28 @@ def build(spec: TableSpec, rows: Sequence[Mapping[str, Any]], *, grid_hash: str 
         for rk in row_keys:
             means = [cells[(rk, c)].mean for c in spec.cols.values if (rk, c) in cells]
             summary[rk] = statistics.fmean(means) if len(means) == len(spec.cols.values) else None
-    return BuiltTable(spec, row_keys, cells, summary, inputs, grid_hash, revision)
+    return BuiltTable(spec, row_keys, cells, summary, inputs, grid_hash, revision,
+                      _selection(spec, rows, per_seed))
+
+
+def _selection(spec: TableSpec, rows: Sequence[Mapping[str, Any]], per_seed: Mapping
+               ) -> dict[tuple[tuple[Any, ...], Any], tuple[str, tuple[int, ...]]]:
+    """Best-validation cells: (row key, column) -> (criterion, selected steps by seed)."""
+    by_stage: dict[str, tuple[str, int]] = {}
+    for r in rows:
+        name = r.get("name") or ""
+        if name.startswith(BEST_VALID) and r.get("step") is not None:
+            by_stage[r["stage_hash"]] = (name[len(BEST_VALID):], int(r["step"]))
+    found: dict[tuple[tuple[Any, ...], Any], dict[Any, tuple[str, int]]] = {}
+    for (rk, col, seed), (_, stage) in per_seed.items():
+        if stage in by_stage:   # a combined column (CBT = mean of CN, NE) is one cell
+            cell = next((c for c in spec.cols.values if col in spec.combine.get(c, (c,))), col)
+            found.setdefault((rk, cell), {})[seed] = by_stage[stage]
+    out = {}
+    for key, seeds in found.items():
+        picks = [seeds[s] for s in sorted(seeds, key=str)]
+        out[key] = (", ".join(sorted({c for c, _ in picks})), tuple(step for _, step in picks))
+    return out
 
 
 def _row_keys(spec: TableSpec) -> list[tuple[Any, ...]]:
@@ -243,18 +273,36 @@ def footnote(t: BuiltTable, built_at: datetime, *, code: str = "`") -> str:
              f"mean ± sample std over seeds {{{seeds}}}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
     if spec.reference:
         parts.append(f"(paper) rows: {spec.reference_source}")
+    if t.selection:
+        parts.append(_selection_note(t))
     parts.append(f"stages ({len(hashes)}): " + (", ".join(hashes) if hashes else "none"))
     return "; ".join(parts) + "."
 
 
-def _table_cells(t: BuiltTable, *, bold: tuple[str, str], pm: str, hole: str) -> list[list[str]]:
+def _selection_note(t: BuiltTable) -> str:
+    spec = t.spec
+    criteria = sorted({c for c, _ in t.selection.values()})
+    cells = []
+    for rk in t.row_keys:
+        for col in spec.cols.values:
+            if (rk, col) in t.selection:
+                where = "/".join([*(d.label(v) for d, v in zip(spec.rows, rk, strict=True)), spec.cols.label(col)])
+                cells.append(f"{where} {', '.join(map(str, t.selection[(rk, col)][1]))}")
+    return (f"{SELECTED} = at the best-validation checkpoint (select: best_valid on "
+            f"{', '.join(criteria)}), selected steps by seed: {'; '.join(cells)}; "
+            "unmarked = final checkpoint")
+
+
+def _table_cells(t: BuiltTable, *, bold: tuple[str, str], pm: str, hole: str,
+                 mark: str = SELECTED) -> list[list[str]]:
     spec, best = t.spec, t.best()
     lines = []
     for rk in t.row_keys:
         line = [d.label(v) for d, v in zip(spec.rows, rk, strict=True)]
         for col in spec.cols.values:
             text = format_stat(t.cells.get((rk, col)), spec.decimals, pm=pm, hole=hole)
-            line.append(f"{bold[0]}{text}{bold[1]}" if (rk, col) in best else text)
+            text = f"{bold[0]}{text}{bold[1]}" if (rk, col) in best else text
+            line.append(text + (mark if (rk, col) in t.selection else ""))
         if spec.summary_col:
             s = t.summary.get(rk)
             line.append(hole if s is None else f"{s:.{spec.decimals}f}")
@@ -302,7 +350,7 @@ def render_markdown(t: BuiltTable, built_at: datetime) -> str:
 
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "—": "--",
-                "±": r"$\pm$", "δ": r"$\delta$"}
+                "±": r"$\pm$", "δ": r"$\delta$", SELECTED: r"$^\dagger$"}
 
 
 def tex_escape(text: str) -> str:
@@ -313,7 +361,7 @@ def render_latex(t: BuiltTable, built_at: datetime) -> str:
     spec = t.spec
     head = _header(spec)
     ncols = len(head) - len(spec.rows)
-    body = _table_cells(t, bold=("\\textbf{", "}"), pm=" $\\pm$ ", hole=HOLE_TEX)
+    body = _table_cells(t, bold=("\\textbf{", "}"), pm=" $\\pm$ ", hole=HOLE_TEX, mark=r"$^\dagger$")
     refs = _reference_cells(t, pm=" $\\pm$ ", hole=HOLE_TEX)
 
     def row(cells: list[str], n_label: int) -> str:
