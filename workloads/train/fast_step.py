@@ -30,6 +30,7 @@ captured all-reduce would need NCCL's graph mode and per-rank capture.
 from __future__ import annotations
 
 import math
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,9 @@ class GraphEngine:
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         self.shape = (grad_accum, micro_batch, block_size)
         self.autocast = autocast_for(precision, device)
+        # inside the captured step: no autocast weight cache (its copies would outlive the
+        # capture's allocation pool); the casts are recomputed, the arithmetic is the same
+        self._step_autocast = autocast_for(precision, device, cache=False)
         self.runner = torch.compile(model) if compile else model
         self.capture = device.type == "cuda"
         step_bytes = grad_accum * micro_batch * block_size * (8 + 8 + 4)
@@ -117,7 +121,7 @@ class GraphEngine:
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         for k in range(self.grad_accum):
-            with self.autocast():
+            with self._step_autocast():
                 _, micro_loss = self.runner(x_ABT[k], targets_BT=y_ABT[k], loss_mask_BT=m_ABT[k],
                                             logits=False)
             (micro_loss / self.grad_accum).backward()
@@ -193,7 +197,8 @@ class GraphEngine:
         fill = _Filler(dataset, cfg, self.shape)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phaselab-batches") as pool:
             pending: Future | None = pool.submit(fill, self.host[0], plan[0]) if plan else None
-            late: tuple[_Window, torch.cuda.Event | None] | None = None
+            late: tuple[_Window, _Mark] | None = None
+            self._last_mark = None
             for n, window in enumerate(plan):
                 pending.result()   # this window's batches are in its host buffer
                 self._launch(window, schedule)
@@ -220,29 +225,28 @@ class GraphEngine:
         for _ in range(n):
             self._advance()
 
-    def _read_back(self, window: _Window) -> torch.cuda.Event | None:
-        """Queue the copy of the window's losses and norms to the host; its event, on CUDA."""
+    def _read_back(self, window: _Window) -> _Mark:
+        """Queue the copy of the window's losses and norms to the host; mark the window's end."""
         n, out = window.end - window.start, self.out_host[window.buffer]
         out[0, :n].copy_(self.loss_out[:n], non_blocking=True)
         out[1, :n].copy_(self.norm_out[:n], non_blocking=True)
-        if not self.capture:
-            return None
-        event = torch.cuda.Event()
-        event.record()
-        return event
+        return _Mark.now(self.capture)
 
     @staticmethod
     def _must_sync(events: StepEvents, done: int) -> bool:
         return events.is_eval_step(done) or events.is_ckpt_step(done) or (
             events.stop_flag is not None and events.stop_flag.requested)
 
-    def _finish(self, window: _Window, event: torch.cuda.Event | None, events: StepEvents, schedule,
+    def _finish(self, window: _Window, mark: _Mark, events: StepEvents, schedule,
                 *, synced: bool) -> None:
         """Check and report the window's steps (waits for its device work). ``synced``: no later
-        step was launched, so the module holds the weights after the window's last step."""
-        if event is not None:
-            event.synchronize()
+        step was launched, so the module holds the weights after the window's last step. Each
+        step is timed as its share of the device time between the ends of the previous window
+        and this one (the first window of a call is not timed: capture, autotuning)."""
+        mark.wait()
         n = window.end - window.start
+        seconds = None if self._last_mark is None else mark.since(self._last_mark) / n
+        self._last_mark = mark
         losses, norms = self.out_host[window.buffer][:, :n].tolist()
         tokens = self.shape[0] * self.shape[1] * self.shape[2]
         for j, (loss, norm) in enumerate(zip(losses, norms)):
@@ -251,7 +255,33 @@ class GraphEngine:
                 if not math.isfinite(value):
                     raise TrainingDiverged(step, f"{what} is {value}")
             events.done(step + 1, loss, schedule.lookup(step), norm, tokens,
-                        can_save=synced and j == n - 1)
+                        can_save=synced and j == n - 1, seconds=seconds)
+
+
+@dataclass
+class _Mark:
+    """The end of a window: a CUDA event recorded after its work, or the host time on CPU (where
+    the work is done when the host gets here)."""
+
+    event: torch.cuda.Event | None
+    host_s: float
+
+    @classmethod
+    def now(cls, cuda: bool) -> _Mark:
+        if not cuda:
+            return cls(None, time.perf_counter())
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return cls(event, 0.0)
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+
+    def since(self, earlier: _Mark) -> float:
+        if self.event is None:
+            return self.host_s - earlier.host_s
+        return earlier.event.elapsed_time(self.event) / 1000
 
 
 class _HostChunk:

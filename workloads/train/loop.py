@@ -142,12 +142,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_for(precision: str, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
-    """bf16 autocast on CUDA for "auto"; fp32 (no autocast) on CPU. Master weights stay fp32."""
+def autocast_for(precision: str, device: torch.device, *, cache: bool = True
+                 ) -> Callable[[], contextlib.AbstractContextManager]:
+    """bf16 autocast on CUDA for "auto"; fp32 (no autocast) on CPU. Master weights stay fp32.
+    ``cache`` False turns off autocast's cache of cast weights (CUDA graph capture)."""
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     if not use_bf16:
         return contextlib.nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 def check_finite(value: torch.Tensor | float, *, step: int, what: str) -> float:
@@ -307,8 +309,8 @@ class StepEvents:
         self.save, self.rank, self.stop_flag, self.on_eval = save, rank, stop_flag, on_eval
         self.result = result
         self.eval_bs = cfg.eval_batch_size or cfg.micro_batch(world)
-        self.window_t: float | None = None
-        self.window_steps = self.window_tokens = 0
+        self._last: float | None = None   # host time of the previous step's end (eager loop)
+        self.window_steps, self.window_tokens, self.window_s = 0, 0, 0.0
 
     def is_eval_step(self, step: int) -> bool:
         return bool(self.cfg.eval_every and step % self.cfg.eval_every == 0) or step == self.cfg.steps
@@ -320,15 +322,19 @@ class StepEvents:
         return step % self.cfg.log_every == 0 or step == self.cfg.steps
 
     def done(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, *,
-             can_save: bool = True) -> None:
-        cfg, result = self.cfg, self.result
+             can_save: bool = True, seconds: float | None = None) -> None:
+        """``seconds``: the step's device time when the caller measured it (graph loop); None
+        takes the host time since the previous step (the first step of a call is not timed:
+        compilation, autotuning, allocator warm-up)."""
+        result = self.result
         result.losses[step - 1] = loss
         result.step = step
-        # Throughput excludes the first step of this call (compilation, allocator warm-up).
-        if self.window_t is None:
-            self.window_t = time.perf_counter()
-        else:
+        if seconds is None:
+            now = time.perf_counter()
+            seconds, self._last = (None if self._last is None else now - self._last), now
+        if seconds is not None:
             self.window_steps, self.window_tokens = self.window_steps + 1, self.window_tokens + tokens
+            self.window_s += seconds
         metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
         if self.is_log_step(step):
             self._log(step, metrics)
@@ -348,15 +354,14 @@ class StepEvents:
 
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         device = self.engine.device
-        elapsed = time.perf_counter() - self.window_t
-        if self.window_steps and elapsed > 0:
-            metrics |= {"train/steps_per_s": self.window_steps / elapsed,
-                        "train/tokens_per_s": self.window_tokens / elapsed}
+        if self.window_steps and self.window_s > 0:
+            metrics |= {"train/steps_per_s": self.window_steps / self.window_s,
+                        "train/tokens_per_s": self.window_tokens / self.window_s}
         peak = peak_memory_gib(device)
         if peak is not None:
             metrics["train/peak_mem_gib"] = peak
             reset_peak_memory(device)
-        self.window_t, self.window_steps, self.window_tokens = time.perf_counter(), 0, 0
+        self.window_steps, self.window_tokens, self.window_s = 0, 0, 0.0
         if self.rank == 0:
             self.tracker.log_metrics(metrics, step=step)
 

@@ -173,6 +173,16 @@ def _report(step: int, metrics: Mapping[str, float], write) -> str:
     return step_name(step)
 
 
+def share_gpu(device, fraction: float | None) -> None:
+    """A worker that reserved a fraction of a GPU (``resources.gpus: 0.25``: Ray places that many
+    workers on one card, each its own process and CUDA context) may allocate only that fraction
+    of the card's memory, so one stage cannot starve the others sharing it."""
+    import torch
+
+    if device.type == "cuda" and fraction is not None and 0 < fraction < 1:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
 def _build(cfg: Mapping[str, Any]):
     """Typed spec, dataset and model, identical on every rank (seeded before the init)."""
     from phaselab.workloads.data import build_dataset
@@ -208,6 +218,7 @@ def train_loop_per_worker(cfg: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    share_gpu(device, cfg.get("gpu_fraction"))
     parsed, dataset, model = _build(cfg)
     tc = parsed.train
     resolved = _resolved(parsed)
@@ -382,7 +393,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"spec": json.loads(json.dumps(dict(spec))), "out_dir": str(out_dir),
               "init_from": str(Path(init_from).resolve()) if init_from else None,
-              "debug_steps": debug_steps, "stop_after": stop_after}
+              "debug_steps": debug_steps, "stop_after": stop_after,
+              "gpu_fraction": float((resources_per_worker or {}).get("GPU", 0) or 0)}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
         scaling_config=scaling,
