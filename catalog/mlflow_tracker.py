@@ -1,4 +1,4 @@
-"""``MlflowTracker``: the Tracker interface backed by MLflow (DESIGN §3.4, §5.5; issue 7).
+"""``MlflowTracker``: the Tracker interface backed by MLflow (DESIGN §3.4, §5.5).
 
 Layout: one experiment per grid, a parent run per grid cell, a child run per stage linked by the
 ``mlflow.parentRunId`` tag, so a stage running in any Ray worker attaches to its cell without
@@ -18,10 +18,16 @@ Rules this module enforces:
 - **Metric names**: :func:`metric_key` = ``MetricRecord.key()`` with ``=`` written as ``_``
   (``ppl/ctx_4096``, ``niah_acc/ctx_65536/depth_0.5``): MLflow accepts only ``[/\\w.\\- :]`` in
   names and refuses ``:`` on Windows clients.
-- **Never raises into training.** Every call goes to MLflow or, if that fails, to a JSONL spool
-  (``spool_path``) in call order with its original timestamp; while spooling, each call retries
-  at most every ``retry_interval_s``; :meth:`flush` replays explicitly. A new tracker for the same
-  spool replays it first, so an outage that outlives the process is caught up on resume.
+- **Never raises into training, never holds it up.** A remote server is probed with a TCP
+  connect of ``PROBE_TIMEOUT_S`` before it is first used and before each retry; while it is
+  down, every call goes to a JSONL spool (``spool_path``) in call order with its original
+  timestamp and run id, and the server is probed again at most every ``retry_interval_s``.
+  :meth:`flush` replays explicitly; a new tracker for the same spool replays it first, and
+  :func:`replay_spools` replays every spool of a folder (the controller at each run/resume, and
+  ``phaselab sync-tracking``), so an outage that outlives the process is caught up later.
+- **Idempotent metrics.** A metric point is keyed by (run, metric, step): a point whose key the
+  run already holds (a step re-run after a crash, a replay of a half-applied spool) is skipped;
+  the first value wins, as in the catalog's own replay of ``metrics.jsonl``.
 - **Tracking store**: ``MLFLOW_TRACKING_URI`` or ``sqlite:///<catalog dir>/mlflow.db`` with the
   artifact root ``<catalog dir>/mlartifacts``; never the deprecated file store (mlflow/mlflow#18534).
 
@@ -30,12 +36,16 @@ mlflow is imported inside methods only (``import phaselab.catalog`` stays light)
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import socket
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,8 +59,53 @@ MAX_KEY = 250            # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
 TRUNCATION_MARK = "...[truncated: see the config/resolved.yaml artifact]"
 _NOT_ALLOWED = re.compile(r"[^/\w.\- ]")
 # An unreachable server must not stall training for minutes of MLflow's default HTTP retries.
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+PROBE_TIMEOUT_S = 2.0
+
+
+def http_defaults() -> None:
+    """Bound MLflow's HTTP retries in this process unless the user chose other values."""
+    for key, value in _HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def reachable(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether a remote tracking server accepts a TCP connection within ``timeout_s`` (a local
+    SQL store always counts as reachable: there is no server to wait for)."""
+    parsed = urllib.parse.urlsplit(tracking_uri)
+    if parsed.scheme not in ("http", "https"):
+        return True
+    try:
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        with socket.create_connection((parsed.hostname or "127.0.0.1", port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def _server_said_no(exc: Exception) -> bool:
+    """An error the server answered with (a bad request): retrying the same call cannot help."""
+    from mlflow.exceptions import RestException
+
+    return isinstance(exc, RestException) and getattr(exc, "error_code", "") in (
+        "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST")
+
+
+@contextlib.contextmanager
+def _locked(path: Path, *, blocking: bool):
+    """An exclusive ``flock`` on ``<path>.lock``; yields False when not blocking and it is held."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def sanitize_key(key: str) -> str:
@@ -117,20 +172,14 @@ class MlflowTracker:
                  retry_interval_s: float = 30.0) -> None:
         if rank is None:
             rank = int(os.environ.get("RANK", "0"))
-        self.active = rank == 0
-        self.tracking_uri = tracking_uri
-        self.run_id = run_id
-        self.spool_path = Path(spool_path)
-        self.retry_interval_s = retry_interval_s
-        self._client_obj: Any = None
-        self._logged_params: dict[str, str] = {}
-        self._last_try = 0.0
-        self._offline = self.spool_path.exists() and self.spool_path.stat().st_size > 0
+        self._setup(tracking_uri, spool_path, run_id=run_id, active=rank == 0,
+                    retry_interval_s=retry_interval_s)
         if not self.active:
             return
-        for key, value in _HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        if self._offline:
+        http_defaults()
+        if not reachable(tracking_uri):   # spool from the first call: no HTTP retries to wait for
+            self._offline, self._last_try = True, time.monotonic()
+        elif self._offline:
             self.flush()
         location = None
         if artifact_root is not None and _is_local_store(tracking_uri):
@@ -139,6 +188,28 @@ class MlflowTracker:
                       "tags": dict(tags or {}), "parent_run_id": parent_run_id,
                       "parent_cell": None if parent_cell is None else dict(parent_cell),
                       "artifact_location": location})
+
+    def _setup(self, tracking_uri: str, spool_path: Path, *, run_id: str | None, active: bool,
+               retry_interval_s: float) -> None:
+        self.active = active
+        self.tracking_uri = tracking_uri
+        self.run_id = run_id
+        self.spool_path = Path(spool_path)
+        self.retry_interval_s = retry_interval_s
+        self._client_obj: Any = None
+        self._logged_params: dict[str, str] = {}
+        self._points: set[tuple[str, int]] = set()   # (metric, step) the run holds
+        self._points_of: str | None = None            # the run whose points those are
+        self._last_try = 0.0
+        self._offline = self.spool_path.exists() and self.spool_path.stat().st_size > 0
+
+    @classmethod
+    def replayer(cls, tracking_uri: str, spool_path: Path) -> MlflowTracker:
+        """A tracker that only replays an existing spool (its ops carry their run ids)."""
+        self = cls.__new__(cls)
+        self._setup(tracking_uri, spool_path, run_id=None, active=True, retry_interval_s=0.0)
+        http_defaults()
+        return self
 
     @classmethod
     def for_stage(cls, *, tracking_uri: str, grid: str, grid_id: int, cell_id: int, cell_key: str,
@@ -205,16 +276,32 @@ class MlflowTracker:
         return sum(1 for line in self.spool_path.read_text().splitlines() if line.strip())
 
     def flush(self) -> bool:
-        """Replay the spool in order; True when everything reached MLflow. Never raises."""
+        """Replay the spool in order; True when everything reached MLflow. Never raises. A call
+        the server refuses outright is dropped with a warning (it would block the rest forever);
+        one that fails otherwise stays spooled, with everything after it."""
         if not self.active or not self.spool_path.exists():
             self._offline = False
             return True
         self._last_try = time.monotonic()
+        if not reachable(self.tracking_uri):
+            return False
+        with _locked(self.spool_path, blocking=False) as mine:
+            if not mine:   # another process is replaying this spool
+                return False
+            return self._replay()
+
+    def _replay(self) -> bool:
+        if not self.spool_path.exists():
+            self._offline = False
+            return True
         ops = [json.loads(line) for line in self.spool_path.read_text().splitlines() if line.strip()]
         for i, op in enumerate(ops):
             try:
                 self._apply(op)
-            except Exception as exc:  # still unreachable: keep the rest, in order
+            except Exception as exc:
+                if self.run_id is not None and _server_said_no(exc):
+                    log.warning("MLflow refused spooled %s call (%s); dropped", op.get("op"), exc)
+                    continue
                 log.warning("MLflow still unreachable (%s); %d calls stay spooled", exc, len(ops) - i)
                 tmp = self.spool_path.with_suffix(".tmp")
                 tmp.write_text("".join(json.dumps(o) + "\n" for o in ops[i:]))
@@ -233,6 +320,8 @@ class MlflowTracker:
         if not self.active:
             return
         op["ts"] = int(time.time() * 1000)
+        if op["op"] != "start" and self.run_id is not None:
+            op["run_id"] = self.run_id   # a replay in another process must know the run
         if self._offline:
             self._spool(op)
             if time.monotonic() - self._last_try >= self.retry_interval_s:
@@ -255,8 +344,7 @@ class MlflowTracker:
                 copy = files / f"{op['ts']}-{len(list(files.iterdir()))}-{Path(op['path']).name}"
                 shutil.copy2(op["path"], copy)
                 op = {**op, "path": str(copy), "basename": Path(op["path"]).name}
-            self.spool_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.spool_path.open("a") as f:
+            with _locked(self.spool_path, blocking=True), self.spool_path.open("a") as f:
                 f.write(json.dumps(op, default=str) + "\n")
         except Exception as exc:  # a full disk must not kill training either
             log.error("could not spool MLflow call %s: %s", op.get("op"), exc)
@@ -273,17 +361,15 @@ class MlflowTracker:
         if kind == "start":
             self._start(op)
             return
+        if self.run_id is None and op.get("run_id"):
+            self._adopt(op["run_id"])
         if self.run_id is None:
             raise RuntimeError("MLflow run not started yet")
         client, run_id = self._client(), self.run_id
         if kind == "params":
             self._log_params(op["params"])
         elif kind == "metrics":
-            from mlflow.entities import Metric
-
-            batch = [Metric(k, v, op["ts"], s) for k, v, s in op["metrics"]]
-            for chunk in _chunks(batch, 1000):
-                client.log_batch(run_id, metrics=chunk)
+            self._log_metrics(op["metrics"], op["ts"])
         elif kind == "tags":
             self._log_tags(op["tags"])
         elif kind == "artifact":
@@ -299,6 +385,30 @@ class MlflowTracker:
             client.set_terminated(run_id, status=op["status"], end_time=op["ts"])
         else:
             raise ValueError(f"unknown spooled op {kind!r}")
+
+    def _adopt(self, run_id: str) -> None:
+        """Attach to an existing run: its params and metric points are what it already holds."""
+        run = self._client().get_run(run_id)
+        self.run_id = run_id
+        self._logged_params = dict(run.data.params)
+        self._points = {(key, m.step) for key in run.data.metrics
+                        for m in self._client().get_metric_history(run_id, key)}
+        self._points_of = run_id
+
+    def _log_metrics(self, metrics: list[list[Any]], ts: int) -> None:
+        """Only the points whose (metric, step) the run does not hold yet (first value wins)."""
+        from mlflow.entities import Metric
+
+        if self._points_of != self.run_id:
+            self._points, self._points_of = set(), self.run_id
+        batch, keys = [], []
+        for k, v, step in metrics:
+            if (k, int(step)) not in self._points and (k, int(step)) not in keys:
+                batch.append(Metric(k, v, ts, int(step)))
+                keys.append((k, int(step)))
+        for chunk in _chunks(batch, 1000):
+            self._client().log_batch(self.run_id, metrics=chunk)
+        self._points.update(keys)
 
     def _log_tags(self, tags: Mapping[str, str]) -> None:
         from mlflow.entities import RunTag
@@ -344,11 +454,9 @@ class MlflowTracker:
                 order_by=["attributes.start_time ASC"])
             run_id = found[0].info.run_id if found else None
         if run_id is not None:  # resume: reattach, remember what is logged, never re-log params
-            run = client.get_run(run_id)
-            self._logged_params = dict(run.data.params)
-            if run.info.status != "RUNNING":
+            self._adopt(run_id)
+            if client.get_run(run_id).info.status != "RUNNING":
                 client.update_run(run_id, status="RUNNING")
-            self.run_id = run_id
             if op["tags"]:
                 self._log_tags(op["tags"])
             return
@@ -361,6 +469,7 @@ class MlflowTracker:
         run = client.create_run(exp_id, start_time=op["ts"], tags=tags, run_name=op["run_name"])
         self.run_id = run.info.run_id
         self._logged_params = {}
+        self._points, self._points_of = set(), self.run_id
 
     def _experiment_id(self, name: str, artifact_location: str | None) -> str:
         client = self._client()
@@ -395,3 +504,54 @@ def ensure_cell_run(client: Any, experiment_id: str, *, grid: str, grid_id: int,
     for chunk in _chunks(params, 100):
         client.log_batch(run.info.run_id, params=chunk)
     return run.info.run_id
+
+
+def replay_spools(spool_dir: Path, tracking_uri: str) -> dict[str, int]:
+    """Replay every stage spool under ``spool_dir`` into ``tracking_uri``; returns
+    ``{spool file name: calls still pending}`` (0 for a spool that drained). Never raises; with
+    the server unreachable it returns at once (one probe)."""
+    spools = sorted(Path(spool_dir).glob("*.jsonl")) if Path(spool_dir).is_dir() else []
+    if not spools:
+        return {}
+    if not reachable(tracking_uri):
+        log.warning("MLflow at %s unreachable; %d spools wait for the next run", tracking_uri, len(spools))
+        return {p.name: MlflowTracker.replayer(tracking_uri, p).pending for p in spools}
+    out = {}
+    for path in spools:
+        tracker = MlflowTracker.replayer(tracking_uri, path)
+        try:
+            tracker.flush()
+        except Exception as exc:  # noqa: BLE001 - a broken spool must not stop the others
+            log.warning("cannot replay %s: %s", path, exc)
+        out[path.name] = tracker.pending
+    return out
+
+
+def prepare_cell_runs(tracking_uri: str, experiment: str, cells: Iterable[Mapping[str, Any]], *,
+                      artifact_root: str | None = None) -> dict[str, str | None]:
+    """The parent run of each cell (``cells``: ``cell_key``, ``cell_id``, ``grid_id``, ``axes``
+    and the stored ``run_id`` or None), created where missing. Never raises and never waits
+    longer than one probe when the server is down: the cells without a run then map to None,
+    and their stages' trackers create the parent when their spools are replayed."""
+    cells = list(cells)
+    known = {c["cell_key"]: c.get("run_id") for c in cells}
+    if not reachable(tracking_uri):
+        log.warning("MLflow at %s unreachable; tracking is spooled until it is back", tracking_uri)
+        return known
+    http_defaults()
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        location = f"{artifact_root.rstrip('/')}/{experiment}" if artifact_root else None
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+            experiment, artifact_location=location)
+        for c in cells:
+            if known[c["cell_key"]] is None:
+                known[c["cell_key"]] = ensure_cell_run(
+                    client, exp_id, grid=experiment, grid_id=c["grid_id"], cell_id=c["cell_id"],
+                    cell_key=c["cell_key"], axes=dict(c.get("axes") or {}))
+    except Exception as exc:  # noqa: BLE001 - the tracker is a view: training goes on without it
+        log.warning("MLflow at %s failed (%s); tracking is spooled", tracking_uri, exc)
+    return known

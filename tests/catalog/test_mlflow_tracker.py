@@ -222,3 +222,75 @@ def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[st
     assert run.data.tags["mlflow.parentRunId"] == parent
     assert run.data.tags["phaselab.upstream"] == pre and run.data.tags["phaselab.stage_kind"] == "eval"
     store.dispose()
+
+
+def test_dead_tracker_at_start_costs_no_waiting(tmp_path: Path) -> None:
+    """A closed port: no HTTP retries at all, every call is spooled at once."""
+    from phaselab.catalog.mlflow_tracker import prepare_cell_runs, replay_spools
+
+    uri = f"http://127.0.0.1:{_free_port()}"
+    started = time.monotonic()
+    cells = [{"cell_key": "pe=rope,seed=0", "cell_id": 1, "grid_id": 1, "axes": {"pe": "rope"}, "run_id": None},
+             {"cell_key": "pe=pope,seed=0", "cell_id": 2, "grid_id": 1, "axes": {"pe": "pope"}, "run_id": "r2"}]
+    assert prepare_cell_runs(uri, "owt", cells) == {"pe=rope,seed=0": None, "pe=pope,seed=0": "r2"}
+    t = _stage_tracker(uri, None, tmp_path)
+    for step in range(200):
+        t.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
+    t.end("FINISHED")
+    assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 202}
+    assert time.monotonic() - started < 3.0
+    assert t.run_id is None and t.pending == 202
+
+
+def _server(port: int, backend: Path, tmp_path: Path):
+    return mlflow_server.serve(port=port, backend_uri=f"sqlite:///{backend}", block=False,
+                               artifact_root=str(tmp_path / "server-artifacts"),
+                               log_path=tmp_path / f"server-{time.monotonic_ns()}.log")
+
+
+@pytest.mark.slow
+def test_mid_run_outage_is_replayed_once_by_the_next_run(mlflow_template: Path, tmp_path: Path) -> None:
+    """Server killed mid-run, the attempt crashes, a retry re-runs steps and logs its final
+    metric twice; once the server is back, replaying the spools from a fresh process state
+    leaves one point per (metric, step), the run FINISHED, and nothing spooled."""
+    from mlflow import MlflowClient
+
+    from phaselab.catalog.mlflow_tracker import replay_spools
+
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    backend = tmp_path / "server.db"
+    shutil.copy(mlflow_template, backend)
+    proc = _server(port, backend, tmp_path)
+    first = _stage_tracker(uri, None, tmp_path)
+    for step in range(3):
+        first.log_metrics({"loss": 10.0 - step}, step=step)
+    run_id = first.run_id
+    mlflow_server.stop(proc)
+    started = time.monotonic()
+    for step in range(3, 6):                                 # the server is gone: spooled
+        first.log_metrics({"loss": 10.0 - step}, step=step)
+    del first                                                # the attempt crashes: no end()
+    retry = _stage_tracker(uri, None, tmp_path, run_id=run_id)
+    for step in range(4, 8):                                 # resumed from the step-4 checkpoint
+        retry.log_metrics({"loss": 20.0 - step}, step=step)
+    retry.log_metrics({"valid/loss": 1.5}, step=7)
+    retry.log_metrics({"valid/loss": 1.25}, step=7)          # the final evaluation, same step
+    retry.end("FINISHED")
+    assert time.monotonic() - started < 15                  # one bounded failure, then spooling
+    assert retry.pending > 0
+
+    proc = _server(port, backend, tmp_path)
+    try:
+        assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 0}
+        assert replay_spools(tmp_path / "spool", uri) == {}
+        client = MlflowClient(tracking_uri=uri)
+        history = [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")]
+        assert sorted(history) == [(0, 10.0), (1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 5.0),
+                                   (6, 14.0), (7, 13.0)]
+        assert [m.value for m in client.get_metric_history(run_id, "valid/loss")] == [1.5]
+        assert client.get_run(run_id).info.status == "FINISHED"
+        exp = client.get_experiment_by_name("owt")
+        assert len(client.search_runs([exp.experiment_id], "tags.`phaselab.run_level` = 'stage'")) == 1
+    finally:
+        mlflow_server.stop(proc)
