@@ -5,7 +5,9 @@ Grid ``pope_indirect_indexing`` (experiments/pope_indirect_indexing.yaml); axes 
 row label; ``pe`` holds the encoding's config) and ``seed``; metric ``acc`` (fraction, exact match
 on the target token) with ``task="indirect_indexing"``, ``split="test"`` from the ``test_acc`` stage
 (the ``task`` eval suite); ``step=None`` keeps out the training stage's own final evaluation,
-which also records ``acc`` on the test split (with its step).
+which also records ``acc`` on the test split (with its step). The paper reports the final
+accuracy, so the grid evaluates the final checkpoint (no ``select``; a best_valid eval would
+carry the table's ``†`` mark).
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec

@@ -4,7 +4,8 @@ One grid per dataset (experiments/pope_jsb.yaml, pope_maestro.yaml, pope_genome.
 axes ``pe`` and ``seed``; metric ``nll`` of its ``test_nll`` stage (the ``task`` eval suite) with
 ``split="test"``, ``step=None`` (the training stage's own final evaluation has a step) and
 ``task`` = the data kind (``jsb`` | ``maestro`` | ``human_genome``), evaluated on the
-best-validation checkpoint (``eval.select: best_valid``).
+best-validation checkpoint (``eval.select: best_valid``): those cells carry the ``†`` mark and the
+footnote gives the selected step of every seed (spec.py, "Checkpoint selection").
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec

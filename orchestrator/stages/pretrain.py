@@ -11,6 +11,10 @@ Two launchers, chosen per stage in the grid (never as a fallback):
 - ``ray_task``: ``api.run_training`` inside the stage's Ray task — one process, no trainer
   start-up; re-running with the same out_dir resumes from the newest checkpoint. Used by the
   CPU quickstart, where trainer start-up would dominate.
+
+Artifacts: ``checkpoint`` (the final model.pt) and, when the run validated periodically
+(``train.eval_every`` > 0), ``best`` (the ``out_dir/best`` folder of best-validation weights that
+evals with ``select: best_valid`` load; workloads.train.checkpoint.BestKeeper).
 """
 
 from __future__ import annotations

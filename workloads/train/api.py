@@ -4,6 +4,7 @@
     outcome.checkpoint   # runs/x/checkpoints/step_0001000/model.pt  (what run_eval loads)
     outcome.metrics      # {"step": 1000, "train/loss": ..., "valid/loss": ..., "valid/acc": ...}
     outcome.records      # MetricRecord rows: loss [nats/token] and acc [fraction] per eval split
+    outcome.best         # runs/x/best: best-validation weights (eval.select: best_valid), or None
 
 ``spec = {"model": {...}, "data": {...}, "train": {...}, "extend": {...} | None}`` (CONTRACTS §3.4):
 ModelConfig, DataConfig, TrainConfig and ContextExtension mappings, converted strictly

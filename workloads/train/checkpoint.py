@@ -16,6 +16,9 @@ POSIX). ``latest`` is updated afterwards by writing ``latest.tmp`` and renaming 
 A kill at any point leaves either the previous state or the new one: a temp folder is never read
 (its name does not match ``step_\\d{7}``), and if the kill falls between the folder rename and the
 pointer update, :meth:`CheckpointDir.latest` still finds the newest complete ``step_`` folder.
+
+Beside ``checkpoints/``, a run with periodic validation keeps its best-validation weights in
+``best/`` (:class:`BestKeeper`, at the end of this module).
 """
 
 from __future__ import annotations
