@@ -28,9 +28,9 @@ ALLOWED = {
 BARE_TOP_LEVEL = {"kernels", "catalog", "workloads", "orchestrator"}
 
 
-def _module_name(path: Path) -> tuple[str, str]:
-    folder = path.relative_to(ROOT).parts[0]
-    rel = path.relative_to(ROOT / folder).with_suffix("")
+def _module_name(path: Path, root: Path = ROOT) -> tuple[str, str]:
+    folder = path.relative_to(root).parts[0]
+    rel = path.relative_to(root / folder).with_suffix("")
     parts = [p for p in rel.parts if p != "__init__"]
     return PACKAGES[folder], ".".join([PACKAGES[folder], *parts])
 
@@ -55,19 +55,20 @@ def _imports(path: Path, module: str) -> list[tuple[int, str, bool]]:
     return out
 
 
-def _sources() -> list[Path]:
+def _sources(root: Path = ROOT) -> list[Path]:
+    """Every .py file of the packages, Alembic migrations included (they are catalog code)."""
     files: list[Path] = []
     for folder in PACKAGES:
-        files += sorted((ROOT / folder).rglob("*.py"))
-    return [f for f in files if "migrations/versions" not in str(f) or True]
+        files += sorted((root / folder).rglob("*.py"))
+    return files
 
 
-def _violations() -> list[str]:
+def _violations(root: Path = ROOT) -> list[str]:
     bad: list[str] = []
-    for path in _sources():
-        layer, module = _module_name(path)
+    for path in _sources(root):
+        layer, module = _module_name(path, root)
         for line, name, at_top in _imports(path, module):
-            where = f"{path.relative_to(ROOT)}:{line}"
+            where = f"{path.relative_to(root)}:{line}"
             head = name.split(".")[0]
             if head in BARE_TOP_LEVEL:
                 bad.append(f"{where}: imports '{name}' (use phaselab.{name})")
@@ -85,16 +86,25 @@ def test_one_way_imports() -> None:
 
 
 def test_checker_catches_a_violation(tmp_path: Path) -> None:
-    # The rule must be able to fail: a kernels module importing workloads is reported.
-    src = "from phaselab.workloads.models import transformer\nimport kernels.registry\n"
-    path = ROOT / "kernels" / "_layering_probe.py"
-    path.write_text(src)
-    try:
-        bad = _violations()
-    finally:
-        path.unlink()
-    assert any("_layering_probe.py:1" in b and "phaselab.workloads" in b for b in bad)
-    assert any("_layering_probe.py:2" in b and "use phaselab.kernels" in b for b in bad)
+    # The rule must be able to fail, in every package folder, migrations included: a probe tree
+    # with a kernels module importing workloads, a bare top-level import, a migration importing
+    # workloads and a cli importing the orchestrator at top level.
+    probes = {
+        "kernels/probe.py": "from phaselab.workloads.models import transformer\nimport kernels.registry\n",
+        "catalog/migrations/versions/0099_probe.py": "import phaselab.workloads.train\n",
+        "phaselab/cli.py": "from phaselab.orchestrator.cli import app\n",
+        "workloads/ok.py": "from phaselab.kernels import registry\nfrom phaselab.catalog.tracking import Tracker\n",
+    }
+    for rel, src in probes.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(src)
+    bad = _violations(tmp_path)
+    assert any("kernels/probe.py:1" in b and "phaselab.workloads" in b for b in bad), bad
+    assert any("kernels/probe.py:2" in b and "use phaselab.kernels" in b for b in bad), bad
+    assert any("0099_probe.py:1" in b and "phaselab.catalog may not import" in b for b in bad), bad
+    assert any("phaselab/cli.py:1" in b and "lazily" in b for b in bad), bad
+    assert not any("workloads/ok.py" in b for b in bad), bad
+    assert len(bad) == 4, bad
 
 
 @pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])
