@@ -8,13 +8,21 @@
   at BEGIN makes concurrent writers queue on the busy timeout instead.
 - PostgreSQL: ``postgresql://`` is read as ``postgresql+psycopg://`` (psycopg 3 is the driver we
   pin); ``pool_pre_ping`` so a restarted server does not leave dead pooled connections.
-- Migrations: Alembic, ``upgrade`` runs once from the controller or an init job, never from
-  workers (parallel migrations race: langflow-ai/langflow#14389).
+- Migrations: Alembic, ``upgrade`` runs from the controller or an init job, never from workers
+  (parallel migrations race: langflow-ai/langflow#14389). Several controllers may still start at
+  once on a fresh catalog, so every upgrade/downgrade is serialised: on PostgreSQL by a
+  transaction-level advisory lock taken first in the migration's transaction, on SQLite by an
+  exclusive ``flock`` on ``<database>.migrate.lock``. The process that waited then finds the
+  schema at head and does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,8 @@ from sqlalchemy.engine import make_url
 CATALOG_URL_ENV = "PHASELAB_CATALOG_URL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 _HERE = Path(__file__).resolve().parent
+# One key for every phaselab catalog migration (pg_advisory_xact_lock takes a bigint).
+MIGRATION_LOCK_KEY = zlib.crc32(b"phaselab.catalog.migrations")
 
 
 def default_url(cwd: Path | None = None) -> str:
@@ -103,13 +113,35 @@ def alembic_config(url: str | None = None) -> Any:
     return cfg
 
 
+@contextlib.contextmanager
+def _sqlite_migration_lock(engine: Engine) -> Iterator[None]:
+    """Exclusive ``flock`` beside a SQLite database file (nothing for an in-memory one)."""
+    path = sqlite_path(engine.url.render_as_string(hide_password=False))
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".migrate.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _run_command(engine: Engine, name: str, revision: str) -> None:
+    """Run an Alembic command in one transaction, serialised against other processes."""
     from alembic import command
+    from sqlalchemy import text
 
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
-        cfg.attributes["connection"] = connection
-        getattr(command, name)(cfg, revision)
+    sqlite = engine.url.get_backend_name() == "sqlite"
+    with _sqlite_migration_lock(engine) if sqlite else contextlib.nullcontext():
+        with engine.begin() as connection:
+            if engine.url.get_backend_name() == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            cfg.attributes["connection"] = connection
+            getattr(command, name)(cfg, revision)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
