@@ -4,7 +4,7 @@ Workloads report through a :class:`Tracker`; they never import mlflow (DESIGN §
 imports nothing heavy (no torch, no mlflow, no sqlalchemy) so it is cheap on every worker.
 
 Every evaluation writes its results as :class:`MetricRecord` rows, one documented schema that the
-catalog stores in its ``metric`` table (issue 5 / issue 7):
+catalog stores in its ``metric`` table:
 
 ======== ===================================================================
 field    meaning

@@ -1,5 +1,5 @@
 """A corpus of bad grids: each error names FILE:LINE:COLUMN, the key, and the nearest valid key,
-and nothing reaches the catalog (issue 6 acceptance)."""
+and nothing reaches the catalog."""
 
 from __future__ import annotations
 

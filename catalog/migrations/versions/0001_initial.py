@@ -1,4 +1,4 @@
-"""Initial catalog schema (DESIGN §5.1, issue 7).
+"""Initial catalog schema (DESIGN §5.1).
 
 Written out explicitly (not ``metadata.create_all``) so later revisions have a fixed base;
 ``tests/catalog/test_migrations.py`` checks that head matches ``phaselab.catalog.schema``.
