@@ -22,10 +22,18 @@ if TYPE_CHECKING:
     from phaselab.catalog.store import CatalogStore
 
 # Tables whose columns are context lengths (drawn as curves by render_figures).
-CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3", "quickstart_ppl")
+CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3", "quickstart_ppl",
+                "extrapolation_small_ppl")
+# Per-table drawing options for render_figures (plot_curves keywords): lengths that double are
+# drawn on a log-2 axis with the training length marked.
+CURVE_OPTIONS: dict[str, dict[str, object]] = {
+    "extrapolation_small_ppl": {"train_len": 256, "logx": True, "styled": True},
+}
+# Line styles and markers cycled per row when ``styled`` (lines stay apart in greyscale print).
+_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"), ("-.", "X"))
 
 
-def _pyplot():  # noqa: ANN202
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -35,22 +43,24 @@ def _pyplot():  # noqa: ANN202
 
 
 def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len: int | None = None,
-                formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+                formats: Iterable[str] = ("png", "pdf"), logx: bool = False, styled: bool = False) -> list[Path]:
     """Draw ``t`` (numeric columns) as one line per row; writes ``path_base.<fmt>`` for each
-    format and returns the paths. Raises ValueError if a column value is not a number."""
+    format and returns the paths. Raises ValueError if a column value is not a number.
+    ``logx``: log-2 x axis ticked at the columns; ``styled``: a line style and marker per row."""
     spec = t.spec
     xs = list(spec.cols.values)
     if not all(isinstance(x, (int, float)) for x in xs):
         raise ValueError(f"table {spec.name}: columns {xs!r} are not numeric; cannot draw curves")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for rk in t.row_keys:
+    for i, rk in enumerate(t.row_keys):
         stats = [t.cells.get((rk, x)) for x in xs]
         if all(s is None for s in stats):
             continue
         ys = [float("nan") if s is None else s.mean for s in stats]
         label = " ".join(d.label(v) for d, v in zip(spec.rows, rk, strict=True))
-        (line,) = ax.plot(xs, ys, marker="o", label=label)
+        linestyle, marker = _STYLES[i % len(_STYLES)] if styled else ("-", "o")
+        (line,) = ax.plot(xs, ys, marker=marker, linestyle=linestyle, label=label)
         lo = [float("nan") if s is None or s.std is None else s.mean - s.std for s in stats]
         hi = [float("nan") if s is None or s.std is None else s.mean + s.std for s in stats]
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -62,6 +72,10 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
         ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
     if logy:
         ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.xaxis.set_minor_locator(_null_locator())   # only the evaluated lengths are ticked
     ax.set_xlabel(spec.cols.title or spec.cols.field.removeprefix("axes."))
     ax.set_ylabel(spec.metric)
     ax.set_title(spec.title, fontsize=10)
@@ -78,6 +92,12 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
     return paths
 
 
+def _null_locator():
+    from matplotlib.ticker import NullLocator
+
+    return NullLocator()
+
+
 def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] = CURVE_TABLES) -> list[Path]:
     """Draw every curve table whose grid is in the catalog into ``out_dir``; returns the files."""
     from phaselab.catalog.tables import get_spec
@@ -88,5 +108,5 @@ def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] =
         rows = [r for g in spec.grids if store.get_grid(g) is not None for r in store.metrics_frame(grid=g)]
         if not rows:
             continue
-        written += plot_curves(build(spec, rows), Path(out_dir) / name)
+        written += plot_curves(build(spec, rows), Path(out_dir) / name, **CURVE_OPTIONS.get(name, {}))
     return written

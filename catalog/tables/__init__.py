@@ -35,6 +35,7 @@ TABLES: dict[str, str] = {
     "tapa_table2": "tapa_zeroshot",
     "tapa_table3": "tapa_phase",
     "quickstart_ppl": "quickstart",
+    "extrapolation_small_ppl": "extrapolation_small",
 }
 EXTENSIONS = {"md": "md", "latex": "tex", "csv": "csv"}
 
