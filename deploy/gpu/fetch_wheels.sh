@@ -115,3 +115,10 @@ if ((mib > LIMIT_MIB)); then
   echo "over the limit: the working tree and .whl together must stay under 64 MiB per call" >&2
   exit 1
 fi
+if [[ -d $ROOT/.git ]]; then     # what a call carries: tracked + untracked-not-ignored files + .whl
+  tree=$(cd "$ROOT" && { git ls-files -z; git ls-files -z --others --exclude-standard; } \
+         | xargs -0 du -cb 2> /dev/null | awk '$2 == "total" {s += $1} END {print s + 0}')
+  total=$(( (tree + bytes + 1048575) / 1048576 ))
+  echo "working tree $(( (tree + 1048575) / 1048576 )) MiB + .whl = $total MiB of the 64 MiB a call carries"
+  ((total <= 63)) || { echo "a call would carry $total MiB: over 63 MiB" >&2; exit 1; }
+fi
