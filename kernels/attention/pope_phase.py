@@ -5,9 +5,9 @@ The amplitude runs for every element of every key tile a query block visits (and
 tile in the dK/dV backward): the 2D-wide operands may not live in HBM (that is the unfused path,
 5x the memory: benchmarks/results/attention-h200.md).
 
-Measured on the H200 and dropped (kernels/attention/README.md, "Measured and not shipped"): rotating a per-tile base phase by a
-per-program table of (cos, sin)(j theta) when positions advance by 1, instead of a MUFU cos and sin
-per element, changed the forward by -3 % / +1.5 % (4k / 16k) and made forward+backward 15-17 %
+Measured on the H200 and dropped (kernels/attention/README.md, "Measured and not shipped"):
+rotating a per-tile base phase by a per-program table of (cos, sin)(j theta) when positions advance
+by 1, instead of a MUFU cos and sin per element, changed the forward by -3 % / +1.5 % (4k / 16k) and made forward+backward 15-17 %
 slower (taken to be the two [BLOCK, BD] fp32 tables live in registers through the loops).
 """
 
