@@ -6,6 +6,10 @@ axes ``pe`` and ``seed``; metric ``nll`` of its ``test_nll`` stage (the ``task``
 ``task`` = the data kind (``jsb`` | ``maestro`` | ``human_genome``), evaluated on the
 best-validation checkpoint (``eval.select: best_valid``): those cells carry the ``†`` mark and the
 footnote gives the selected step of every seed (spec.py, "Checkpoint selection").
+
+The "(min over evaluations)" rows: the training stage's ``loss_min_over_evals`` on the test split,
+the lowest test NLL over its periodic evaluations (``train.eval_splits: [valid, test]``; pope_jsb
+sets it), shown when the catalog has any.
 """
 
 from phaselab.catalog.tables.spec import Dim, TableSpec
@@ -23,4 +27,5 @@ SPEC = TableSpec(
     reference={("rope",): {"jsb": 0.5081, "maestro": 1.501, "human_genome": 4.217},
                ("pope",): {"jsb": 0.4889, "maestro": 1.486, "human_genome": 4.152}},
     reference_source="PoPE (arXiv 2509.10534), single runs",
+    also=(("loss_min_over_evals", {"split": "test"}, "min over evaluations"),),
 )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -82,6 +82,9 @@ class TableSpec:
         default_factory=dict)
     reference_source: str = ""
     caption: str = ""
+    # more rows: the same rows and columns from another metric, as (metric, where, label), shown
+    # "<row> (<label>)" when any has a value (e.g. the minimum test NLL over evaluations)
+    also: tuple[tuple[str, Mapping[str, Any], str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.better not in ("min", "max"):
@@ -120,6 +123,7 @@ class BuiltTable:
     revision: str = ""
     # (row key, column) -> (criterion, selected step per seed in seed order) of best_valid cells
     selection: dict[tuple[tuple[Any, ...], Any], tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    also: list[tuple[str, BuiltTable]] = field(default_factory=list)   # (label, its rows) with values
 
     def best(self) -> set[tuple[tuple[Any, ...], Any]]:
         """(row key, column) of the bold cells: best mean per column within its bold group."""
@@ -193,8 +197,14 @@ def build(spec: TableSpec, rows: Sequence[Mapping[str, Any]], *, grid_hash: str 
         for rk in row_keys:
             means = [cells[(rk, c)].mean for c in spec.cols.values if (rk, c) in cells]
             summary[rk] = statistics.fmean(means) if len(means) == len(spec.cols.values) else None
+    also = []
+    for metric, where, label in spec.also:
+        sub = build(replace(spec, metric=metric, where=where, also=(), summary_col=None), rows)
+        if sub.cells:
+            also.append((label, sub))
+            inputs |= sub.inputs
     return BuiltTable(spec, row_keys, cells, summary, inputs, grid_hash, revision,
-                      _selection(spec, rows, per_seed))
+                      _selection(spec, rows, per_seed), also)
 
 
 def _selection(spec: TableSpec, rows: Sequence[Mapping[str, Any]], per_seed: Mapping
@@ -310,6 +320,17 @@ def _table_cells(t: BuiltTable, *, bold: tuple[str, str], pm: str, hole: str,
     return lines
 
 
+def _also_cells(t: BuiltTable, *, pm: str, hole: str) -> list[list[str]]:
+    lines = []
+    for label, sub in t.also:
+        for rk in sub.row_keys:
+            labels = [d.label(v) for d, v in zip(t.spec.rows, rk, strict=True)]
+            labels[-1] += f" ({label})"
+            cells = [format_stat(sub.cells.get((rk, c)), t.spec.decimals, pm=pm, hole=hole) for c in t.spec.cols.values]
+            lines.append(labels + cells + ([hole] if t.spec.summary_col else []))
+    return lines
+
+
 def _reference_cells(t: BuiltTable, *, pm: str, hole: str) -> list[list[str]]:
     spec, lines = t.spec, []
     for rk in t.row_keys:
@@ -342,7 +363,7 @@ def render_markdown(t: BuiltTable, built_at: datetime) -> str:
     out.append("|" + "|".join("---" for _ in range(n_labels)) + "|"
                + "|".join("---:" for _ in head[n_labels:]) + "|")
     for line in _table_cells(t, bold=("**", "**"), pm=" ± ", hole=HOLE_MD) + \
-            _reference_cells(t, pm=" ± ", hole=HOLE_MD):
+            _also_cells(t, pm=" ± ", hole=HOLE_MD) + _reference_cells(t, pm=" ± ", hole=HOLE_MD):
         out.append("| " + " | ".join(line) + " |")
     out += ["", f"<sub>{footnote(t, built_at)}</sub>", ""]
     return "\n".join(out)
@@ -372,6 +393,10 @@ def render_latex(t: BuiltTable, built_at: datetime) -> str:
            r"\begin{tabular}{" + "l" * len(spec.rows) + "r" * ncols + "}", r"\toprule",
            " & ".join(tex_escape(h) for h in head) + r" \\", r"\midrule"]
     out += [row(c, len(spec.rows)) for c in body]
+    also = _also_cells(t, pm=" $\\pm$ ", hole=HOLE_TEX)
+    if also:
+        out.append(r"\midrule")
+        out += [row(c, len(spec.rows)) for c in also]
     if refs:
         out.append(r"\midrule")
         out += [row(c, len(spec.rows)) for c in refs]

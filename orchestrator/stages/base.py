@@ -150,9 +150,23 @@ def normalize_data(raw: Mapping[str, Any]) -> dict:
 
 
 def normalize_train(raw: Mapping[str, Any]) -> dict:
+    """TrainConfig's dict, plus ``eval_splits`` when it names splits besides "valid" (read by
+    ``train.api.periodic_splits``; the default ["valid"] is left out, so keys stay as they were)."""
+    from phaselab.workloads.config import ConfigError
+    from phaselab.workloads.train.api import EVAL_SPLITS, parse_eval_splits
     from phaselab.workloads.train.loop import TrainConfig
 
-    return _convert(TrainConfig, raw, "train")
+    raw = dict(raw)
+    splits = raw.pop(EVAL_SPLITS, None)
+    out = _convert(TrainConfig, raw, "train")
+    if splits is not None:
+        try:
+            splits = parse_eval_splits(splits)
+        except ConfigError as err:
+            raise section_error(err, f"train.{EVAL_SPLITS}") from None
+        if splits != ("valid",):
+            out[EVAL_SPLITS] = list(splits)
+    return out
 
 
 def normalize_extend(raw: Mapping[str, Any]) -> dict:

@@ -173,3 +173,42 @@ def test_music_table_marks_the_selected_cells(trained) -> None:
             f"steps by seed: PoPE/JSB {best}, {best}, {best}; unmarked = final checkpoint") in md
     tex = render_latex(table, datetime(2026, 1, 1, tzinfo=UTC))
     assert "$^\\dagger$ &" in tex and "$^\\dagger$ = at the best-validation checkpoint" in tex
+
+
+def test_train_eval_splits_default_keeps_keys_and_test_enters_them(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(BASE)
+    train = "  train: {steps: 2, batch_size: 2, eval_every: 0, device: cpu"
+    assert train in BASE
+    (tmp_path / "valid.yaml").write_text(BASE.replace(train, train + ", eval_splits: [valid]"))
+    (tmp_path / "test.yaml").write_text(BASE.replace(train, train + ", eval_splits: [valid, test]"))
+    base, valid, test = (_hashes(tmp_path / f"{n}.yaml") for n in ("base", "valid", "test"))
+    assert valid == base and set(test.values()).isdisjoint(base.values())
+    node = next(n for n in _dag(tmp_path / "test.yaml").nodes.values() if n.kind == "pretrain")
+    assert node.config["train"]["eval_splits"] == ["valid", "test"]
+    bad = BASE.replace(train, train + ", eval_splits: [test]")
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(GridError) as info:
+        plan_grid(tmp_path / "bad.yaml")
+    [issue] = info.value.issues
+    assert issue.key == "defaults.train.eval_splits" and "must name 'valid'" in issue.message
+
+
+def test_music_table_shows_the_minimum_over_evaluations_labelled(trained) -> None:
+    root, result, _ = trained
+    chosen = _eval(root, "min_table", result, "best_valid")
+    rows = []
+    for seed, value in ((0, 0.5), (1, 0.7)):
+        rows += _frame_rows(chosen, f"e{seed}".ljust(64, "0"), "pope", seed)
+        rows.append({"name": "loss_min_over_evals", "value": value, "split": "test", "task": "jsb", "step": 300,
+                     "axes": {"pe": "pope", "seed": seed}, "stage_hash": f"t{seed}".ljust(64, "0"),
+                     "attempts": 1, "finished_at": datetime(2026, 1, 1, tzinfo=UTC), "state": "SUCCEEDED"})
+    for r in rows:
+        r.update(task="jsb", split="test" if r["name"] in ("nll", "loss_min_over_evals") else r["split"])
+    spec = get_spec("pope_music_nll")
+    md = render_markdown(build(spec, rows), datetime(2026, 1, 1, tzinfo=UTC))
+    line = next(x for x in md.splitlines() if x.startswith("| PoPE (min over evaluations) |"))
+    assert line.split("|")[2].strip() == "0.6000 ± 0.1414 (n=2/3)"
+    assert not any(x.startswith("| RoPE (min over evaluations)") and "0." in x for x in md.splitlines())
+    plain = render_markdown(build(spec, [r for r in rows if r["name"] != "loss_min_over_evals"]),
+                            datetime(2026, 1, 1, tzinfo=UTC))
+    assert "min over evaluations" not in plain                    # no such values: no such rows

@@ -150,3 +150,65 @@ def test_select_forms_resolve_to_one_config():
     assert to_dict(full) == {"rule": "best_valid", "metric": "valid/loss", "mode": "min"}
     with pytest.raises(ConfigError, match="eval.select.rule"):
         parse_select({"rule": 3}, path="eval.select")
+
+
+# -- train.eval_splits: the test split at every periodic validation, its minimum kept ----------
+def _ii_spec(**train) -> dict:
+    model = preset("tiny", n_layer=1, d_model=32, n_head=2, block_size=48, pe={"kind": "rope"})
+    return {"model": to_dict(model), "data": {"kind": "indirect_indexing", "ii": {"n_valid": 64, "n_test": 64}},
+            "train": {"steps": 16, "batch_size": 8, "lr": 1.0, "min_lr": 0.1, "warmup": 16, "eval_every": 4,
+                      "eval_batches": 2, "eval_batch_size": 16, "final_eval_batches": 2, "ckpt_every": 8,
+                      "log_every": 4, "device": "cpu", "eval_splits": ["valid", "test"], **train}}
+
+
+def test_eval_splits_log_test_at_each_validation_and_keep_its_minimum(tmp_path):
+    from phaselab.workloads.config import from_dict
+    from phaselab.workloads.data import DataConfig, build_dataset
+    from phaselab.workloads.evals import tasks_metrics
+    from phaselab.workloads.models.checkpoint_io import load_model
+
+    tracker = RecordingTracker()
+    out = run_training(_ii_spec(), out_dir=tmp_path / "a", tracker=tracker)
+    test = _valid(tracker, "test/loss")
+    assert sorted(test) == [4, 8, 12, 16]
+    [low] = [r for r in out.records if r.name == "loss_min_over_evals"]
+    step = min(test, key=test.get)
+    assert (low.split, low.step, low.unit, low.task) == ("test", step, "nats/token", "indirect_indexing")
+    assert low.value == test[step]
+    # the final test value is the final checkpoint's (same batches): the hook evaluated real weights
+    final = tasks_metrics.split_nll(load_model(out.checkpoint), build_dataset(from_dict(DataConfig, _ii_spec()["data"])), "test",
+                                    batch_size=16, max_batches=2, precision="fp32")
+    assert final.value == pytest.approx(test[16], rel=1e-5)
+    # a kill just after the minimum's step (checkpointed there) and a resume keep it: the
+    # resumed run evaluates only the later steps, whose test losses are all higher
+    assert step < 16
+    run_training(_ii_spec(ckpt_every=4), out_dir=tmp_path / "b", tracker=NullTracker(), stop_after=step + 1)
+    again = run_training(_ii_spec(ckpt_every=4), out_dir=tmp_path / "b", tracker=NullTracker())
+    assert [r for r in again.records if r.name == "loss_min_over_evals"] == [low]
+
+
+def test_eval_splits_default_adds_nothing(tmp_path):
+    spec = _ii_spec(eval_splits=["valid"], steps=4)
+    tracker = RecordingTracker()
+    out = run_training(spec, out_dir=tmp_path, tracker=tracker)
+    assert _valid(tracker, "test/loss") == {4: pytest.approx(out.metrics["test/loss"])}   # final eval only
+    assert not [r for r in out.records if r.name == "loss_min_over_evals"]
+    assert "eval_splits" not in tracker.params and "train.eval_splits" not in tracker.params
+
+
+@pytest.mark.parametrize("splits, message", [
+    (["test"], "train.eval_splits: must name 'valid'"),
+    (["valid", "valid"], "train.eval_splits: must name 'valid'"),
+    ("test", "train.eval_splits: expected a list of split names"),
+])
+def test_eval_splits_errors(tmp_path, splits, message):
+    with pytest.raises(ConfigError, match=message):
+        run_training(_ii_spec(eval_splits=splits), out_dir=tmp_path, tracker=NullTracker())
+
+
+def test_eval_splits_naming_a_missing_split_fails_before_training(tmp_path):
+    spec = _spec(steps=4)
+    spec["train"]["eval_splits"] = ["valid", "test"]   # Tiny Shakespeare has train / valid only
+    with pytest.raises(ConfigError, match="train.eval_splits: dataset 'text:tinyshakespeare:char' has no split 'test'"):
+        run_training(spec, out_dir=tmp_path, tracker=NullTracker())
+    assert not (tmp_path / "checkpoints").exists()

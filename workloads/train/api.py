@@ -41,6 +41,7 @@ from phaselab.workloads.train.checkpoint import (
     LATEST,
     BestKeeper,
     CheckpointDir,
+    EvalMinima,
     load_train_state,
     rng_state,
     seed_everything,
@@ -79,12 +80,44 @@ class TrainSpec:
 
 
 def parse_spec(spec: Mapping[str, Any]) -> TrainSpec:
-    """Strictly convert a spec mapping (CONTRACTS §3.1 rules); raises ConfigError."""
+    """Strictly convert a spec mapping (CONTRACTS §3.1 rules); raises ConfigError.
+    ``train.eval_splits`` is read by :func:`periodic_splits`, not by TrainConfig."""
     if not isinstance(spec, Mapping):
         raise TypeError(f"training spec must be a mapping, got {type(spec).__name__}")
     if "data" not in spec:
         raise ConfigError("data: required section of a training spec is missing")
+    periodic_splits(spec)
+    train = spec.get("train")
+    if isinstance(train, Mapping) and EVAL_SPLITS in train:
+        spec = {**spec, "train": {k: v for k, v in train.items() if k != EVAL_SPLITS}}
     return from_dict(TrainSpec, spec)
+
+
+# ``train.eval_splits``: the splits evaluated at every periodic validation. The loop validates
+# on "valid"; the others are evaluated through its ``on_eval`` hook, logged as ``<split>/loss``
+# and ``<split>/acc`` and their minimum loss kept (EXPERIMENTS §2.2: the minimum test NLL over
+# evaluations, labelled as such). Default ["valid"], left out of the typed config.
+EVAL_SPLITS = "eval_splits"
+MINIMA_FILE = "eval_minima.json"
+
+
+def parse_eval_splits(raw: Any) -> tuple[str, ...]:
+    """A list of split names that includes "valid" (ConfigError naming ``train.eval_splits``)."""
+    key = f"train.{EVAL_SPLITS}"
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(s, str) and s for s in raw):
+        raise ConfigError(f"{key}: expected a list of split names like [valid, test], got {raw!r}")
+    if "valid" not in raw or len(set(raw)) != len(raw):
+        raise ConfigError(f"{key}: must name 'valid' (the loop's own validation) once, and each "
+                          f"split once; got {list(raw)!r}")
+    return tuple(raw)
+
+
+def periodic_splits(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The splits of ``train.eval_splits`` besides "valid" (empty by default)."""
+    train = spec.get("train")
+    if not isinstance(train, Mapping) or EVAL_SPLITS not in train:
+        return ()
+    return tuple(s for s in parse_eval_splits(train[EVAL_SPLITS]) if s != "valid")
 
 
 def resolve_model_file(path: Path) -> Path:
@@ -175,6 +208,52 @@ def keep_best(out_dir: Path, cfg: TrainConfig, model) -> Callable[[int, Mapping[
     return on_eval
 
 
+def track_splits(out_dir: Path, cfg: TrainConfig, splits: tuple[str, ...], *, engine, dataset,
+                 tracker: Tracker, batch_size: int, rank: int = 0, reduce: Callable[[float], float] = float
+                 ) -> Callable[[int, Mapping[str, float]], None] | None:
+    """The ``on_eval`` that evaluates ``splits`` too (every rank: under ZeRO-3 the forward is
+    collective), logs them on rank 0 and keeps each split's minimum loss in ``out_dir/eval_minima.json``."""
+    if not splits or not cfg.eval_every:
+        return None
+    for split in splits:
+        if split not in dataset.splits:
+            raise ConfigError(f"train.{EVAL_SPLITS}: dataset {dataset.name!r} has no split {split!r} "
+                              f"(splits: {', '.join(dataset.splits)})")
+    minima = EvalMinima(Path(out_dir) / MINIMA_FILE)
+
+    def on_eval(step: int, _: Mapping[str, float]) -> None:
+        for split in splits:
+            ev = evaluate(engine.module, dataset, split, batch_size=batch_size, max_batches=cfg.eval_batches,
+                          device=engine.device, autocast=engine.autocast)
+            metrics = {f"{split}/loss": reduce(ev["loss"]), f"{split}/acc": reduce(ev["acc"])}
+            if rank == 0:
+                tracker.log_metrics(metrics, step=step)
+            minima.update(step, {f"{split}/loss": metrics[f"{split}/loss"]}, write=rank == 0)
+
+    return on_eval
+
+
+def minima_records(out_dir: Path, dataset) -> list[MetricRecord]:
+    """``loss_min_over_evals`` per split of ``train.eval_splits`` (its step = where it occurred)."""
+    minima = EvalMinima(Path(out_dir) / MINIMA_FILE).minima
+    return [MetricRecord(name="loss_min_over_evals", value=m["value"], unit="nats/token", step=int(m["step"]),
+                         context_len=dataset.block_size, task=dataset.name, split=name.split("/")[0])
+            for name, m in sorted(minima.items())]
+
+
+def chain(*hooks: Callable[[int, Mapping[str, float]], None] | None):
+    """One ``on_eval`` calling each given hook in order (None when none is given)."""
+    live = [h for h in hooks if h is not None]
+    if not live:
+        return None
+
+    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
+        for hook in live:
+            hook(step, metrics)
+
+    return on_eval
+
+
 def best_folder(out_dir: Path) -> Path | None:
     """``out_dir/best`` when a training run kept best-validation weights there, else None."""
     path = Path(out_dir) / BEST
@@ -196,6 +275,13 @@ def final_evaluation(module, dataset, cfg: TrainConfig, *, step: int, device, au
         records += [MetricRecord(name="loss", value=ev["loss"], unit="nats/token", **common),
                     MetricRecord(name="acc", value=ev["acc"], unit="fraction", **common)]
     return metrics, records
+
+
+def with_eval_splits(resolved: dict[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved spec with ``train.eval_splits`` put back when the spec sets other splits."""
+    if not periodic_splits(spec):
+        return resolved
+    return {**resolved, "train": {**resolved["train"], EVAL_SPLITS: list(spec["train"][EVAL_SPLITS])}}
 
 
 def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -230,7 +316,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     if cfg.zero_stage is not None:
         raise ValueError(f"train.zero_stage={cfg.zero_stage} runs through ray_entry.fit (DeepSpeed); "
                          "run_training is the single-process reference path")
-    resolved = to_dict(parsed)
+    resolved = with_eval_splits(to_dict(parsed), spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
@@ -258,7 +344,10 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
 
     with stop_on_sigterm() as flag:
         result = train(engine, dataset, cfg, tracker=tracker, start_step=start, save=save,
-                       stop_after=stop_after, stop_flag=flag, on_eval=keep_best(out_dir, cfg, model))
+                       stop_after=stop_after, stop_flag=flag, on_eval=chain(
+                           keep_best(out_dir, cfg, model),
+                           track_splits(out_dir, cfg, periodic_splits(spec), engine=engine, dataset=dataset,
+                                        tracker=tracker, batch_size=cfg.eval_batch_size or cfg.micro_batch(1))))
     final = ckpts.latest()
     if result.stopped == "stop_after":
         return TrainOutcome(metrics={"step": float(result.step), **result.metrics},
@@ -267,6 +356,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
         raise RuntimeError(f"training finished but {ckpts.root} holds no checkpoint")
     final_metrics, records = final_evaluation(model, dataset, cfg, step=result.step, device=device,
                                               autocast=engine.autocast)
+    records += minima_records(out_dir, dataset)
     tracker.log_metrics(final_metrics, step=result.step)
     metrics = {"step": float(result.step), **result.metrics, **final_metrics}
     tracker.log_records(records)

@@ -256,3 +256,25 @@ class BestKeeper:
             write_json(tmp / BEST_FILE, {"step": step, "metric": metric, "value": float(value), "mode": mode})
 
         return CheckpointDir(self.root / criterion_name(metric, mode), keep=1).save(step, write)
+
+
+class EvalMinima:
+    """The lowest value of each tracked metric over a run's periodic evaluations and its step
+    (EXPERIMENTS §2.2: the minimum test NLL over evaluations, labelled as such), in a small
+    JSON file rewritten atomically, so a resumed run continues from the minima so far."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.minima: dict[str, dict[str, float]] = (json.loads(self.path.read_text())
+                                                    if self.path.is_file() else {})
+
+    def update(self, step: int, metrics: Mapping[str, float], *, write: bool) -> None:
+        changed = False
+        for name, value in metrics.items():
+            old = self.minima.get(name)
+            if np.isfinite(value) and (old is None or value < old["value"]):
+                self.minima[name] = {"step": step, "value": float(value)}
+                changed = True
+        if changed and write:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.path, json.dumps(self.minima, indent=2, sort_keys=True) + "\n")

@@ -209,7 +209,7 @@ def train_loop_per_worker(cfg: dict) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    from phaselab.workloads.train.api import final_evaluation
+    from phaselab.workloads.train.api import chain, final_evaluation, minima_records, periodic_splits, track_splits
     from phaselab.workloads.train.checkpoint import load_train_state, rng_state, set_rng_state, write_json
     from phaselab.workloads.train.fast_step import engine_for
     from phaselab.workloads.train.loop import train
@@ -221,7 +221,7 @@ def train_loop_per_worker(cfg: dict) -> None:
     share_gpu(device, cfg.get("gpu_fraction"))
     parsed, dataset, model = _build(cfg)
     tc = parsed.train
-    resolved = _resolved(parsed)
+    resolved = _resolved(parsed, cfg["spec"])
     ckpt = ray.train.get_checkpoint()
     if tc.zero_stage is not None:
         from phaselab.workloads.train.deepspeed_engine import DeepSpeedEngine
@@ -267,13 +267,18 @@ def train_loop_per_worker(cfg: dict) -> None:
     result = train(engine, dataset, tc, tracker=tracker, start_step=start, rank=rank, world=world,
                    save=lambda step, m: _report(step, m, lambda tmp: write(tmp, step, m)),
                    stop_after=cfg.get("stop_after"), reduce=_allreduce_mean,
-                   on_eval=_keep_best(out_dir, tc, engine, rank))
+                   on_eval=chain(_keep_best(out_dir, tc, engine, rank),
+                                 track_splits(out_dir, tc, periodic_splits(cfg["spec"]), engine=engine,
+                                              dataset=dataset, tracker=tracker, rank=rank,
+                                              batch_size=tc.eval_batch_size or tc.micro_batch(world),
+                                              reduce=_allreduce_mean)))
     if result.stopped == "stop_after":
         return
     # Every rank evaluates the same batches: under ZeRO-3 each forward gathers collectively.
     metrics, records = final_evaluation(engine.module, dataset, tc, step=result.step,
                                         device=engine.device, autocast=engine.autocast)
     final = {"step": float(result.step), **result.metrics, **metrics}
+    records += minima_records(out_dir, dataset)
     if rank == 0:
         (out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records], indent=1))
         (out_dir / "metrics.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
@@ -307,9 +312,10 @@ def _keep_best(out_dir: Path, tc, engine, rank: int):
     return on_eval
 
 
-def _resolved(parsed) -> dict[str, Any]:
+def _resolved(parsed, spec: Mapping[str, Any]) -> dict[str, Any]:
     from phaselab.workloads.config import to_dict
-    return to_dict(parsed)
+    from phaselab.workloads.train.api import with_eval_splits
+    return with_eval_splits(to_dict(parsed), spec)
 
 
 _CASED_KEYS = {"CPU": "CPU", "GPU": "GPU", "TPU": "TPU", "MEMORY": "memory"}
