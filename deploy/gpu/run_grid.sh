@@ -41,10 +41,17 @@ while (($#)); do
   shift
 done
 [[ -n $GRID ]] || { echo "usage: run_grid.sh GRID [overrides...] [options]" >&2; exit 2; }
+[[ $PY == */* ]] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # relative to the caller
+[[ -f $GRID ]] && GRID=$(cd "$(dirname "$GRID")" && pwd)/$(basename "$GRID")
 OUTDIR=${OUTDIR:-$WORK/out}
+mkdir -p "$WORK" "$OUTDIR"
+WORK=$(cd "$WORK" && pwd)
+OUTDIR=$(cd "$OUTDIR" && pwd)
 SITE=$WORK/site       # the carried wheels, installed with --target (no root, no network)
 PKG=$WORK/pkg         # `phaselab` mapped onto the checkout, importable by every Ray worker
-mkdir -p "$WORK" "$OUTDIR"
+# Python runs from WORK: from the repository root, its phaselab/ folder (two files, without the
+# subpackages pyproject maps in) would shadow the mapped package for the driver and Ray workers.
+cd "$WORK"
 LOG=$WORK/run.log
 : > "$LOG"
 say() { echo "[run_grid] $*" | tee -a "$LOG"; }
