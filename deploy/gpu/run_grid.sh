@@ -41,7 +41,7 @@ while (($#)); do
   shift
 done
 [[ -n $GRID ]] || { echo "usage: run_grid.sh GRID [overrides...] [options]" >&2; exit 2; }
-[[ $PY == */* ]] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # relative to the caller
+[[ $PY == */* && -d $(dirname "$PY") ]] && PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")   # relative to the caller
 [[ -f $GRID ]] && GRID=$(cd "$(dirname "$GRID")" && pwd)/$(basename "$GRID")
 OUTDIR=${OUTDIR:-$WORK/out}
 mkdir -p "$WORK" "$OUTDIR"
@@ -55,6 +55,7 @@ cd "$WORK"
 LOG=$WORK/run.log
 : > "$LOG"
 say() { echo "[run_grid] $*" | tee -a "$LOG"; }
+trap 'gzip -c "$LOG" > "$OUTDIR/log.txt.gz"' EXIT   # the log comes back even when a step fails
 
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 MLFLOW_DISABLE_TELEMETRY=true
 # The VM's MemTotal grows as memory is used, so Ray's OOM monitor would act on a wrong total.
@@ -86,7 +87,8 @@ elif [[ $INSTALL != no ]]; then
   install_wheels
 fi
 "$PY" -c "import phaselab.orchestrator.cli" 2> /dev/null || map_package
-"$PY" -c "$DEPS; import phaselab.orchestrator.cli" || { say "dependencies missing"; exit 3; }
+"$PY" -c "$DEPS; import phaselab.orchestrator.cli" 2>&1 | tee -a "$LOG"
+((PIPESTATUS[0] == 0)) || { say "dependencies do not import (traceback above)"; exit 3; }
 if ((MLFLOW)) && ! "$PY" -c "import mlflow" 2> /dev/null; then
   say "mlflow does not import: running with --no-mlflow (curves only from metrics.jsonl)"
   MLFLOW=0
@@ -108,7 +110,6 @@ say "phaselab run exited $rc after $((end - start)) s"
   --seconds "$((end - start))" --mlflow "$MLFLOW" --command "${COMMAND% }" \
   -- "${OVERRIDES[@]}" 2>&1 | tee -a "$LOG"
 prc=${PIPESTATUS[0]}
-gzip -c "$LOG" > "$OUTDIR/log.txt.gz"
 ls -l "$OUTDIR"
 ((rc == 0)) && exit "$prc"
 exit "$rc"
