@@ -213,7 +213,7 @@ def track_splits(out_dir: Path, cfg: TrainConfig, splits: tuple[str, ...], *, en
                  ) -> Callable[[int, Mapping[str, float]], None] | None:
     """The ``on_eval`` that evaluates ``splits`` too (every rank: under ZeRO-3 the forward is
     collective), logs them on rank 0 and keeps each split's minimum loss in ``out_dir/eval_minima.json``."""
-    if not splits or not cfg.eval_every:
+    if not splits:
         return None
     for split in splits:
         if split not in dataset.splits:
