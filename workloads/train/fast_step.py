@@ -30,6 +30,7 @@ captured all-reduce would need NCCL's graph mode and per-rank capture.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from torch import nn
 CHUNK_BYTES = 32 * 2**20   # device memory for one window of batches (x, y int64 + mask fp32)
 MAX_WINDOW = 256           # steps per window at most (losses are read back once per window)
 WARMUP_STEPS = 3           # eager steps before the capture (autotuning, lazy allocations, state)
+GIL_SWITCH_S = 1e-4        # sys.setswitchinterval while the graph loop runs (see run_windows)
 
 
 def check_graphable(cfg: TrainConfig, *, world: int) -> None:
@@ -195,6 +197,16 @@ class GraphEngine:
         schedule = cfg.schedule_obj()
         plan = self.windows(cfg, events, start, end)
         fill = _Filler(dataset, cfg, self.shape)
+        # The batch thread runs Python for milliseconds at a time; at the default 5 ms switch
+        # interval the launching thread would wait that long for the GIL before every replay.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_S)
+        try:
+            self._run_plan(plan, fill, events, schedule)
+        finally:
+            sys.setswitchinterval(switch)
+
+    def _run_plan(self, plan: list[_Window], fill: _Filler, events: StepEvents, schedule) -> None:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phaselab-batches") as pool:
             pending: Future | None = pool.submit(fill, self.host[0], plan[0]) if plan else None
             late: tuple[_Window, _Mark] | None = None
