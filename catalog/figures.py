@@ -76,6 +76,11 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.xaxis.set_minor_locator(_null_locator())   # only the evaluated lengths are ticked
+    if styled and logy:   # plain numbers (12, 20, 60) instead of 1.2 x 10^1 on the log axis
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel(spec.cols.title or spec.cols.field.removeprefix("axes."))
     ax.set_ylabel(spec.metric)
     ax.set_title(spec.title, fontsize=10)

@@ -14,7 +14,7 @@ LENGTHS = (256, 512, 1024, 2048, 4096)
 
 SPEC = TableSpec(
     name="extrapolation_small_ppl",
-    title=f"Length extrapolation: Tiny Shakespeare (char) perplexity by length, trained at {TRAIN_LEN}",
+    title=f"Length extrapolation (char Tiny Shakespeare, trained at {TRAIN_LEN})",
     grid="extrapolation_small",
     rows=(Dim(field="axes.pe", title="PE", values=("rope", "pope", "tapa"),
               labels={"rope": "RoPE", "pope": "PoPE", "tapa": "TAPA"}),
