@@ -34,19 +34,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # noqa: E402 (a checkout without install)
-
-from phaselab.catalog.tracking import RecordingTracker  # noqa: E402
-from phaselab.workloads.data import build_dataset  # noqa: E402
-from phaselab.workloads.recipes import recipe  # noqa: E402
-from phaselab.workloads.train.api import build_model, parse_spec  # noqa: E402
-from phaselab.workloads.train.fast_step import engine_for  # noqa: E402
-from phaselab.workloads.train.loop import resolve_device, train  # noqa: E402
-from phaselab.workloads.train.optim import build_optimizer  # noqa: E402
+from phaselab.catalog.tracking import RecordingTracker
+from phaselab.workloads.data import build_dataset
+from phaselab.workloads.recipes import recipe
+from phaselab.workloads.train.api import build_model, parse_spec
+from phaselab.workloads.train.fast_step import engine_for
+from phaselab.workloads.train.loop import resolve_device, train
+from phaselab.workloads.train.optim import build_optimizer
 
 RECIPES = {"ii-8l512": "pope.ii_paper", "jsb-6l256": "pope.jsb"}
 BACKEND = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}
@@ -68,7 +66,7 @@ class BusySampler:
         except Exception:  # noqa: BLE001 (no NVML: busy is reported as None)
             self._handle = None
 
-    def __enter__(self) -> BusySampler:
+    def __enter__(self) -> Self:
         if self._handle is not None:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
@@ -151,7 +149,7 @@ def packed(n: int, *, steps: int, work: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", str(grid), "--no-mlflow",
            "--catalog", f"sqlite:///{root}/catalog.db", "--runs-root", str(root / "runs")]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     rates = []
     for path in sorted((root / "runs").rglob("metrics.jsonl")):

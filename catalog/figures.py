@@ -29,6 +29,7 @@ CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_t
 CURVE_OPTIONS: dict[str, dict[str, object]] = {
     "extrapolation_small_ppl": {"train_len": 256, "logx": True, "styled": True},
 }
+_METRIC_LABELS = {"ppl": "perplexity", "nll": "NLL [nats/token]", "acc": "accuracy"}
 # Line styles and markers cycled per row when ``styled`` (lines stay apart in greyscale print).
 _STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"), ("-.", "X"))
 
@@ -37,6 +38,7 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    matplotlib.rcParams["pdf.fonttype"] = 42   # TrueType fonts in PDFs (no Type 3)
     import matplotlib.pyplot as plt
 
     return plt
@@ -77,12 +79,13 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
         ax.set_xticks(xs, [str(x) for x in xs])
         ax.xaxis.set_minor_locator(_null_locator())   # only the evaluated lengths are ticked
     if styled and logy:   # plain numbers (12, 20, 60) instead of 1.2 x 10^1 on the log axis
-        from matplotlib.ticker import ScalarFormatter
+        from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
         ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        # minor ticks labelled at 2x and 5x a power of ten only: every one would overlap
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     ax.set_xlabel(spec.cols.title or spec.cols.field.removeprefix("axes."))
-    ax.set_ylabel(spec.metric)
+    ax.set_ylabel(_METRIC_LABELS.get(spec.metric, spec.metric))
     ax.set_title(spec.title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

@@ -91,8 +91,38 @@ def collect(src: Path, results: Path, *, force: bool = False) -> Path:
             shutil.copyfile(packed / name, dest / name)
     figures = safe_extract(packed / "figures.tar", dest) if (packed / "figures.tar").is_file() else []
     exported = safe_extract(packed / "export.tar", dest / "export") if (packed / "export.tar").is_file() else []
-    (dest / "README.md").write_text(readme(info, figures, exported))
+    figures += learning_curves(dest)
+    text = readme(info, figures, exported)
+    if (dest / "FINDINGS.md").is_file():   # written by hand: what the numbers mean, kept across re-collects
+        text += "\n## Findings\n\n[FINDINGS.md](FINDINGS.md): how these numbers compare with the paper's, and why.\n"
+    (dest / "README.md").write_text(text)
     return dest
+
+
+def axes_by_stage(export_dir: Path) -> dict[str, dict[str, Any]]:
+    """{stage hash: cell axes} from the export's metric rows (every row carries its cell)."""
+    import pyarrow.dataset as ds
+
+    if not (export_dir / "metrics").is_dir():
+        return {}
+    table = ds.dataset(export_dir / "metrics", partitioning="hive").to_table(
+        columns=["stage_hash", "axes_json"])
+    return {row["stage_hash"]: json.loads(row["axes_json"]) for row in table.to_pylist()}
+
+
+def learning_curves(dest: Path) -> list[str]:
+    """``learning_curves.{png,pdf}`` from ``curves.jsonl.gz`` (training and validation loss, and
+    validation accuracy when logged), labelled by the cells' axes; [] without curves."""
+    from phaselab.catalog.curves import plot_learning_curves, read_points
+
+    curves = dest / "curves.jsonl.gz"
+    axes_of = axes_by_stage(dest / "export")
+    if not curves.is_file() or not axes_of:
+        return []
+    points = read_points(curves)
+    metrics = ["train/loss", "valid/loss"] + (["valid/acc"] if any("valid/acc" in p for p in points) else [])
+    paths = plot_learning_curves(points, axes_of, dest / "learning_curves", metrics=metrics)
+    return [p.name for p in paths]
 
 
 def main(argv: list[str] | None = None) -> int:

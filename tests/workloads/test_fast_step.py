@@ -10,13 +10,14 @@ import math
 
 import pytest
 import torch
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.train.api import run_training
 from phaselab.workloads.train.checkpoint import CheckpointDir
 from phaselab.workloads.train.fast_step import GraphEngine, check_graphable
-from phaselab.workloads.train.loop import TrainConfig, TrainingDiverged
+from phaselab.workloads.train.loop import LoopResult, StepEvents, TrainConfig, TrainingDiverged
 
 
 def _spec(steps: int, *, graphs: bool, pe: str = "pope", accum: int = 2, lr: float = 3e-3,
@@ -66,7 +67,6 @@ def test_graph_step_resume_is_bitwise(tmp_path):
 def test_windows_end_at_every_event():
     cfg = TrainConfig(steps=23, batch_size=4, log_every=5, eval_every=7, ckpt_every=10, warmup=0)
     engine = _engine(cfg)
-    from phaselab.workloads.train.loop import LoopResult, StepEvents
     events = StepEvents(engine, None, cfg, tracker=RecordingTracker(), save=lambda s, m: None, rank=0,
                         world=1, stop_flag=None, on_eval=None, result=LoopResult(step=0))
     spans = [(w.start, w.end) for w in engine.windows(cfg, events, 2, 23)]

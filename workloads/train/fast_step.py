@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from phaselab.workloads.train.loop import StepEvents, TorchEngine, TrainConfig, TrainingDiverged, autocast_for
 from torch import nn
+
+from phaselab.workloads.train.loop import StepEvents, TorchEngine, TrainConfig, TrainingDiverged, autocast_for
 
 CHUNK_BYTES = 32 * 2**20   # device memory for one window of batches (x, y int64 + mask fp32)
 MAX_WINDOW = 256           # steps per window at most (losses are read back once per window)

@@ -1,0 +1,122 @@
+"""Learning-curve figures: one line per cell group (its axes without the seed), the seed mean as
+the line and the seeds' min..max as a band, one panel per metric.
+
+The points are the per-step metrics every training stage logs (``metrics.jsonl`` lines, or the
+``curves.jsonl.gz`` that ``deploy/gpu/run_grid.sh`` packs: one JSON object per stage and step with
+``stage_hash``); ``axes_of`` maps a stage hash (or its prefix) to the cell's axes, as the catalog
+export's metric rows carry them (``axes_json``).
+
+    paths = plot_learning_curves(points, axes_of, Path("docs/results/pope_jsb/learning_curves"),
+                                 metrics=("train/loss", "valid/loss"))
+
+PDFs embed TrueType fonts (no Type 3), lines differ by style and marker as well as colour.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"))
+_LABELS = {"train/loss": "training loss [nats/token]", "valid/loss": "validation loss [nats/token]",
+           "valid/acc": "validation accuracy", "test/loss": "test loss [nats/token]"}
+
+
+def group_label(axes: Mapping[str, Any]) -> tuple[str, Any]:
+    """(the cell's axes without ``seed`` as ``k=v, ...``, its seed)."""
+    rest = {k: v for k, v in axes.items() if k != "seed"}
+    text = ", ".join(f"{k}={v if not isinstance(v, dict) else json.dumps(v, sort_keys=True)}"
+                     for k, v in sorted(rest.items()))
+    return text or "all", axes.get("seed")
+
+
+def _lookup(axes_of: Mapping[str, Mapping[str, Any]], stage_hash: str) -> Mapping[str, Any] | None:
+    if stage_hash in axes_of:
+        return axes_of[stage_hash]
+    hits = [v for k, v in axes_of.items() if stage_hash.startswith(k) or k.startswith(stage_hash)]
+    return hits[0] if len(hits) == 1 else None
+
+
+def series(points: Iterable[Mapping[str, Any]], axes_of: Mapping[str, Mapping[str, Any]], metric: str
+           ) -> dict[str, dict[Any, dict[int, float]]]:
+    """{group: {seed: {step: value}}} of ``metric``; a group is the stage name and the cell's axes
+    without the seed (the first value of a step wins, as in the metrics replay)."""
+    out: dict[str, dict[Any, dict[int, float]]] = {}
+    for p in points:
+        value = p.get(metric)
+        axes = _lookup(axes_of, str(p.get("stage_hash", "")))
+        if value is None or axes is None or not math.isfinite(float(value)):
+            continue
+        group, seed = group_label(axes)
+        if p.get("stage"):   # a cell's fine-tunes log their own curves: one line per stage
+            group = f"{p['stage']}: {group}"
+        out.setdefault(group, {}).setdefault(seed, {}).setdefault(int(p["step"]), float(value))
+    return out
+
+
+def _band(by_seed: Mapping[Any, Mapping[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    steps = sorted(set().union(*(s.keys() for s in by_seed.values())))
+    xs, mean, lo, hi = [], [], [], []
+    for step in steps:
+        vals = [s[step] for s in by_seed.values() if step in s]
+        xs.append(step)
+        mean.append(statistics.fmean(vals))
+        lo.append(min(vals))
+        hi.append(max(vals))
+    return xs, mean, lo, hi
+
+
+def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[str, Mapping[str, Any]],
+                         path_base: Path, *, metrics: Sequence[str] = ("train/loss", "valid/loss"),
+                         title: str | None = None, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+    """Draw one panel per metric; returns the written paths (``path_base.<fmt>``). A metric no
+    stage logged is left out; ValueError if none was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    matplotlib.rcParams["pdf.fonttype"] = 42   # TrueType in the PDF
+    import matplotlib.pyplot as plt
+
+    panels = [(m, series(points, axes_of, m)) for m in metrics]
+    panels = [(m, s) for m, s in panels if s]
+    if not panels:
+        raise ValueError(f"no points for any of {list(metrics)}")
+    fig, axs = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (metric, groups) in zip(axs[0], panels):
+        for i, (group, by_seed) in enumerate(sorted(groups.items())):
+            xs, mean, lo, hi = _band(by_seed)
+            style, marker = _STYLES[i % len(_STYLES)]
+            every = max(1, len(xs) // 12)
+            ax.plot(xs, mean, linestyle=style, marker=marker, markevery=every, markersize=4,
+                    label=f"{group} (n={len(by_seed)})")
+            if len(by_seed) > 1:
+                ax.fill_between(xs, lo, hi, alpha=0.2)
+        ax.set_xlabel("optimiser step")
+        ax.set_ylabel(_LABELS.get(metric, metric))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    paths = []
+    for fmt in formats:
+        path = Path(f"{path_base}.{fmt}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def read_points(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a ``curves.jsonl.gz`` (or plain ``.jsonl``) file."""
+    import gzip
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
