@@ -29,7 +29,7 @@ from phaselab.orchestrator.overrides import apply_overrides
 from phaselab.orchestrator.spec import TRAINING_KINDS, GridSpec, validate_spec
 from phaselab.orchestrator.stages import RELATION, STAGES, Resources, data_digest
 from phaselab.orchestrator.stages.base import SectionError
-from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, load_yaml
+from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, load_yaml, read_grid_text
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def load_grid(source: str | Path, overrides: Sequence[str] = ()) -> tuple[GridSp
     from phaselab.orchestrator.grids import resolve_grid_path
 
     path = resolve_grid_path(source)
-    text = path.read_text(encoding="utf-8")
+    text = read_grid_text(path)
     doc, marks = load_yaml(text, file=str(path))
     if overrides:
         if not isinstance(doc, dict):
@@ -178,7 +178,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
     order = _template_order(spec)
     nodes: dict[str, StageNode] = {}
     cache: dict[str, Any] = {}
-    cells = expand_cells(spec)
+    cells = expand_cells(spec, marks)
     cell_stages: dict[str, dict[str, str]] = {}
     for cell in cells:
         resolved = {rs.name: rs for rs in resolve_cell(spec, cell, marks)}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from phaselab.orchestrator import limits
 from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
@@ -89,7 +90,13 @@ def _sweep(text: str, raw: str) -> tuple[Any, ...] | None:
         args = [_scalar(text, a) for a in _split_top(call.group(2))]
         if not (1 <= len(args) <= 3) or not all(isinstance(a, int) for a in args):
             raise _fail(text, f"range() takes 1 to 3 integers, got {call.group(2)!r}")
-        values = tuple(range(*args))
+        if len(args) == 3 and args[2] == 0:
+            raise _fail(text, "range() step must not be 0")
+        span = range(*args)   # a lazy range: its length is known before a value exists
+        if len(span) > limits.MAX_SWEEP_VALUES:
+            raise _fail(text, f"range({call.group(2)}) has {len(span)} values; a sweep takes at most "
+                              f"{limits.MAX_SWEEP_VALUES}")
+        values = tuple(span)
         if not values:
             raise _fail(text, f"range({call.group(2)}) is empty")
         return values

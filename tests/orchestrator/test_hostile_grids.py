@@ -214,3 +214,43 @@ def test_deep_grid_through_the_cli_prints_a_message_not_a_traceback(tmp_path: Pa
     assert res.exit_code == 1, res.output
     assert "nested deeper than" in res.output and str(path) in res.output
     assert "Traceback" not in res.output and "RecursionError" not in res.output
+
+
+@pytest.mark.parametrize("payload", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
+                                     BASE.encode() + b"description: caf\xe9\n"])
+def test_binary_or_latin1_file_through_plan_names_the_file(tmp_path: Path, payload: bytes) -> None:
+    from phaselab.orchestrator.cli import app
+    from typer.testing import CliRunner
+
+    path = _write(tmp_path, payload)
+    err = _bounded(lambda: plan_grid(path))
+    assert err.issues[0].mark.file == str(path)
+    res = CliRunner().invoke(app, ["plan", str(path), "--json"])
+    assert res.exit_code == 1, res.output
+    assert str(path) in res.output and "not a UTF-8 text file" in res.output
+    assert "Traceback" not in res.output and "UnicodeDecodeError" not in res.output
+
+
+def test_a_2_56m_cell_grid_through_plan_names_the_file(tmp_path: Path) -> None:
+    axes = "".join(f"\n    a{i}: [{', '.join(map(str, range(40)))}]" for i in range(4))
+    text = BASE.replace("pe: [rope, pope]", "pe: [rope]" + axes)
+    path = _write(tmp_path, text)
+    err = _bounded(lambda: plan_grid(path))
+    issue = err.issues[0]
+    assert (issue.mark.file, issue.mark.line, issue.key) == (str(path), locate(text, "axes:")[0], "axes")
+    assert f"{path}:{issue.mark.line}:" in str(err)
+    assert "2560000 cells" in issue.message
+
+
+def test_huge_range_override_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    path = _write(tmp_path, BASE)
+    err = _bounded(lambda: plan_grid(path, ["defaults.train.lr=range(0,100000000)"]))
+    issue = err.issues[0]
+    assert "range(0,100000000) has 100000000 values" in issue.message
+    assert f"at most {limits.MAX_SWEEP_VALUES}" in issue.message
+    assert "defaults.train.lr=range(0,100000000)" in str(err)
+    with pytest.raises(GridError, match="step must not be 0"):
+        plan_grid(path, ["defaults.train.lr=range(0,5,0)"])
+    n = limits.MAX_SWEEP_VALUES
+    with pytest.raises(GridError, match=f"the grid has {2 * n} cells"):   # the limit itself passes the sweep
+        plan_grid(path, [f"defaults.train.seed=range(0,{n})"])
