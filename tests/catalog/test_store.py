@@ -1,5 +1,5 @@
 """CatalogStore on SQLite and PostgreSQL: migrations, idempotent upserts, compare-and-set state
-changes, transactional and concurrent finalisation (DESIGN §5.1, issue 7 acceptance)."""
+changes, transactional and concurrent finalisation (DESIGN §5.1)."""
 
 from __future__ import annotations
 
