@@ -360,26 +360,40 @@ class Controller:
                 "run_name": f"{node.name}-{node.hash[:12]}"}
 
     def prepare_mlflow(self) -> None:
-        """Create the grid's experiment and one parent run per cell here, once, so Ray workers
-        only attach child runs (no concurrent store migrations or parent-run races)."""
+        """Replay earlier runs' spooled tracker calls, then create the grid's experiment and one
+        parent run per cell here, once, so Ray workers only attach child runs (no concurrent
+        store migrations or parent-run races). An unreachable tracker costs one short probe:
+        the cells then have no parent run yet and their stages' spools create it later."""
         self._cell_runs: dict[str, tuple[int, str | None]] = {}
         cells = {c["cell_key"]: c for c in self.store.cells_for_grid(self.grid_id)}
         if not self.mlflow:
             return
-        import mlflow
-        from phaselab.catalog.mlflow_tracker import ensure_cell_run
+        from phaselab.catalog.mlflow_tracker import prepare_cell_runs, replay_spools
 
-        client = mlflow.MlflowClient(tracking_uri=self.mlflow["tracking_uri"])
-        exp = client.get_experiment_by_name(self.dag.spec.grid)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
-            self.dag.spec.grid, artifact_location=(f"{self.mlflow['artifact_root'].rstrip('/')}/{self.dag.spec.grid}"
-                                                   if self.mlflow.get("artifact_root") else None))
+        uri = self.mlflow["tracking_uri"]
+        replay_spools(self.runs_root / "_mlflow_spool", uri)
+        runs = prepare_cell_runs(uri, self.dag.spec.grid, [
+            {"cell_key": c.key, "cell_id": cells[c.key]["id"], "grid_id": self.grid_id,
+             "axes": dict(c.axes), "run_id": cells[c.key].get("mlflow_run_id")} for c in self.dag.cells],
+            artifact_root=self.mlflow.get("artifact_root"))
         for cell in self.dag.cells:
-            row = cells[cell.key]
-            run_id = row.get("mlflow_run_id") or ensure_cell_run(
-                client, exp_id, grid=self.dag.spec.grid, grid_id=self.grid_id, cell_id=row["id"],
-                cell_key=cell.key, axes=dict(cell.axes))
-            self._cell_runs[cell.key] = (row["id"], self.store.set_cell_mlflow_run(row["id"], run_id))
+            cid, run_id = cells[cell.key]["id"], runs.get(cell.key)
+            self._cell_runs[cell.key] = (cid, self.store.set_cell_mlflow_run(cid, run_id) if run_id else None)
+
+    def _end_mlflow_run(self, h: str, status: str) -> None:
+        """End a stage's MLflow run with ``status`` when its worker could not (killed, hung,
+        lost): the run would stay RUNNING forever. Spooled like any call while MLflow is down."""
+        if not self.mlflow or not self._cell_runs:
+            return
+        from phaselab.catalog.mlflow_tracker import MlflowTracker
+
+        try:
+            cfg = self._mlflow_for(self.dag.nodes[h])
+            MlflowTracker.for_stage(**{**cfg, "spool_dir": Path(cfg["spool_dir"])}).end(status)
+        except Exception as exc:  # noqa: BLE001 - the tracker is a view; the catalog has the failure
+            import logging
+
+            logging.getLogger(__name__).warning("cannot end the MLflow run of %s: %s", h[:12], exc)
 
     def _collect(self) -> None:
         import ray
@@ -463,6 +477,8 @@ class Controller:
         else:
             advice = f"\nadvice: {policy.advice}" if policy.advice else ""
             self.store.record_failure(h, failure_class=cls, message=message + advice)
+        if "traceback" not in out:   # the worker died or was stopped: it never ended its run
+            self._end_mlflow_run(h, "KILLED" if cls == "cancelled" else "FAILED")
         self.on_event("failed", node, f"{cls}: {message}")
         if policy.fail_fast:
             self._fail_fast(node)

@@ -1,0 +1,78 @@
+"""A tracker that is down when a run starts: the quickstart trains to the end through the real
+CLI, in about the time of a run without tracking, and its tracker calls wait in the spool until
+``replay_spools`` (what ``run``/``resume``/``sync-tracking`` call) brings them in, once."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+# The quickstart, shrunk to a few seconds of training per stage (same 8 stages, same DAG).
+TINY = ["defaults.train.steps=4", "defaults.train.final_eval_batches=1", "defaults.train.ckpt_every=2",
+        "stages.yarn.train.steps=2", "stages.yarn.train.ckpt_every=1",
+        "stages.ppl.eval.ppl.max_tokens=512", "stages.ppl_yarn.eval.ppl.max_tokens=512"]
+RUN_LIMIT_S = 150
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_quickstart(work: Path, *extra: str, tracking_uri: str | None = None) -> tuple[dict, float]:
+    """``phaselab run quickstart`` in a subprocess with its own catalog and runs root; returns
+    its JSON summary and wall time."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", "quickstart", *TINY, "--num-cpus", "2",
+           "--catalog", f"sqlite:///{work / 'catalog.db'}", "--runs-root", str(work / "runs"), "--json", *extra]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout), seconds
+
+
+def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+    from phaselab.catalog.mlflow_tracker import replay_spools
+
+    dead_uri = f"http://127.0.0.1:{closed_port()}"
+    dead, dead_s = run_quickstart(tmp_path / "dead", tracking_uri=dead_uri)
+    base, base_s = run_quickstart(tmp_path / "untracked", "--no-mlflow")
+    print(f"quickstart wall time: dead tracker {dead_s:.1f} s, without tracking {base_s:.1f} s "
+          f"({100 * (dead_s / base_s - 1):+.0f} %)")
+    assert dead["counts"] == {"SUCCEEDED": 8} and base["counts"] == {"SUCCEEDED": 8}
+    assert len(dead["launched"]) == 8
+    # A dead tracker costs at most one short probe per stage, not minutes of HTTP retries.
+    assert dead_s < 1.25 * base_s + 10, (dead_s, base_s)
+
+    spool = tmp_path / "dead" / "runs" / "_mlflow_spool"
+    assert len(list(spool.glob("*.jsonl"))) == 8   # every stage's calls were kept
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert set(replay_spools(spool, dead_uri).values()) != {0}   # still down: nothing lost
+    assert set(replay_spools(spool, store).values()) == {0}
+    assert replay_spools(spool, store) == {}   # drained: a second replay has nothing to send
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
+    stages = [r for r in runs if r.data.tags.get("phaselab.run_level") == "stage"]
+    cells = {r.info.run_id for r in runs if r.data.tags.get("phaselab.run_level") == "cell"}
+    assert len(stages) == 8 and len(cells) == 3
+    assert {r.info.status for r in stages} == {"FINISHED"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in stages} == cells
+    pretrain = next(r for r in stages if r.info.run_name.startswith("pretrain-"))
+    loss = next(k for k in pretrain.data.metrics if "/loss/split_valid" in k)
+    assert len(client.get_metric_history(pretrain.info.run_id, loss)) == 1   # the final eval, once
