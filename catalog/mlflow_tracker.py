@@ -59,8 +59,9 @@ MAX_KEY = 250            # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
 TRUNCATION_MARK = "...[truncated: see the config/resolved.yaml artifact]"
 _NOT_ALLOWED = re.compile(r"[^/\w.\- ]")
 # An unreachable server must not stall training for minutes of MLflow's default HTTP retries.
+# Run links on stdout would break the CLI's --json output (and a closed stdout would fail the call).
 _HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -303,8 +304,12 @@ class MlflowTracker:
                     log.warning("MLflow refused spooled %s call (%s); dropped", op.get("op"), exc)
                     continue
                 log.warning("MLflow still unreachable (%s); %d calls stay spooled", exc, len(ops) - i)
+                rest = ops[i:]
+                if self.run_id is not None:   # the run exists now: a later replay must find it
+                    rest = [o if o["op"] == "start" or o.get("run_id") else {**o, "run_id": self.run_id}
+                            for o in rest]
                 tmp = self.spool_path.with_suffix(".tmp")
-                tmp.write_text("".join(json.dumps(o) + "\n" for o in ops[i:]))
+                tmp.write_text("".join(json.dumps(o) + "\n" for o in rest))
                 tmp.replace(self.spool_path)
                 return False
         self.spool_path.unlink()

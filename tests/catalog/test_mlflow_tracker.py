@@ -3,6 +3,7 @@ test): nested runs, flattened params, resume, rank-0 only, spool and replay (DES
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -294,3 +295,31 @@ def test_mid_run_outage_is_replayed_once_by_the_next_run(mlflow_template: Path, 
         assert len(client.search_runs([exp.experiment_id], "tags.`phaselab.run_level` = 'stage'")) == 1
     finally:
         mlflow_server.stop(proc)
+
+
+def test_half_applied_replay_keeps_the_run_for_the_calls_left(tracking: tuple[str, str], tmp_path: Path) -> None:
+    """Spooled from the start (no run id yet); the replay creates the run, then fails on an
+    artifact whose file is missing: the calls left must carry the new run's id, or no later
+    replay (another process) could ever apply them."""
+    from mlflow import MlflowClient
+
+    from phaselab.catalog.mlflow_tracker import replay_spools
+
+    uri, root = tracking
+    dead = _stage_tracker(f"http://127.0.0.1:{_free_port()}", None, tmp_path)
+    dead.log_metrics({"loss": 2.0}, step=1)
+    missing = tmp_path / "late" / "report.json"
+    dead.log_artifact(missing, name="reports")
+    dead.end("FAILED")
+    assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 2}   # artifact + end left
+    left = [line for line in (tmp_path / "spool" / f"{STAGE}.jsonl").read_text().splitlines() if line]
+    run_ids = {json.loads(line).get("run_id") for line in left}
+    assert len(run_ids) == 1 and None not in run_ids
+    missing.parent.mkdir()
+    missing.write_text("{}")
+    assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 0}
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_ids.pop())
+    assert run.info.status == "FAILED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == [(1, 2.0)]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["reports"]
