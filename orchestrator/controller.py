@@ -37,6 +37,7 @@ from typing import Any
 from phaselab.orchestrator.dag import Dag, StageNode
 from phaselab.orchestrator.failures import classify, message_of, policy_of, should_retry
 from phaselab.orchestrator.runner import worker_catalog_url
+from phaselab.orchestrator.stages import STAGES, Stage, registered
 
 PENDING = ("PLANNED", "READY", "RUNNING")
 DEAD_UPSTREAM = ("FAILED", "CANCELLED", "BLOCKED")
@@ -262,9 +263,7 @@ class Controller:
 
     @staticmethod
     def _demand(node: StageNode) -> tuple[float, float]:
-        r = node.resources
-        n = node.config["tune"]["max_concurrent"] if node.kind == "tune" else r.num_workers
-        return r.cpus * n, r.gpus * n
+        return STAGES[node.kind].demand(node.resources, node.config)
 
     def _launch(self, rows: Mapping[str, Any]) -> list[str]:
         import ray
@@ -299,7 +298,7 @@ class Controller:
                 continue
             free_cpu, free_gpu = free_cpu - cpu, free_gpu - gpu
             payload = self._payload(node, rows) | {"attempt": rows[h].attempts + 1}
-            ref = self._remote.options(**self._options(node)).remote(payload)
+            ref = self._remote.options(**self._options(node)).remote(payload, STAGES[node.kind])
             self._inflight[ref] = h
             launched.append(h)
             self.on_event("started", node, f"attempt {rows[h].attempts + 1}")
@@ -311,21 +310,15 @@ class Controller:
         if cpu > total.get("CPU", 0.0) or gpu > total.get("GPU", 0.0):
             return (f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
                     f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}")
-        if node.kind != "tune" and node.launcher == "ray_task" and r.memory_gb * 2**30 > total.get("memory", 0.0):
+        if STAGES[node.kind].ray_options(r, node.launcher).get("memory", 0) > total.get("memory", 0.0):
             return f"asks for {r.memory_gb:g} GB of memory; the cluster has {total.get('memory', 0) / 2**30:.1f}"
         if r.accelerator and f"accelerator_type:{r.accelerator}" not in total:
             return f"asks for accelerator {r.accelerator!r}, which no node of the cluster has"
         return None
 
     def _options(self, node: StageNode) -> dict[str, Any]:
-        r = node.resources
         opts: dict[str, Any] = {"max_retries": 0, "name": f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"}
-        if node.kind == "tune" or (node.launcher == "ray_train" and node.kind in ("pretrain", "cpt", "finetune")):
-            opts.update(num_cpus=0, num_gpus=0)   # the driver only; Ray Train / Tune schedule the workers
-        else:
-            opts.update(num_cpus=r.cpus, num_gpus=r.gpus, memory=int(r.memory_gb * 2**30))
-            if r.accelerator:
-                opts["accelerator_type"] = r.accelerator
+        opts.update(STAGES[node.kind].ray_options(node.resources, node.launcher))
         if self.env_vars:
             opts["runtime_env"] = {"env_vars": self.env_vars}
         return opts
@@ -428,38 +421,41 @@ class Controller:
             self.on_event("skipped", node, str(err))
             return None
         if out.get("children"):
-            self._record_children(node, out["children"], out["env"])
+            self._record_children(node, STAGES[node.kind], out["children"], out["env"])
         self.on_event("succeeded", node, f"{out.get('seconds', 0):.1f} s")
         return None
 
-    def _record_children(self, node: StageNode, children: list[Mapping[str, Any]], env: Mapping[str, Any]) -> None:
-        """Tune trials as child stages (kind ``trial``): completed ones SUCCEEDED with their
-        metrics and checkpoint, early-stopped ones CANCELLED; idempotent on a re-run."""
+    def _record_children(self, node: StageNode, stage: Stage, children: list[Mapping[str, Any]],
+                         env: Mapping[str, Any]) -> None:
+        """The stage's child stages (kind ``stage.child_kind``, e.g. tune's trials; fields as in
+        StageResult.children): completed ones SUCCEEDED with their metrics and checkpoint, the
+        others CANCELLED; idempotent on a re-run."""
         from phaselab.catalog.store import ArtifactSpec, StageSpec
         from phaselab.catalog.tracking import MetricRecord
         from phaselab.orchestrator.hashing import canonical_json, sha256_hex
 
+        kind = stage.child_kind
+        if kind is None:
+            raise TypeError(f"stage kind {node.kind!r} reported child stages but declares no child_kind")
         cells = {c["cell_key"]: c["id"] for c in self.store.cells_for_grid(self.grid_id)}
         for child in children:
-            parts = {"kind": "trial", "parent": node.hash, "overrides": child["overrides"]}
+            parts = {"kind": kind, "parent": node.hash, **child["config"]}
             h = sha256_hex(canonical_json(parts))
             self.store.upsert_stage(StageSpec(
-                stage_hash=h, kind="trial", name=f"{node.name}/trial-{child['id']}",
-                config={"parent": node.hash, "overrides": child["overrides"]},
+                stage_hash=h, kind=kind, name=f"{node.name}/{kind}-{child['id']}",
+                config={"parent": node.hash, **child["config"]},
                 cache_key_parts={"parts": parts}, state="RUNNING" if child["completed"] else "PLANNED",
-                storage_uri=str(self.out_dir(node.hash) / "trials" / child["id"])))
+                storage_uri=str(self.out_dir(node.hash) / child["folder"])))
             self.store.add_edge(h, node.hash, "uses")
             for cell_key, _ in node.members:
-                self.store.link_cell_stage(cells[cell_key], h, role=f"{node.name}/trial")
+                self.store.link_cell_stage(cells[cell_key], h, role=f"{node.name}/{kind}")
             if child["completed"]:
                 records = [MetricRecord(**r) for r in child["records"] if math.isfinite(r["value"])]
                 self.store.finalize_success(h, metrics=records, artifacts=[ArtifactSpec(**child["artifact"])],
                                             env=env, backend=None, mlflow_run_id=None)
             else:
-                self.store.transition(h, "CANCELLED", expected={"PLANNED"}, failure_class="early_stopped",
-                                      message=f"stopped by the scheduler at step {child.get('step')} "
-                                              f"(objective {child['objective']:.4g})"
-                                              + (f": {child['error']}" if child.get("error") else ""))
+                self.store.transition(h, "CANCELLED", expected={"PLANNED"}, failure_class=child["failure_class"],
+                                      message=child["message"])
 
     def _fail(self, h: str, out: Mapping[str, Any]) -> None:
         node, cls = self.dag.nodes[h], out["failure_class"]
@@ -523,8 +519,11 @@ class Controller:
                 self.on_event("reclaimed", self.dag.nodes[h], f"from {row.owner}")
 
 
-def _execute_remote(payload: Mapping[str, Any]) -> dict[str, Any]:
-    """Ray task body (module-level so workers import it by name)."""
+def _execute_remote(payload: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
+    """Ray task body (module-level so workers import it by name). The stage object travels with
+    the payload, so a worker runs the kind the DAG was planned with also when that kind was
+    registered at run time in the driver (a plugin, a test) and not in the worker's registry."""
     from phaselab.orchestrator.runner import execute
 
-    return execute(payload)
+    with registered(stage):   # a worker runs one task at a time
+        return execute(payload)

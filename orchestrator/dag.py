@@ -22,13 +22,11 @@ from phaselab.orchestrator.hashing import (
     canonical_json,
     code_version,
     make_key,
-    package_root,
     sha256_hex,
 )
 from phaselab.orchestrator.overrides import apply_overrides
-from phaselab.orchestrator.spec import TRAINING_KINDS, GridSpec, validate_spec
-from phaselab.orchestrator.stages import RELATION, STAGES, Resources, data_digest
-from phaselab.orchestrator.stages.base import SectionError
+from phaselab.orchestrator.spec import GridSpec, validate_spec
+from phaselab.orchestrator.stages import STAGES, Resources, SectionError, data_digest
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, load_yaml, read_grid_text
 
 
@@ -70,7 +68,7 @@ class Dag:
                                           "cells": [c.key for c in self.cells]}))
 
     def edges(self) -> list[tuple[str, str, str]]:
-        return [(up, n.hash, RELATION[n.kind]) for n in self.nodes.values() for up in n.upstream.values()]
+        return [(up, n.hash, STAGES[n.kind].relation) for n in self.nodes.values() for up in n.upstream.values()]
 
     def downstream(self, stage_hash: str) -> list[str]:
         return [n.hash for n in self.nodes.values() if stage_hash in n.upstream.values()]
@@ -121,31 +119,27 @@ def _typed(rs: ResolvedStage, marks: Marks, cache: dict[str, Any]) -> dict[str, 
 
 
 def _data_parts(rs: ResolvedStage, config: Mapping[str, Any], marks: Marks) -> dict[str, str]:
+    stage = STAGES[rs.template.kind]
     out: dict[str, str] = {}
-    for name, cfg in STAGES[rs.template.kind].data_inputs(config).items():
+    for name, cfg in stage.data_inputs(config).items():
         try:
             out[name] = data_digest(cfg)
         except (OSError, ValueError) as err:
             path = ("stages", rs.name, "data")
             raise GridError([Issue(marks.at(map_config_error(rs, "data", marks)), dotted(path),
                                    f"cannot read the dataset: {err}")]) from None
-    if config.get("eval", {}).get("suite") == "lm-eval":
-        tasks = package_root("phaselab.workloads.evals") / "tasks"
-        files = sorted(p for p in tasks.rglob("*") if p.is_file()) if tasks.is_dir() else []
-        out["eval_tasks"] = sha256_hex(canonical_json(
-            {str(p.relative_to(tasks)): sha256_hex(p.read_bytes()) for p in files}))
-    return out
+    return out | stage.key_digests(config)
 
 
 def _inputs(rs: ResolvedStage, spec: GridSpec, hashes: Mapping[str, str]) -> dict[str, str]:
+    """Input name -> upstream hash: the upstream's ``Stage.output`` name, else ``<kind><i>``."""
     inputs: dict[str, str] = {}
     others = []
     for need in rs.template.needs:
         kind = spec.stages[need].kind
-        if kind in TRAINING_KINDS:   # includes tune: its best trial's checkpoint
-            inputs["checkpoint"] = hashes[need]
-        elif kind == "dataset":
-            inputs["dataset"] = hashes[need]
+        output = STAGES[kind].output
+        if output is not None:
+            inputs[output] = hashes[need]
         else:
             others.append((kind, hashes[need]))
     for i, (kind, h) in enumerate(sorted(others)):
@@ -155,8 +149,8 @@ def _inputs(rs: ResolvedStage, spec: GridSpec, hashes: Mapping[str, str]) -> dic
 
 def _check_eval_extend(rs: ResolvedStage, config: Mapping[str, Any], upstream: Mapping[str, str],
                        nodes: Mapping[str, StageNode], marks: Marks) -> None:
-    """An eval's ``extend`` rescales RoPE at inference: refuse it at plan time when the upstream
-    chain's model (the pretrain/tune config its checkpoint descends from) is not RoPE."""
+    """An ``extend`` on a stage that does not train rescales RoPE at inference: refuse it at plan
+    time when the upstream chain's model (the pretrain/tune config its checkpoint descends from) is not RoPE."""
     if "extend" not in config:
         return
     digest = upstream.get("checkpoint")
@@ -187,7 +181,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
             rs = resolved[name]
             config = _typed(rs, marks, cache)
             upstream = _inputs(rs, spec, hashes)
-            if rs.template.kind in ("eval", "analysis"):
+            if not STAGES[rs.template.kind].trains:
                 _check_eval_extend(rs, config, upstream, nodes, marks)
             salt = "/".join(s for s in (spec.salt, rs.template.salt) if s)
             key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code,

@@ -1,10 +1,11 @@
 """``phaselab gc``: delete checkpoints that no retained stage references (DESIGN §5.7 retention;
 copies have filled head-node disks, ray-project/ray#23688).
 
-Deleted: (a) folders under the runs root whose name is no stage hash in the catalog; (b) of
-SUCCEEDED stages, checkpoint folders that hold no committed artifact of any stage: the run's
-``checkpoints/step_*``, Ray Train's copies ``ray_train/<hash>/step_*|checkpoint_*`` and tune
-trials' ``trials/*/checkpoints/step_*``. Kept: every committed artifact, and all outputs of stages
+Deleted: (a) folders under the runs root whose name is no stage hash in the catalog (the
+folders the kinds' launchers share, ``Stage.storage_roots``, are not stages); (b) of SUCCEEDED
+stages, checkpoint folders that hold no committed artifact of any stage, as each kind lists them
+(``Stage.intermediate_checkpoints``: a run's ``checkpoints/step_*``, Ray Train's copies
+``ray_train/<hash>/step_*|checkpoint_*``, tune trials' ``trials/*/checkpoints/step_*``). Kept: every committed artifact, and all outputs of stages
 that are not SUCCEEDED (they may resume from their checkpoints).
 """
 
@@ -15,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from phaselab.orchestrator.controller import default_runs_root
+from phaselab.orchestrator.stages import STAGES, storage_roots
 
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
-def _checkpoint_dirs(root: Path, h: str) -> list[Path]:
-    d, ray = root / h, root / "ray_train" / h
-    found = [*d.glob("checkpoints/step_*"), *d.glob("trials/*/checkpoints/step_*"),
-             *ray.glob("step_*"), *ray.glob("checkpoint_*")]
+def _checkpoint_dirs(root: Path, h: str, kind: str) -> list[Path]:
+    stage = STAGES.get(kind)   # child stages (tune trials) live inside their parent's folder
+    found = stage.intermediate_checkpoints(root, h) if stage is not None else []
     return sorted(p.resolve() for p in found if p.is_dir())
 
 
@@ -38,14 +39,14 @@ def collect(store: Any, runs_root: Path | None) -> list[dict[str, Any]]:
     keep = {Path(a.uri).resolve() for h in rows for a in store.artifacts_for_stage(h)}
     out: list[dict[str, Any]] = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
-        if d.name in ("ray_train", "tune"):
+        if d.name in storage_roots():
             continue
         if d.name not in rows:
             out.append({"path": str(d), "bytes": _size(d), "why": "no such stage in the catalog"})
     for h, row in rows.items():
         if row.state != "SUCCEEDED":
             continue
-        for ck in _checkpoint_dirs(root, h):
+        for ck in _checkpoint_dirs(root, h, row.kind):
             if not any(k == ck or ck in k.parents for k in keep):
                 out.append({"path": str(ck), "bytes": _size(ck),
                             "why": f"intermediate checkpoint of succeeded stage {h[:12]}"})

@@ -22,26 +22,31 @@ A grid file::
 Top-level keys starting with ``x-`` are ignored: they hold YAML anchors (``x-ppl: &ppl {...}``)
 reused with ``*ppl``.
 
-The model/data/train/extend/eval *contents* are checked later against the workloads' frozen
-configs (phaselab.workloads.config.from_dict) by ``grid.resolve``; here they are free mappings.
+Which stage kinds exist, which config sections each takes, and the per-kind rules (what a kind
+needs upstream, which sections it requires or refuses) come from the stage registry
+(``phaselab.orchestrator.stages``): the schema has one optional mapping per section that some
+registered kind reads (:func:`grid_model`). The sections' *contents* are checked later against
+the workloads' frozen configs (phaselab.workloads.config.from_dict), when ``dag.build_dag``
+converts each stage's merged sections; here they are free mappings.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import types
 import typing
 from typing import Any, Literal
 
-from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, suggest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from phaselab.orchestrator.stages import STAGES, section_names
+from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted
+from phaselab.workloads.config import suggest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"   # names become run names and path parts
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
-STAGE_KINDS = ("dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune", "noop")
-TRAINING_KINDS = ("pretrain", "cpt", "finetune", "tune")   # stages whose output is a checkpoint
-SECTIONS = ("model", "data", "train", "extend", "eval", "tune", "noop")
 
-StageKind = Literal["dataset", "pretrain", "cpt", "finetune", "eval", "analysis", "tune", "noop"]
 Launcher = Literal["ray_train", "ray_task"]
 Scalar = str | int | float | bool | None
 
@@ -63,15 +68,13 @@ class ResourcesSpec(_Frozen):
 
 
 class DefaultsSpec(_Frozen):
-    model: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
-    train: dict[str, Any] | None = None
-    extend: dict[str, Any] | None = None
-    eval: dict[str, Any] | None = None
-    tune: dict[str, Any] | None = None
-    noop: dict[str, Any] | None = None
+    """Merged under every stage; plus one optional mapping per config section (:func:`grid_model`)."""
+
     resources: ResourcesSpec | None = None
     launcher: Launcher | None = None
+
+    def section(self, name: str) -> dict[str, Any] | None:
+        return getattr(self, name, None)
 
 
 class StageTemplate(_Frozen):
@@ -79,22 +82,27 @@ class StageTemplate(_Frozen):
     restricts the stage to cells whose axis values match (a value or a list of allowed values).
     ``launcher``: ``ray_train`` (Ray Train V2 TorchTrainer, run named by the stage hash; the
     default for training stages) or ``ray_task`` (run_training inside one Ray task: no trainer
-    start-up cost, single process — chosen per stage, never as a fallback)."""
+    start-up cost, single process — chosen per stage, never as a fallback). Its config sections
+    are fields added per registered section (:func:`grid_model`)."""
 
-    kind: StageKind
+    kind: str
     needs: list[str] = Field(default_factory=list)
     when: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict)
     launcher: Launcher | None = None
     resources: ResourcesSpec | None = None
-    model: dict[str, Any] | None = None
-    data: dict[str, Any] | None = None
-    train: dict[str, Any] | None = None
-    extend: dict[str, Any] | None = None
-    eval: dict[str, Any] | None = None
-    tune: dict[str, Any] | None = None
-    noop: dict[str, Any] | None = None   # kind noop only (stages/noop.py: sleep_s, tag)
     salt: str = ""
     max_retries: int = Field(3, ge=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in STAGES:
+            raise PydanticCustomError("stage_kind", "unknown stage kind '{kind}'; expected one of {kinds}",
+                                      {"kind": v, "kinds": ", ".join(STAGES)})
+        return v
+
+    def section(self, name: str) -> dict[str, Any] | None:
+        return getattr(self, name, None)
 
 
 class AxesSpec(_Frozen):
@@ -118,6 +126,22 @@ class GridSpec(_Frozen):
         if len(set(v)) != len(v):
             raise ValueError(f"seeds must be unique, got {v}")
         return v
+
+
+@functools.cache
+def _grid_model(sections: tuple[str, ...]) -> type[GridSpec]:
+    fields: dict[str, Any] = {sec: (dict[str, Any] | None, None) for sec in sections}
+    template = create_model("StageTemplate", __base__=StageTemplate, __module__=__name__, **fields)
+    defaults = create_model("DefaultsSpec", __base__=DefaultsSpec, __module__=__name__, **fields)
+    return create_model("GridSpec", __base__=GridSpec, __module__=__name__,
+                        defaults=(defaults, Field(default_factory=defaults)),
+                        stages=(dict[str, template], Field(min_length=1)))
+
+
+def grid_model() -> type[GridSpec]:
+    """The GridSpec model with one optional mapping per config section of the registered stage
+    kinds, on each stage and in ``defaults`` (built once per set of sections)."""
+    return _grid_model(section_names())
 
 
 def _unwrap(tp: Any) -> Any:
@@ -146,16 +170,15 @@ def fields_at(cls: Any, loc: tuple) -> list[str]:
     return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
 
 
-def _issue(err: dict, marks: Marks) -> Issue:
+def _issue(err: dict, marks: Marks, model: type[GridSpec]) -> Issue:
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
     loc = tuple(p for p in loc if p not in ("str", "int", "float", "bool", "list[any]"))
     if err["type"] == "extra_forbidden":
-        valid = fields_at(GridSpec, loc[:-1])
+        valid = fields_at(model, loc[:-1])
         return Issue(marks.at(loc), dotted(loc), f"unknown key '{loc[-1]}'; valid keys: "
                      f"{', '.join(valid)}", suggest(str(loc[-1]), valid))
-    if err["type"] == "literal_error" and loc and loc[-1] == "kind":
-        return Issue(marks.at(loc), dotted(loc), f"{err['msg']}, got {err['input']!r}",
-                     suggest(str(err["input"]), STAGE_KINDS))
+    if err["type"] == "stage_kind":
+        return Issue(marks.at(loc), dotted(loc), err["msg"], suggest(str(err["input"]), STAGES))
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
     return Issue(marks.at(loc), dotted(loc), f"{err['msg']}{shown}")
@@ -168,18 +191,17 @@ def validate_spec(doc: Any, marks: Marks) -> GridSpec:
     # Top-level ``x-*`` keys hold YAML anchors for reuse (docker-compose's convention); they are
     # not part of the grid.
     doc = {k: v for k, v in doc.items() if not (isinstance(k, str) and k.startswith("x-"))}
+    model = grid_model()
     try:
-        spec = GridSpec.model_validate(doc)
+        spec = model.model_validate(doc)
     except ValidationError as err:
-        raise GridError([_issue(e, marks) for e in err.errors()]) from None
+        raise GridError([_issue(e, marks, model) for e in err.errors()]) from None
     check_structure(spec, marks)
     return spec
 
 
 def check_structure(spec: GridSpec, marks: Marks) -> None:
     """Cross-field rules: names, axes, ``when``, ``needs`` targets, kinds, and cycles."""
-    import re
-
     issues: list[Issue] = []
     axis_names = _axis_names(spec, marks, issues)
     for name, st in spec.stages.items():
@@ -197,20 +219,13 @@ def check_structure(spec: GridSpec, marks: Marks) -> None:
             if axis not in axis_names:
                 issues.append(Issue(marks.at((*base, "when", axis)), f"{dotted(base)}.when.{axis}",
                                     f"unknown axis {axis!r}", suggest(axis, axis_names)))
-        issues += _kind_rules(spec, name, st, marks)
-    evals = [n for n, st in spec.stages.items() if st.kind in ("eval", "analysis")]
-    if spec.defaults.extend is not None and evals:   # it would silently rescale every eval's RoPE
-        issues.append(Issue(marks.at(("defaults", "extend")), "defaults.extend",
-                            f"an extension in defaults would also apply at inference to eval stage(s) "
-                            f"{', '.join(evals)}; set 'extend' on the stages that need it"))
-    issues += _cycles(spec, marks)
+        issues += _upstream_rules(spec, name, st, marks) + _section_rules(spec, name, st, marks)
+    issues += _defaults_rules(spec, marks) + _cycles(spec, marks)
     if issues:
         raise GridError(issues)
 
 
 def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
-    import re
-
     names: list[str] = ["seed"]
     groups: list[tuple[tuple, dict[str, list]]] = [(("axes", "product"), spec.axes.product)]
     groups += [(("axes", "zip", i), z) for i, z in enumerate(spec.axes.zip)]
@@ -236,48 +251,55 @@ def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
     return names
 
 
-def _kind_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> list[Issue]:
-    base = ("stages", name)
-    issues: list[Issue] = []
-    ups = [spec.stages[n].kind for n in st.needs if n in spec.stages]
-    producers = [k for k in ups if k in TRAINING_KINDS]
-    if st.kind in ("pretrain", "tune") and producers:
-        issues.append(Issue(marks.at((*base, "needs")), f"{dotted(base)}.needs",
-                            "a pretrain stage starts from scratch; use kind 'cpt' or 'finetune' "
-                            "to start from another training stage"))
-    if st.kind in ("cpt", "finetune", "eval", "analysis") and len(producers) != 1:
-        issues.append(Issue(marks.at((*base, "needs") if st.needs else base), f"{dotted(base)}.needs",
-                            f"a {st.kind} stage needs exactly one training stage (pretrain/cpt/"
-                            f"finetune) to start from, got {len(producers)}"))
-    if st.kind in ("eval", "analysis"):
-        if st.eval is None and spec.defaults.eval is None:
-            issues.append(Issue(marks.at(base), dotted(base), f"a {st.kind} stage needs an 'eval' section"))
-        if st.train is not None:   # 'extend' is allowed: an inference-time RoPE rescaling
-            issues.append(Issue(marks.at((*base, "train")), f"{dotted(base)}.train",
-                                f"a {st.kind} stage takes no 'train' section"))
-    if st.kind in TRAINING_KINDS + ("dataset", "noop") and st.eval is not None:
-        issues.append(Issue(marks.at((*base, "eval")), f"{dotted(base)}.eval",
-                            f"a {st.kind} stage takes no 'eval' section (add an eval stage)"))
-    if st.kind == "tune" and st.tune is None and spec.defaults.tune is None:
-        issues.append(Issue(marks.at(base), dotted(base), "a tune stage needs a 'tune' section (space, metric, ...)"))
-    if st.kind != "tune" and st.tune is not None:
-        issues.append(Issue(marks.at((*base, "tune")), f"{dotted(base)}.tune", f"a {st.kind} stage takes no 'tune' section"))
-    if st.kind not in ("pretrain", "tune") and st.model is not None:
-        issues.append(Issue(marks.at((*base, "model")), f"{dotted(base)}.model",
-                            f"a {st.kind} stage takes no 'model' section" + (
-                                " (its model comes from the upstream checkpoint)"
-                                if st.kind in ("cpt", "finetune") else "")))
-    if st.kind in ("pretrain", "dataset", "tune") and st.extend is not None:
-        issues.append(Issue(marks.at((*base, "extend")), f"{dotted(base)}.extend",
-                            f"context extension belongs to cpt/finetune stages, not {st.kind}"))
-    if st.kind == "noop":
-        for sec in ("data", "train", "extend"):
-            if getattr(st, sec) is not None:
-                issues.append(Issue(marks.at((*base, sec)), f"{dotted(base)}.{sec}",
-                                    f"a noop stage takes no '{sec}' section (only 'noop')"))
-    elif st.noop is not None:
-        issues.append(Issue(marks.at((*base, "noop")), f"{dotted(base)}.noop", f"a {st.kind} stage takes no 'noop' section"))
+def _upstream_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> list[Issue]:
+    """What the stage's kind starts from (``Stage.starts_from``) against its checkpoint-producing
+    upstreams."""
+    stage, base = STAGES[st.kind], ("stages", name)
+    producers = [n for n in st.needs if n in spec.stages and STAGES[spec.stages[n].kind].produces_checkpoint]
+    if stage.starts_from == "scratch" and producers:
+        continuing = " or ".join(repr(s.kind) for s in STAGES.values() if s.starts_from == "checkpoint" and s.trains)
+        return [Issue(marks.at((*base, "needs")), f"{dotted(base)}.needs",
+                      f"a {st.kind} stage starts from scratch; use kind {continuing} to start from "
+                      f"another training stage")]
+    if stage.starts_from == "checkpoint" and len(producers) != 1:
+        kinds = "/".join(s.kind for s in STAGES.values() if s.produces_checkpoint)
+        return [Issue(marks.at((*base, "needs") if st.needs else base), f"{dotted(base)}.needs",
+                      f"a {st.kind} stage needs exactly one training stage ({kinds}) to start from, "
+                      f"got {len(producers)}")]
+    return []
+
+
+def _section_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> list[Issue]:
+    """The sections the stage's kind requires (on the stage or in defaults) and those it takes not."""
+    stage, base = STAGES[st.kind], ("stages", name)
+    issues = [Issue(marks.at(base), dotted(base), f"a {st.kind} stage needs {_article(sec)} '{sec}' section")
+              for sec in stage.required if st.section(sec) is None and spec.defaults.section(sec) is None]
+    for sec in section_names():
+        if sec not in stage.sections and st.section(sec) is not None:
+            why = stage.notes.get(sec) or f"it takes {', '.join(repr(s) for s in stage.sections) or 'none'}"
+            issues.append(Issue(marks.at((*base, sec)), f"{dotted(base)}.{sec}",
+                                f"a {st.kind} stage takes no '{sec}' section ({why})"))
     return issues
+
+
+def _defaults_rules(spec: GridSpec, marks: Marks) -> list[Issue]:
+    """A section in defaults that some stage's kind must get on the stage itself
+    (``Stage.not_from_defaults``)."""
+    issues = []
+    for sec in section_names():
+        if spec.defaults.section(sec) is None:
+            continue
+        refusing = {n: STAGES[st.kind].not_from_defaults[sec] for n, st in spec.stages.items()
+                    if sec in STAGES[st.kind].not_from_defaults}
+        if refusing:
+            issues.append(Issue(marks.at(("defaults", sec)), f"defaults.{sec}",
+                                f"'{sec}' in defaults would also apply to stage(s) {', '.join(refusing)} "
+                                f"({next(iter(refusing.values()))}); set '{sec}' on the stages that need it"))
+    return issues
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def _cycles(spec: GridSpec, marks: Marks) -> list[Issue]:

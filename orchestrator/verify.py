@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-TRAINING = ("pretrain", "cpt", "finetune")
+from phaselab.orchestrator.stages import STAGES
 
 
 def stored_losses(out_dir: Path, metric: str = "train/loss") -> dict[int, float]:
@@ -37,16 +37,18 @@ def verify_stage(store: Any, stage_hash: str, *, steps: int, rtol: float, metric
     from phaselab.workloads.train.api import run_training
 
     row = store.get_stage(stage_hash)
-    if row is None or row.kind not in TRAINING or row.state != "SUCCEEDED":
+    stage = STAGES.get(row.kind) if row is not None else None
+    spec = stage.training_spec(row.config) if stage is not None else None
+    if spec is None or row.state != "SUCCEEDED":
         raise ValueError(f"stage {stage_hash[:12]} is not a SUCCEEDED training stage")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     stored = stored_losses(Path(row.storage_uri), metric)
     init_from = None
-    ups = [u for u, d, rel in store.edges(stage_hash) if d == stage_hash and rel in ("init_from", "finetunes")]
-    if ups:
-        init_from = Path(next(a.uri for a in store.artifacts_for_stage(ups[0]) if a.name == "checkpoint"))
-    spec = {k: row.config[k] for k in ("model", "data", "train", "extend") if k in row.config}
+    if stage.starts_from == "checkpoint":   # the upstream checkpoint it started from
+        ups = [u for u, d, rel in store.edges(stage_hash) if d == stage_hash and rel == stage.relation]
+        init_from = next((Path(a.uri) for u in ups for a in store.artifacts_for_stage(u) if a.name == "checkpoint"),
+                         None)
     tracker = RecordingTracker()
     with tempfile.TemporaryDirectory(prefix="phaselab-verify-") as tmp:
         run_training(spec, out_dir=Path(tmp), tracker=tracker, init_from=init_from, stop_after=steps)

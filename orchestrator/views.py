@@ -9,12 +9,19 @@ from typing import Any
 
 from phaselab.orchestrator.dag import Dag
 from phaselab.orchestrator.hashing import canonical_json, explain_parts
+from phaselab.orchestrator.stages import STAGES
 
-TRAINING = ("pretrain", "cpt", "finetune")
 PLAN_STATUS = {"SUCCEEDED": "cached", "RUNNING": "running", "FAILED": "failed", "BLOCKED": "blocked",
                "CANCELLED": "cancelled", "READY": "will run", "PLANNED": "will run"}
 STYLE = {"cached": "green", "succeeded": "green", "running": "yellow", "will run": "cyan",
          "failed": "red", "blocked": "magenta", "cancelled": "dim"}
+
+
+def one_training_run(kind: str, config: Mapping[str, Any]) -> bool:
+    """Whether a stage of ``kind`` is exactly one training run (``Stage.training_spec``): its
+    tokens and GPU time describe one model's throughput."""
+    stage = STAGES.get(kind)
+    return stage is not None and stage.training_spec(config) is not None
 
 
 def _tokens(config: Mapping[str, Any]) -> int | None:
@@ -35,7 +42,7 @@ def measured_throughput(rows: Iterable[Any]) -> dict[str, float]:
     out: dict[str, list[float]] = {}
     for r in rows:
         tok, key = _tokens(r.config), _throughput_key(r.config)
-        if r.state == "SUCCEEDED" and r.kind in TRAINING and tok and key and r.gpu_seconds:
+        if r.state == "SUCCEEDED" and one_training_run(r.kind, r.config) and tok and key and r.gpu_seconds:
             out.setdefault(key, []).append(tok / r.gpu_seconds)
     return {k: sum(v) / len(v) for k, v in out.items()}
 
@@ -64,11 +71,13 @@ def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = (),
         row = rows.get(h)
         status = PLAN_STATUS[row.state] if row is not None else "will run"
         est: float | None = None
-        if node.kind in TRAINING and node.resources.gpus == 0:
+        training = one_training_run(node.kind, node.config)
+        if training and node.resources.gpus == 0:
             est = 0.0
-        elif node.kind in TRAINING and _tokens(node.config) and _throughput_key(node.config) in tput:
+        elif training and _tokens(node.config) and _throughput_key(node.config) in tput:
             est = _tokens(node.config) / tput[_throughput_key(node.config)] / 3600.0
         out.append({"hash": h, "kind": node.kind, "name": node.name, "label": node.label, "status": status,
+                    "training": training,
                     "failure_class": row.failure_class if row is not None else None,
                     "cells": [c for c, _ in node.members], "upstream": dict(node.upstream),
                     "gpu_hours_est": est, "launcher": node.launcher,
@@ -93,7 +102,7 @@ def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
         from rich.markup import escape
 
         est = r["gpu_hours_est"]
-        est_s = "" if r["kind"] not in TRAINING else (
+        est_s = "" if not r["training"] else (
             " ~? GPU-h" if est is None else " CPU" if r["resources"]["gpus"] == 0 else f" ~{est:.2f} GPU-h")
         status = r["status"] + (f"({r['failure_class']})" if r["failure_class"] and r["status"] == "failed" else "")
         env = f" [yellow]env differs: {escape(', '.join(r['env_differs']))}[/]" if r["env_differs"] else ""
@@ -112,7 +121,7 @@ def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
     counts: dict[str, int] = {}
     for r in prow:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    total = [r["gpu_hours_est"] for r in prow if r["kind"] in TRAINING and r["status"] != "cached"]
+    total = [r["gpu_hours_est"] for r in prow if r["training"] and r["status"] != "cached"]
     known = sum(e for e in total if e is not None)
     unknown = sum(1 for e in total if e is None)
     est = f"~{known:.2f} GPU-h" if known or not unknown else "GPU-hours unknown"
@@ -175,9 +184,10 @@ def results_table(frame: list[dict[str, Any]]) -> tuple[list[str], list[dict[str
     cols: list[str] = []
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for m in frame:
-        if m["name"] not in ("ppl", "acc", "loss") or m["stage_kind"] == "dataset":
+        if m["name"] not in ("ppl", "acc", "loss"):
             continue
-        if m["stage_kind"] in ("eval", "analysis"):
+        stage = STAGES.get(m["stage_kind"])
+        if stage is not None and stage.scores:
             col = m["name"] + (f"@{m['context_len']}" if m["context_len"] else "") + (
                 f"[{m['task']}]" if m["name"] == "acc" and m["task"] else "")
         else:

@@ -3,8 +3,8 @@ conversion of a stage's config sections into the workloads' frozen configs.
 
 A stage's *typed config* is a JSON-safe dict of its sections, each the ``to_dict`` of the
 workloads' dataclass (defaults included), so the cache key sees every default (DESIGN §5.4).
-Conversion errors come back as :class:`SectionError` with the dotted key, which the grid layer
-maps onto the YAML line that set it.
+Conversion errors come back as :class:`SectionError` (a ``ConfigError`` with the dotted key,
+message and suggestion as fields), which the grid layer maps onto the YAML line that set it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.workloads.config import ConfigError, from_dict, merge, suggest, to_dict
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +46,10 @@ class StageResult:
     artifacts: Mapping[str, Path]
     records: list[MetricRecord] = field(default_factory=list)
     backend: str | None = None
-    children: list[dict[str, Any]] = field(default_factory=list)   # tune: one dict per trial
+    # Child stages (Stage.child_kind) to record in the catalog, one dict each: "id", "config"
+    # (besides the parent's hash), "folder" (under the stage's out_dir), "completed", "records",
+    # "checkpoint" (a path or None), and for an unfinished one "failure_class" and "message".
+    children: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,51 +77,36 @@ class StageContext:
         return Path(up["artifacts"][artifact])
 
 
-class SectionError(ValueError):
-    """A config section does not convert; ``key`` is the dotted path (``train.lr_max``)."""
+class SectionError(ConfigError):
+    """A config section does not convert. Its ``path`` (also ``key``) is dotted from the
+    section root with list items as ``.N`` (``train.lr_max``, ``eval.ppl.lengths.0``): the form
+    the grid layer maps onto the YAML line that set it."""
 
-    def __init__(self, key: str, message: str, suggestion: str | None = None) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key, self.message, self.suggestion = key, message, suggestion
-
-
-_PATH_RE = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.*)$", re.DOTALL)
-_MEAN_RE = re.compile(r"did you mean '([^']+)'\?")
+    @property
+    def key(self) -> str:
+        return self.path
 
 
-def section_error(err: Exception, default_key: str) -> SectionError:
-    """Turn a workloads ``ConfigError`` ("train.lrr: unknown key ...; did you mean 'lr'?") into a
-    SectionError with a dotted key (list indices ``a[2]`` become ``a.2``)."""
-    text = str(err)
-    m = _PATH_RE.match(text)
-    key, msg = (m.group(1), m.group(2)) if m else (default_key, text)
-    key = re.sub(r"\[(\d+)\]", r".\1", key)
-    if not key.startswith(default_key.split(".")[0]):
-        key = f"{default_key}.{key}" if key != "<root>" else default_key
-    sug = _MEAN_RE.search(msg)
-    msg = re.sub(r";? ?did you mean '[^']+'\?", "", msg)
-    return SectionError(key, msg, sug.group(1).rsplit(".", 1)[-1] if sug else None)
+def section_error(err: ConfigError, section: str) -> SectionError:
+    """A workloads ``ConfigError`` raised while converting ``section`` ("train", "eval.select")
+    as a SectionError rooted at the section's first part."""
+    key = re.sub(r"\[(\d+)\]", r".\1", err.path) or section
+    if key.split(".")[0] != section.split(".")[0]:
+        key = f"{section}.{key}"
+    return SectionError(key, err.detail, err.suggestion)
 
 
-def _convert(cls: type, raw: Mapping[str, Any], path: str) -> dict:
-    from phaselab.workloads.config import ConfigError, from_dict, to_dict
-
+def convert_section(cls: type, raw: Mapping[str, Any], path: str) -> dict:
+    """``raw`` strictly converted to ``cls`` (a workloads config dataclass) and back to its dict,
+    defaults included; errors as SectionError under ``path``."""
     try:
         return to_dict(from_dict(cls, raw, path=path))
     except ConfigError as err:
         raise section_error(err, path) from None
 
 
-def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
 def normalize_model(raw: Mapping[str, Any]) -> dict:
     """``{preset: NAME, **overrides}`` -> the full ModelConfig dict (preset fields overridden)."""
-    from phaselab.workloads.config import to_dict
     from phaselab.workloads.models.config import ModelConfig
 
     raw = dict(raw)
@@ -129,21 +118,17 @@ def normalize_model(raw: Mapping[str, Any]) -> dict:
         try:
             base = to_dict(presets.preset(name))
         except (KeyError, ValueError) as err:
-            from phaselab.orchestrator.yamlio import suggest
-
             raise SectionError("model.preset", f"unknown model preset {name!r} ({err})",
                                suggest(str(name), names)) from None
-        raw = _merge(base, raw)
-    return _convert(ModelConfig, raw, "model")
+        raw = merge(base, raw)
+    return convert_section(ModelConfig, raw, "model")
 
 
 def normalize_data(raw: Mapping[str, Any]) -> dict:
     from phaselab.workloads.data import DataConfig, registered_kinds
 
-    out = _convert(DataConfig, raw, "data")
+    out = convert_section(DataConfig, raw, "data")
     if out["kind"] not in registered_kinds():
-        from phaselab.orchestrator.yamlio import suggest
-
         raise SectionError("data.kind", f"unknown data kind {out['kind']!r}; registered: "
                            f"{', '.join(registered_kinds())}", suggest(out["kind"], registered_kinds()))
     return out
@@ -152,13 +137,12 @@ def normalize_data(raw: Mapping[str, Any]) -> dict:
 def normalize_train(raw: Mapping[str, Any]) -> dict:
     """TrainConfig's dict, plus ``eval_splits`` when it names splits besides "valid" (read by
     ``train.api.periodic_splits``; the default ["valid"] is left out, so keys stay as they were)."""
-    from phaselab.workloads.config import ConfigError
     from phaselab.workloads.train.api import EVAL_SPLITS, parse_eval_splits
     from phaselab.workloads.train.loop import TrainConfig
 
     raw = dict(raw)
     splits = raw.pop(EVAL_SPLITS, None)
-    out = _convert(TrainConfig, raw, "train")
+    out = convert_section(TrainConfig, raw, "train")
     if splits is not None:
         try:
             splits = parse_eval_splits(splits)
@@ -172,7 +156,7 @@ def normalize_train(raw: Mapping[str, Any]) -> dict:
 def normalize_extend(raw: Mapping[str, Any]) -> dict:
     from phaselab.workloads.models.config import ContextExtension
 
-    return _convert(ContextExtension, raw, "extend")
+    return convert_section(ContextExtension, raw, "extend")
 
 
 EVAL_SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
@@ -191,7 +175,6 @@ def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> di
     classes (defaults included). Its ``data`` defaults to the stage's data section."""
     import importlib
 
-    from phaselab.orchestrator.yamlio import suggest
     from phaselab.workloads.evals import api
 
     spec = dict(raw)
@@ -203,12 +186,12 @@ def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> di
     if "data" not in spec and data is not None:
         spec["data"] = dict(data)
     cls_name, sub, sub_target = _EVAL_SPECS[suite]
-    out = _convert(getattr(api, cls_name), spec, "eval")
+    out = convert_section(getattr(api, cls_name), spec, "eval")
     if "data" in out:
         out["data"] = _convert_data_in_eval(out["data"])
     if sub is not None:
         module, cls = sub_target.split(":")
-        out[sub] = _convert(getattr(importlib.import_module(module), cls), out[sub] or {}, f"eval.{sub}")
+        out[sub] = convert_section(getattr(importlib.import_module(module), cls), out[sub] or {}, f"eval.{sub}")
     if select is not None:
         out["select"] = select
     return out
@@ -218,7 +201,6 @@ def _normalize_select(raw: Any) -> dict | None:
     """``eval.select`` as its SelectConfig dict (defaults included, DESIGN §5.4), or None for the
     default ``last``: an eval that selects the final checkpoint keeps the key it had before
     selection existed."""
-    from phaselab.workloads.config import ConfigError, to_dict
     from phaselab.workloads.evals.api import SelectConfig, parse_select
 
     try:
@@ -235,11 +217,55 @@ def _convert_data_in_eval(raw: Any) -> dict:
         raise SectionError("eval." + err.key, err.message, err.suggestion) from None
 
 
+Launcher = Literal["ray_train", "ray_task"]
+
+
 class Stage:
-    """Base of the six stage kinds. Subclasses set ``kind``/``sections`` and implement ``run``."""
+    """One stage kind. A subclass declares what the grid schema, the DAG, the controller, the
+    views, ``verify`` and ``gc`` need to know about its kind, and implements ``normalize``
+    (sections -> typed config) and ``run``; nothing outside its module branches on its name.
+    The registry (``phaselab.orchestrator.stages``) holds one instance per kind.
+
+    Declarations:
+        kind: its name in grids and in the catalog (it enters the cache key).
+        sections: the config sections it reads; a grid may set no other on it.
+        required: sections a grid must give it (on the stage or in ``defaults``).
+        not_from_defaults: section -> why that section must be set on the stage itself.
+        starts_from: "scratch" (no checkpoint-producing upstream allowed), "checkpoint"
+            (exactly one), or None (no rule).
+        relation: the lineage edge from each upstream (catalog schema RELATIONS).
+        output: the input name downstream stages receive this stage under ("checkpoint",
+            "dataset"); None: ``<kind><i>``. It enters the downstream cache keys.
+        default_launcher: the launcher when the grid names none.
+        child_kind: catalog kind of the child stages its result lists (StageResult.children).
+        storage_roots: folders under the runs root its launchers share between stages.
+        notes: section -> why this kind takes no such section (appended to that error).
+        scores: its records are evaluation scores (results-table columns per context length
+            and task), not a run's final values.
+    """
 
     kind: ClassVar[str]
     sections: ClassVar[tuple[str, ...]]
+    required: ClassVar[tuple[str, ...]] = ()
+    not_from_defaults: ClassVar[Mapping[str, str]] = {}
+    starts_from: ClassVar[Literal["scratch", "checkpoint"] | None] = None
+    relation: ClassVar[str] = "uses"
+    output: ClassVar[str | None] = None
+    default_launcher: ClassVar[Launcher] = "ray_task"
+    child_kind: ClassVar[str | None] = None
+    storage_roots: ClassVar[tuple[str, ...]] = ()
+    notes: ClassVar[Mapping[str, str]] = {}
+    scores: ClassVar[bool] = False
+
+    @property
+    def produces_checkpoint(self) -> bool:
+        """Its output is a model checkpoint that cpt/finetune/eval stages can start from."""
+        return self.output == "checkpoint"
+
+    @property
+    def trains(self) -> bool:
+        """It trains (so the grid's seed axis drives its ``train.seed``)."""
+        return "train" in self.sections
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
         """Raw merged sections -> typed config dict (raises SectionError)."""
@@ -252,18 +278,39 @@ class Stage:
             out["train"] = normalize_train(sections.get("train", {}))
         if "extend" in self.sections and sections.get("extend") is not None:
             out["extend"] = normalize_extend(sections["extend"])
-        if "eval" in self.sections and "train" not in self.sections:
-            out["eval"] = normalize_eval(sections.get("eval") or {}, out.pop("data", None))
         return out
 
     def data_inputs(self, config: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
         """Data configs whose digests enter the key: name -> DataConfig dict."""
-        if "eval" in config:
-            return {"eval_data": config["eval"]["data"]} if "data" in config["eval"] else {}
         return {"data": config["data"]} if "data" in config else {}
+
+    def key_digests(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """Digests of further inputs the config names (files shipped with the code), by name;
+        they enter the key beside the data digests."""
+        return {}
 
     def resources(self, res: Mapping[str, Any]) -> Resources:
         return Resources(**res)
+
+    def demand(self, res: Resources, config: Mapping[str, Any]) -> tuple[float, float]:
+        """(CPUs, GPUs) the stage occupies on the cluster while it runs, all workers included."""
+        return res.cpus * res.num_workers, res.gpus * res.num_workers
+
+    def ray_options(self, res: Resources, launcher: str) -> dict[str, Any]:
+        """Resource options of the stage's own Ray task (what that task itself holds)."""
+        opts: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": res.gpus, "memory": int(res.memory_gb * 2**30)}
+        if res.accelerator:
+            opts["accelerator_type"] = res.accelerator
+        return opts
+
+    def training_spec(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The ``run_training`` spec when the stage is exactly one training run (its steps can
+        be estimated and re-run by ``verify``); None otherwise."""
+        return None
+
+    def intermediate_checkpoints(self, runs_root: Path, stage_hash: str) -> list[Path]:
+        """Checkpoint folders of a finished stage that ``gc`` may delete unless referenced."""
+        return []
 
     def run(self, ctx: StageContext) -> StageResult:   # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__}.run")

@@ -7,3 +7,4 @@ from phaselab.orchestrator.stages.pretrain import ContinuedStage
 
 class CptStage(ContinuedStage):
     kind = "cpt"
+    relation = "init_from"

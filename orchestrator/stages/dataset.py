@@ -17,7 +17,7 @@ from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord
 from phaselab.orchestrator.hashing import canonical_json, sha256_hex
-from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult
+from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_data
 
 OFFLINE_KINDS = frozenset({"indirect_indexing", "jsb", "text", "dna"})
 
@@ -42,10 +42,9 @@ class DatasetStage(Stage):
 
     kind = "dataset"
     sections = ("data",)
+    output = "dataset"
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
-        from phaselab.orchestrator.stages.base import normalize_data
-
         return {"data": normalize_data(sections.get("data") or {})}
 
     def run(self, ctx: StageContext) -> StageResult:

@@ -16,12 +16,39 @@ the selected step (``select/step``) and the criterion's value there.
 
 from __future__ import annotations
 
-from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from phaselab.orchestrator.hashing import canonical_json, package_root, sha256_hex
+from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_eval
 
 
 class EvalStage(Stage):
     kind = "eval"
     sections = ("data", "eval", "extend")
+    required = ("eval",)
+    not_from_defaults: ClassVar[Mapping[str, str]] = {"extend": "it would rescale RoPE at inference in every eval stage"}
+    starts_from = "checkpoint"
+    relation = "evaluates"
+    notes: ClassVar[Mapping[str, str]] = {"train": "it evaluates its upstream's checkpoint"}
+    scores = True
+
+    def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().normalize(sections)
+        out["eval"] = normalize_eval(sections.get("eval") or {}, out.pop("data", None))
+        return out
+
+    def data_inputs(self, config: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+        return {"eval_data": config["eval"]["data"]} if "data" in config["eval"] else {}
+
+    def key_digests(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """lm-eval reads the task YAMLs shipped under workloads/evals/tasks: their bytes count."""
+        if config["eval"].get("suite") != "lm-eval":
+            return {}
+        tasks = package_root("phaselab.workloads.evals") / "tasks"
+        files = sorted(p for p in tasks.rglob("*") if p.is_file()) if tasks.is_dir() else []
+        return {"eval_tasks": sha256_hex(canonical_json(
+            {str(p.relative_to(tasks)): sha256_hex(p.read_bytes()) for p in files}))}
 
     def run(self, ctx: StageContext) -> StageResult:
         from phaselab.workloads.evals.api import ExtensionNotApplicable, NoBestCheckpoint, run_eval

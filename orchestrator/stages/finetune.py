@@ -7,3 +7,4 @@ from phaselab.orchestrator.stages.pretrain import ContinuedStage
 
 class FinetuneStage(ContinuedStage):
     kind = "finetune"
+    relation = "finetunes"

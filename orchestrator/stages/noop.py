@@ -1,6 +1,6 @@
 """``noop``: a stage that does no work (optionally it sleeps ``sleep_s``). It is the unit of the
-orchestrator-overhead benchmark (issue 6: 200 no-op stages through phaselab vs the same trials
-through a Ray Tune grid, ``benchmarks/orchestrator_overhead.py``) and a cheap way to check a
+orchestrator-overhead benchmark (200 no-op stages through phaselab vs the same trials through a
+Ray Tune grid, ``benchmarks/orchestrator_overhead.py``) and a cheap way to check a
 cluster end to end. It takes the normal path (claim -> Ray task -> runner -> finalize_success),
 so what it costs is the orchestrator's own cost.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, _convert
+from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, convert_section
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,7 @@ class NoopStage(Stage):
     sections = ("noop",)
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
-        return {"noop": _convert(NoopConfig, sections.get("noop") or {}, "noop")}
+        return {"noop": convert_section(NoopConfig, sections.get("noop") or {}, "noop")}
 
     def run(self, ctx: StageContext) -> StageResult:
         sleep_s = float(ctx.config["noop"]["sleep_s"])

@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.orchestrator.stages.base import Resources, Stage, StageContext, StageResult, normalize_data
@@ -103,7 +103,7 @@ def resources_per_worker(res: Resources) -> dict[str, float]:
     """Ray Train's ``resources_per_worker`` of a ``ray_train`` stage: its declared per-worker
     ``cpus``/``gpus`` (spec.ResourcesSpec) and, when set, its ``accelerator`` as the resource
     Ray's own ``accelerator_type`` option asks for (``accelerator_type:<type>``: 0.001, the
-    same constraint the controller checks in ``_unschedulable``). ``memory_gb`` is not passed:
+    same constraint the controller checks before it launches a stage). ``memory_gb`` is not passed:
     the controller does not check it against the cluster for ray_train stages, and a reservation
     no node can meet would leave the workers pending forever instead of failing. Resources are
     not in the cache key, so none of this changes a stage hash."""
@@ -126,6 +126,10 @@ def _replay_quietly(ctx: StageContext) -> None:
 class PretrainStage(Stage):
     kind = "pretrain"
     sections = ("model", "data", "train")
+    starts_from = "scratch"
+    output = "checkpoint"
+    default_launcher = "ray_train"
+    storage_roots = ("ray_train",)   # Ray Train's run storage, one folder per stage hash
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
         sections = {**sections, "data": sections.get("data") or {}}
@@ -133,11 +137,23 @@ class PretrainStage(Stage):
         out["data"] = normalize_data(sections["data"])
         return out
 
+    def training_spec(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        return {k: config[k] for k in ("model", "data", "train", "extend") if k in config}
+
+    def ray_options(self, res: Resources, launcher: str) -> dict[str, Any]:
+        if launcher == "ray_train":   # the task is the driver only; Ray Train schedules the workers
+            return {"num_cpus": 0, "num_gpus": 0}
+        return super().ray_options(res, launcher)
+
+    def intermediate_checkpoints(self, runs_root: Path, stage_hash: str) -> list[Path]:
+        ray = runs_root / "ray_train" / stage_hash
+        return [*(runs_root / stage_hash).glob("checkpoints/step_*"), *ray.glob("step_*"), *ray.glob("checkpoint_*")]
+
     def init_from(self, ctx: StageContext) -> Path | None:
         return None
 
     def spec(self, ctx: StageContext) -> dict[str, Any]:
-        return {k: ctx.config[k] for k in ("model", "data", "train", "extend") if k in ctx.config}
+        return self.training_spec(ctx.config) or {}
 
     def fit_kwargs(self, ctx: StageContext) -> dict[str, Any]:
         """The arguments of ``ray_entry.fit`` for this stage: ``fit(**self.fit_kwargs(ctx))``."""
@@ -177,6 +193,8 @@ class ContinuedStage(PretrainStage):
     """Starts from the upstream training stage's checkpoint; the model config comes from it."""
 
     sections = ("data", "train", "extend")
+    starts_from = "checkpoint"
+    notes: ClassVar[Mapping[str, str]] = {"model": "its model comes from the upstream checkpoint"}
 
     def init_from(self, ctx: StageContext) -> Path | None:
         return ctx.upstream_artifact("checkpoint", "checkpoint")

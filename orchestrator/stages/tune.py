@@ -1,6 +1,6 @@
-"""``tune``: a Ray Tune search over a training stage's hyperparameters (issue 6, "fair tuning":
-the TAPA paper trained its RoPE baseline at a 5x larger LR than TAPA, so each encoding deserves
-its own LR search).
+"""``tune``: a Ray Tune search over a training stage's hyperparameters ("fair tuning": the TAPA
+paper trained its RoPE baseline at a 5x larger LR than TAPA, so each encoding deserves its own
+LR search).
 
 Tune is used only *inside* this stage (DESIGN §5.2): the catalog, not Tune's experiment state,
 is what resumes. Every trial is a real ``run_training`` in its own folder
@@ -36,8 +36,9 @@ from typing import Any, Literal
 
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 from phaselab.orchestrator.hashing import canonical_json, sha256_hex
-from phaselab.orchestrator.stages.base import SectionError, StageContext, StageResult, _convert
+from phaselab.orchestrator.stages.base import Resources, SectionError, StageContext, StageResult, convert_section
 from phaselab.orchestrator.stages.pretrain import PretrainStage
+from phaselab.workloads.config import flatten, suggest
 
 DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 
@@ -62,9 +63,6 @@ def _check_space(space: Mapping[str, Any], config: Mapping[str, Any]) -> None:
         node: Any = config
         for part in path.split("."):
             if not isinstance(node, Mapping) or part not in node:
-                from phaselab.orchestrator.hashing import flatten
-                from phaselab.orchestrator.yamlio import suggest
-
                 raise SectionError(f"tune.space.{path}", f"{path!r} is not a field of this stage's "
                                    f"model/data/train config", suggest(path, flatten(config)))
             node = node[part]
@@ -125,12 +123,32 @@ def _trial(config: dict, *, base: dict, trials_dir: str, metric: str) -> None:
 
 
 class TuneStage(PretrainStage):
+    """Trains (each trial is a training run) and produces a checkpoint (the best trial's), but is
+    not one training run: its own task is Tune's driver, its trials are its child stages."""
+
     kind = "tune"
     sections = ("model", "data", "train", "tune")
+    required = ("tune",)
+    default_launcher = "ray_task"   # the trials are Tune's, never a Ray Train run
+    child_kind = "trial"
+    storage_roots = ("tune",)       # Tune's experiment state, one folder per stage hash
+
+    def training_spec(self, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None
+
+    def demand(self, res: Resources, config: Mapping[str, Any]) -> tuple[float, float]:
+        n = config["tune"]["max_concurrent"]   # trials run side by side, each with the resources
+        return res.cpus * n, res.gpus * n
+
+    def ray_options(self, res: Resources, launcher: str) -> dict[str, Any]:
+        return {"num_cpus": 0, "num_gpus": 0}   # the driver only; Tune schedules the trials
+
+    def intermediate_checkpoints(self, runs_root: Path, stage_hash: str) -> list[Path]:
+        return list((runs_root / stage_hash).glob("trials/*/checkpoints/step_*"))
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
         out = super().normalize({k: v for k, v in sections.items() if k != "tune"})
-        tune = _convert(TuneSpec, sections.get("tune") or {}, "tune")
+        tune = convert_section(TuneSpec, sections.get("tune") or {}, "tune")
         _check_space(tune["space"], out)
         out["tune"] = tune
         return out
@@ -183,13 +201,22 @@ def _collect(grid: Any, trials_dir: Path, mode: str) -> list[dict[str, Any]]:
         metrics = result.metrics or {}
         if outcome_path.is_file():
             outcome = json.loads(outcome_path.read_text())
-            out.append({"id": tid, "overrides": overrides, "completed": True,
-                        "objective": float(metrics.get("objective", math.nan)),
-                        "metrics": outcome["metrics"], "checkpoint": outcome["checkpoint"],
-                        "records": outcome["records"]})
+            out.append(_child(tid, overrides, metrics) | {
+                "completed": True, "metrics": outcome["metrics"], "checkpoint": outcome["checkpoint"],
+                "records": outcome["records"]})
         else:
-            out.append({"id": tid, "overrides": overrides, "completed": False,
-                        "objective": float(metrics.get("objective", math.nan)),
-                        "step": metrics.get("step"), "error": str(result.error) if result.error else None,
-                        "metrics": {}, "checkpoint": None, "records": []})
+            error = str(result.error) if result.error else None
+            child = _child(tid, overrides, metrics)
+            message = (f"stopped by the scheduler at step {metrics.get('step')} (objective "
+                       f"{child['objective']:.4g})" + (f": {error}" if error else ""))
+            out.append(child | {"completed": False, "step": metrics.get("step"), "error": error, "metrics": {},
+                                "checkpoint": None, "records": [], "failure_class": "early_stopped",
+                                "message": message})
     return out
+
+
+def _child(tid: str, overrides: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields every trial's child-stage dict has (StageResult.children): its id, its config
+    in the catalog besides its parent, and its folder under the tune stage's out_dir."""
+    return {"id": tid, "overrides": dict(overrides), "config": {"overrides": dict(overrides)},
+            "folder": f"trials/{tid}", "objective": float(metrics.get("objective", math.nan))}
