@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phaselab.workloads.config import flatten
+
 CACHE_SCHEMA = 1
 
 # Keys that do not change what a stage computes (DESIGN §5.4): logging cadence, checkpoint
@@ -65,16 +67,6 @@ def canonical_json(obj: Any) -> str:
 
 def sha256_hex(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
-
-
-def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 1}} -> {"train.lr": 1}; lists stay leaves."""
-    if isinstance(obj, Mapping) and obj:
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: obj}
 
 
 def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS) -> dict:

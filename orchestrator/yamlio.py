@@ -10,14 +10,15 @@ walked once to map every path ``("stages", "pretrain", "train", "lr")`` to the p
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
 from phaselab.orchestrator import limits
+from phaselab.workloads.config import suggest  # noqa: F401 (re-exported: the one suggester)
 
 YamlPath = tuple[Any, ...]
 
@@ -54,12 +55,6 @@ class GridError(ValueError):
     def __init__(self, issues: Iterable[Issue]) -> None:
         self.issues = list(issues)
         super().__init__("invalid grid:\n  " + "\n  ".join(str(i) for i in self.issues))
-
-
-def suggest(word: str, candidates: Iterable[str]) -> str | None:
-    """Nearest valid key for a misspelt one (difflib ratio >= 0.6), or None."""
-    got = difflib.get_close_matches(str(word), sorted({str(c) for c in candidates}), n=1, cutoff=0.6)
-    return got[0] if got else None
 
 
 def dotted(path: YamlPath) -> str:
