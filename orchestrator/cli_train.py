@@ -12,6 +12,11 @@ from typing import Any
 
 import typer
 
+from phaselab.orchestrator.cli_common import JSON
+from phaselab.orchestrator.cli_common import emit as _emit
+from phaselab.orchestrator.cli_common import fail as _fail
+from phaselab.orchestrator.cli_common import make_console as _console
+
 CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
 SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
 SUITE_OPTIONS = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128]).")
@@ -112,8 +117,6 @@ def _eval_extension(flags: Mapping[str, Any]) -> dict | None:
 
 
 def register(app: typer.Typer) -> None:
-    from phaselab.orchestrator.cli import JSON, _console, _emit, _fail
-
     @app.command("eval")
     def eval_(checkpoint: Path = CHECKPOINT, suite: str = SUITE, options: list[str] = SUITE_OPTIONS,
               out_dir: Path = EVAL_OUT, as_json: bool = JSON, extend_rule: str | None = EXTEND_RULE,

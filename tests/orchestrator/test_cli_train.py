@@ -114,7 +114,7 @@ def test_unknown_keys_name_file_line_or_override(tmp_path: Path) -> None:
 
 
 def test_shipped_example_config_is_valid() -> None:
-    from phaselab.orchestrator.cli import _train_config
+    from phaselab.orchestrator.cli_train import _train_config
 
     spec, out_dir, init_from = _train_config(ROOT / "docs" / "examples" / "train_tiny.yaml", ["train.steps=2"])
     assert spec["model"]["n_layer"] == 2 and spec["data"]["kind"] == "text" and spec["train"]["steps"] == 2
