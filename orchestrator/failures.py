@@ -1,4 +1,4 @@
-"""Failure classes and the retry policy (DESIGN §5.9; issue 6).
+"""Failure classes and the retry policy (DESIGN §5.9).
 
 =============  =========================================================================  =======
 class          examples                                                                   retried

@@ -1,4 +1,4 @@
-"""`phaselab train CONFIG.yaml [key=value ...]` (issue 4): one training stage outside the
+"""`phaselab train CONFIG.yaml [key=value ...]`: one training stage outside the
 orchestrator, on the tiny preset on the CPU. Resume must reproduce the uninterrupted run; bad keys
 must name the file and line (or the override) like the grid loader."""
 
