@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from phaselab.orchestrator.grid import Cell, ResolvedStage, expand_cells, map_config_error, resolve_cell
 from phaselab.orchestrator.hashing import (
     CacheKey,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
 from phaselab.orchestrator import limits
 from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
 

@@ -38,11 +38,12 @@ import types
 import typing
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic_core import PydanticCustomError
+
 from phaselab.orchestrator.stages import STAGES, section_names
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted
 from phaselab.workloads.config import suggest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
-from pydantic_core import PydanticCustomError
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"   # names become run names and path parts
 AXIS_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$"

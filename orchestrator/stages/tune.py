@@ -36,7 +36,13 @@ from typing import Any, Literal
 
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 from phaselab.orchestrator.hashing import canonical_json, sha256_hex
-from phaselab.orchestrator.stages.base import Resources, SectionError, StageContext, StageResult, convert_section
+from phaselab.orchestrator.stages.base import (
+    Resources,
+    SectionError,
+    StageContext,
+    StageResult,
+    convert_section,
+)
 from phaselab.orchestrator.stages.pretrain import PretrainStage
 from phaselab.workloads.config import flatten, suggest
 
@@ -105,8 +111,9 @@ def trial_id(overrides: Mapping[str, Any]) -> str:
 
 def _trial(config: dict, *, base: dict, trials_dir: str, metric: str) -> None:
     """One Tune trial: the base training spec with the sampled overrides, in its own folder."""
-    from phaselab.workloads.train.api import run_training
     from ray import tune
+
+    from phaselab.workloads.train.api import run_training
 
     spec = copy.deepcopy(base)
     for path, value in config.items():

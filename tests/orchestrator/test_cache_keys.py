@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from _orchestrator_grids import BASE
+
 from phaselab.orchestrator.dag import build_dag, load_grid
 from phaselab.orchestrator.hashing import (
     CodeVersion,

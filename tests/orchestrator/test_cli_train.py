@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from phaselab.orchestrator.cli import app
 from typer.testing import CliRunner
+
+from phaselab.orchestrator.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from phaselab.orchestrator.controller import Controller
 from phaselab.orchestrator.dag import build_dag, load_grid
 
@@ -115,8 +116,9 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
 
     # `phaselab eval CHECKPOINT --suite ...` on a stage's checkpoint, outside any grid
-    from phaselab.orchestrator.cli import app
     from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
 
     ckpt = next(a.uri for h, n in dag.nodes.items() if n.kind == "pretrain" for a in store.artifacts_for_stage(h))
     res = CliRunner().invoke(app, ["eval", ckpt, "--suite", "ppl-by-length", "ppl.lengths=[16,32]",
@@ -205,8 +207,9 @@ def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_addre
 def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
     import threading
 
-    from phaselab.orchestrator.cli import app
     from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
 
     _, dag = _grid(tmp_path, steps=2000)
     store = _store(tmp_path)

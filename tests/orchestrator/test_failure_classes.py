@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 
 import pytest
+
 from phaselab.orchestrator.failures import POLICIES, classify, message_of
 
 

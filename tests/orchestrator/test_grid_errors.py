@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 from _orchestrator_grids import BASE, locate
+from typer.testing import CliRunner
+
 from phaselab.orchestrator.dag import plan_grid
 from phaselab.orchestrator.yamlio import GridError
-from typer.testing import CliRunner
 
 # (id, old -> new replacements on BASE, needle locating the error, message fragment, suggestion)
 CASES = [

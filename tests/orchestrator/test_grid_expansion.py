@@ -4,6 +4,7 @@ override grammar, on golden cases."""
 from __future__ import annotations
 
 import pytest
+
 from phaselab.orchestrator.grid import expand_cells, resolve_cell
 from phaselab.orchestrator.overrides import apply_overrides, parse_override
 from phaselab.orchestrator.spec import validate_spec

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 from _orchestrator_grids import BASE
+from typer.testing import CliRunner
+
 from phaselab.catalog.store import ArtifactSpec, CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 from phaselab.orchestrator.cli import app
 from phaselab.orchestrator.controller import Controller
 from phaselab.orchestrator.dag import plan_grid
-from typer.testing import CliRunner
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from phaselab.orchestrator.dag import plan_grid
 from phaselab.orchestrator.grids import grids_dir, resolve_grid_path, shipped_grids
 
