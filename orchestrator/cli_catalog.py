@@ -1,10 +1,12 @@
-"""CLI verbs backed by the catalog package (issue 7): export, tables, mlflow."""
+"""CLI verbs backed by the catalog package: export, tables, mlflow."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
+
+from phaselab.orchestrator.cli_common import CATALOG, JSON, emit, fail, make_console, open_store
 
 FORMAT = typer.Option("parquet", "--format", help="parquet | csv")
 OUT = typer.Option(Path(".phaselab/export"), "--out", help="Output folder (hive-partitioned by grid, stage kind).")
@@ -15,24 +17,22 @@ CHECK_STALE = typer.Option(False, "--check-stale", help="Fail if an input stage 
 
 
 def register(app: typer.Typer) -> None:
-    from phaselab.orchestrator.cli import CATALOG, JSON, _console, _emit, _fail, _store
-
     @app.command()
     def export(grid: str = typer.Argument(..., help="Grid name in the catalog."), fmt: str = FORMAT,
                out: Path = OUT, catalog: str = CATALOG, as_json: bool = JSON) -> None:
         """Partitioned Parquet (or CSV) export of a grid's metrics and stages, with provenance."""
         from phaselab.catalog.export import export_grid
 
-        store = _store(catalog, create=False)
+        store = open_store(catalog, create=False)
         if store is None:
-            _fail(as_json, "the catalog does not exist yet")
+            fail(as_json, "the catalog does not exist yet")
         try:
             summary = export_grid(store, grid, fmt, out)
         except ValueError as err:
-            _fail(as_json, str(err))
-        _emit(as_json, {"ok": True, **summary, "out": str(out)})
+            fail(as_json, str(err))
+        emit(as_json, {"ok": True, **summary, "out": str(out)})
         if not as_json:
-            _console().print(f"exported {summary['metric_rows']} metric rows and {summary['stage_rows']} "
+            make_console().print(f"exported {summary['metric_rows']} metric rows and {summary['stage_rows']} "
                              f"stage rows of {grid} to {out} ({fmt})")
 
     @app.command()
@@ -41,17 +41,17 @@ def register(app: typer.Typer) -> None:
         """Regenerate paper tables from the catalog (mean ± std over seeds, holes shown)."""
         from phaselab.catalog import tables as tbl
 
-        store = _store(catalog, create=False)
+        store = open_store(catalog, create=False)
         if store is None:
-            _fail(as_json, "the catalog does not exist yet")
+            fail(as_json, "the catalog does not exist yet")
         try:
             if check_stale:
                 report = tbl.check_stale(store, names or None)
                 stale = {k: v for k, v in report.items() if v}
-                _emit(as_json, {"ok": not stale, "stale": stale, "checked": sorted(report)})
+                emit(as_json, {"ok": not stale, "stale": stale, "checked": sorted(report)})
                 if not as_json:
                     for name, reasons in report.items():
-                        _console().print(f"{name}: " + ("[red]stale[/]\n  " + "\n  ".join(reasons)
+                        make_console().print(f"{name}: " + ("[red]stale[/]\n  " + "\n  ".join(reasons)
                                                         if reasons else "[green]up to date[/]"))
                 raise typer.Exit(1 if stale else 0)
             rendered = tbl.render_all(store, fmt, out_dir=out, names=names or None)
@@ -61,16 +61,16 @@ def register(app: typer.Typer) -> None:
                 wanted = [n for n in CURVE_TABLES if not names or n in names]
                 figures = render_figures(store, out, names=wanted)
         except ValueError as err:
-            _fail(as_json, str(err))
-        _emit(as_json, {"ok": True, "tables": [{"name": r.name, "text": r.text, "skipped": r.skipped,
+            fail(as_json, str(err))
+        emit(as_json, {"ok": True, "tables": [{"name": r.name, "text": r.text, "skipped": r.skipped,
                                                "path": str(r.path) if r.path else None} for r in rendered],
                         "figures": [str(p) for p in figures]})
         if not as_json:
             for r in rendered:
-                _console().print(r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})",
+                make_console().print(r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})",
                                  markup=False)
             for path in figures:
-                _console().print(f"figure: {path}", markup=False)
+                make_console().print(f"figure: {path}", markup=False)
 
     @app.command()
     def verify(stage: str = typer.Argument(..., help="Hash (prefix) of a SUCCEEDED training stage."),
@@ -81,20 +81,20 @@ def register(app: typer.Typer) -> None:
         from phaselab.catalog.schema import STATES
         from phaselab.orchestrator.verify import verify_stage
 
-        store = _store(catalog, create=False)
+        store = open_store(catalog, create=False)
         rows = [r for r in (store.stages_in_state(STATES) if store is not None else [])
                 if r.stage_hash.startswith(stage)]
         if len(rows) != 1:
-            _fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix")
+            fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix")
         try:
             res = verify_stage(store, rows[0].stage_hash, steps=steps, rtol=rtol)
         except ValueError as err:
-            _fail(as_json, str(err))
-        _emit(as_json, {"stage": rows[0].stage_hash, **res})
+            fail(as_json, str(err))
+        emit(as_json, {"stage": rows[0].stage_hash, **res})
         if not as_json:
             for s, a, b, rel in res["compared"]:
-                _console().print(f"step {s:>6}: stored {a:.6f}  re-run {b:.6f}  rel {rel:.2e}")
-            _console().print(("[green]OK[/]" if res["ok"] else "[red]MISMATCH[/]") +
+                make_console().print(f"step {s:>6}: stored {a:.6f}  re-run {b:.6f}  rel {rel:.2e}")
+            make_console().print(("[green]OK[/]" if res["ok"] else "[red]MISMATCH[/]") +
                              f" max rel {res['max_rel']:.2e} (rtol {rtol:g})")
         raise typer.Exit(0 if res["ok"] else 1)
 
@@ -104,6 +104,6 @@ def register(app: typer.Typer) -> None:
         """Serve the MLflow UI on the tracking store beside the catalog."""
         from phaselab.catalog.mlflow_server import serve
 
-        _emit(as_json, {"ok": True, "url": f"http://{host}:{port}"})
+        emit(as_json, {"ok": True, "url": f"http://{host}:{port}"})
         code = serve(host=host, port=port, catalog_url=catalog, block=True)
         raise typer.Exit(0 if code == 0 else 1)
