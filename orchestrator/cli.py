@@ -16,39 +16,17 @@ from typing import Any
 
 import typer
 
+from phaselab.orchestrator import cli_catalog, cli_maint, cli_train
+from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="phaselab: positional-encoding experiment grids on Ray, reproducibly.")
 
-JSON = typer.Option(False, "--json", help="Machine-readable output.")
-CATALOG = typer.Option(None, "--catalog", help="Catalog URL (default: $PHASELAB_CATALOG_URL or "
-                       "sqlite:///<cwd>/.phaselab/catalog.db).")
-RUNS = typer.Option(None, "--runs-root", help="Stage outputs root (default ./.phaselab/runs).")
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
 ALL_VERSIONS = typer.Option(False, "--all-versions", help="Include stages of earlier versions of the grid.")
 JOBS_ADDRESS = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send the controller "
                             "there as a Ray job; without it, only register the grid.")
 OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(highlight=False)
-
-
-def _emit(as_json: bool, obj: Any) -> None:
-    from phaselab.orchestrator.views import dumps
-
-    if as_json:
-        sys.stdout.write(dumps(obj) + "\n")
-
-
-def _fail(as_json: bool, message: str) -> None:
-    if as_json:
-        _emit(True, {"ok": False, "error": message})
-    else:
-        _console().print(f"[red]error:[/] {message}", markup=True)
-    raise typer.Exit(1)
 
 
 def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
@@ -58,29 +36,13 @@ def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
     try:
         return plan_grid(grid, overrides or [])
     except (GridError, FileNotFoundError, ValueError) as err:
-        _fail(as_json, str(err))
-
-
-def _store(catalog: str | None, *, create: bool) -> Any:
-    """The catalog; ``create=False`` returns None when the default SQLite file does not exist
-    (``plan`` has no side effects)."""
-    from phaselab.catalog import db
-    from phaselab.catalog.store import CatalogStore
-
-    url = db.normalize_url(catalog or db.default_url())
-    path = db.sqlite_path(url)
-    if not create and path is not None and not path.exists():
-        return None
-    store = CatalogStore(url)
-    if create:
-        store.upgrade()   # once, from the controller process (DESIGN §5.1), never from workers
-    return store
+        fail(as_json, str(err))
 
 
 def _grid_id(store: Any, name: str, as_json: bool) -> int:
     grid = store.get_grid(name) if store is not None else None
     if grid is None:
-        _fail(as_json, f"grid {name!r} is not in the catalog (run `phaselab run {name}` first)")
+        fail(as_json, f"grid {name!r} is not in the catalog (run `phaselab run {name}` first)")
     return grid["id"]
 
 
@@ -88,12 +50,14 @@ def _grid_rows(store: Any, name: str, as_json: bool, all_versions: bool) -> list
     """Stage rows of a grid: its latest submitted version (with its tune trials), or every stage
     ever linked to its cells with ``all_versions``."""
     from phaselab.orchestrator.controller import version_stages
+    from phaselab.orchestrator.stages import child_kinds
 
     rows = store.stages_for_grid(_grid_id(store, name, as_json))
     current = None if all_versions else version_stages(store.get_grid(name))
     if current is None:
         return rows
-    return [r for r in rows if r.stage_hash in current or (r.kind == "trial" and r.config.get("parent") in current)]
+    children = child_kinds()
+    return [r for r in rows if r.stage_hash in current or (r.kind in children and r.config.get("parent") in current)]
 
 
 def _mlflow_settings(catalog: str | None, enabled: bool) -> dict[str, str] | None:
@@ -108,8 +72,8 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
              num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool) -> Any:
     from phaselab.orchestrator.controller import Controller, init_ray
 
-    console = _console()
-    store = _store(catalog, create=True)
+    console = make_console()
+    store = open_store(catalog, create=True)
     ml = _mlflow_settings(catalog, mlflow)
     env_vars = {k: v for k, v in {"PHASELAB_CATALOG_URL": catalog or os.environ.get("PHASELAB_CATALOG_URL"),
                                   "MLFLOW_TRACKING_URI": ml["tracking_uri"] if ml else None,
@@ -145,7 +109,7 @@ def _results(store: Any, dag: Any, as_json: bool) -> dict[str, Any]:
     frame.sort(key=lambda m: ([c.key for c in dag.cells].index(m["cell_key"]), order[m["stage_hash"]]))
     cols, rows = results_table(frame)
     if not as_json:
-        render_results(_console(), grid, cols, rows)
+        render_results(make_console(), grid, cols, rows)
     return {"columns": cols, "rows": rows}
 
 
@@ -169,9 +133,9 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
 
 def _finish_run(out: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        _emit(True, out)
+        emit(True, out)
     else:
-        console = _console()
+        console = make_console()
         console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
                       f"{out['seconds']:.1f} s")
         for h, (cls, msg) in out["failed"].items():
@@ -187,7 +151,7 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
     from phaselab.orchestrator.views import plan_rows, render_plan
 
     dag = _plan(grid, overrides, as_json)
-    store = _store(catalog, create=False)
+    store = open_store(catalog, create=False)
     rows, all_rows = {}, []
     if store is not None and store.revision() is not None:
         rows = {h: r for h in dag.nodes if (r := store.get_stage(h)) is not None}
@@ -199,10 +163,10 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
         env_now = env_fingerprint()
     prow = plan_rows(dag, rows, all_rows, env_now)
     if as_json:
-        _emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
+        emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
                      "cells": [c.key for c in dag.cells], "stages": prow})
     else:
-        render_plan(_console(), dag, prow)
+        render_plan(make_console(), dag, prow)
 
 
 @app.command()
@@ -213,16 +177,16 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
     from phaselab.orchestrator.controller import Controller
 
     dag = _plan(grid, overrides, as_json)
-    store = _store(catalog, create=True)
+    store = open_store(catalog, create=True)
     grid_id = Controller(store, dag).submit(requeue=True)
     version = next(v["version"] for v in store.get_grid(dag.spec.grid)["versions"] if v["grid_hash"] == dag.grid_hash)
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
                            "stages": len(dag.nodes)}
     if address:
         out["job"] = _submit_job(address, dag, store.url, runs_root)
-    _emit(as_json, out)
+    emit(as_json, out)
     if not as_json:
-        _console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
+        make_console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
                          + (f"; Ray job {out['job']['id']} ({out['job']['status']})" if address else
                             f"; run `phaselab resume {dag.spec.grid}` to execute"))
 
@@ -243,8 +207,9 @@ def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None
     runs ``phaselab resume GRID`` against the same catalog and runs root (DESIGN §5.2)."""
     import shlex
 
-    from phaselab.orchestrator.controller import default_runs_root
     from ray.job_submission import JobSubmissionClient
+
+    from phaselab.orchestrator.controller import default_runs_root
 
     client = JobSubmissionClient(address, headers=_ray_auth_headers())
     k = 1
@@ -276,16 +241,16 @@ def _stored_dag(store: Any, name: str, as_json: bool) -> Any:
 
     grid = store.get_grid(name) if store is not None else None
     if grid is None or not grid["versions"]:
-        _fail(as_json, f"grid {name!r} is not in the catalog")
+        fail(as_json, f"grid {name!r} is not in the catalog")
     latest = grid["versions"][-1]
     try:
         doc, marks = load_yaml(latest["yaml_resolved"], file=f"<catalog grid {name} v{latest['version']}>")
         dag = build_dag(validate_spec(doc, marks), marks, yaml_submitted=latest["yaml_submitted"],
                         yaml_resolved=latest["yaml_resolved"])
     except GridError as err:
-        _fail(as_json, str(err))
+        fail(as_json, str(err))
     if dag.grid_hash != latest["grid_hash"] and not as_json:
-        _console().print("[yellow]warning:[/] the code or data changed since this grid was submitted; "
+        make_console().print("[yellow]warning:[/] the code or data changed since this grid was submitted; "
                          "changed stages get new keys and run anew")
     return dag
 
@@ -300,7 +265,7 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
     if Path(grid).is_file() or overrides:
         dag = _plan(grid, overrides, as_json)
     else:
-        dag = _stored_dag(_store(catalog, create=False), grid, as_json)
+        dag = _stored_dag(open_store(catalog, create=False), grid, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
     results = _results(store, dag, as_json)
@@ -316,12 +281,12 @@ def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
     """Per-stage state of a grid (its latest submitted version), from the catalog."""
     from phaselab.orchestrator.views import render_status, status_rows
 
-    store = _store(catalog, create=False)
+    store = open_store(catalog, create=False)
     if as_json:
         srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
-        _emit(True, {"ok": True, "grid": grid, "stages": srows})
+        emit(True, {"ok": True, "grid": grid, "stages": srows})
         return
-    console = _console()
+    console = make_console()
     while True:
         srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
         if watch:
@@ -336,14 +301,14 @@ def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
 def cancel(grid: str = typer.Argument(...), catalog: str = CATALOG, as_json: bool = JSON) -> None:
     """Cancel every pending stage of a grid (a running controller stops their Ray tasks). Never
     deletes artifacts."""
-    store = _store(catalog, create=False)
+    store = open_store(catalog, create=False)
     grid_id = _grid_id(store, grid, as_json)
     moved = [r.stage_hash for r in store.stages_for_grid(grid_id)
              if store.transition(r.stage_hash, "CANCELLED", expected={"PLANNED", "READY", "RUNNING", "BLOCKED"},
                                  failure_class="cancelled", message="cancelled from the CLI")]
-    _emit(as_json, {"ok": True, "grid": grid, "cancelled": moved})
+    emit(as_json, {"ok": True, "grid": grid, "cancelled": moved})
     if not as_json:
-        _console().print(f"cancelled {len(moved)} stage(s) of {grid}")
+        make_console().print(f"cancelled {len(moved)} stage(s) of {grid}")
 
 
 @app.command()
@@ -352,24 +317,25 @@ def retry(grid: str = typer.Argument(...), failed: bool = typer.Option(False, "-
           catalog: str = CATALOG, as_json: bool = JSON) -> None:
     """Re-queue failed stages (then `phaselab resume GRID` runs them)."""
     from phaselab.orchestrator.failures import CLASSES
+    from phaselab.orchestrator.stages import child_kinds
 
     if not failed:
-        _fail(as_json, "nothing to retry: pass --failed")
+        fail(as_json, "nothing to retry: pass --failed")
     if failure_class is not None and failure_class not in CLASSES:
-        _fail(as_json, f"unknown failure class {failure_class!r}; expected one of {', '.join(CLASSES)}")
-    store = _store(catalog, create=False)
+        fail(as_json, f"unknown failure class {failure_class!r}; expected one of {', '.join(CLASSES)}")
+    store = open_store(catalog, create=False)
     moved = []
     for r in _grid_rows(store, grid, as_json, all_versions=False):   # only what `resume` will run
-        if r.kind == "trial":
+        if r.kind in child_kinds():   # child stages re-run with their parent
             continue
         if r.state == "FAILED" and failure_class in (None, r.failure_class):
             if store.transition(r.stage_hash, "PLANNED", expected={"FAILED"}):
                 moved.append(r.stage_hash)
         elif r.state == "BLOCKED":
             store.transition(r.stage_hash, "PLANNED", expected={"BLOCKED"})
-    _emit(as_json, {"ok": True, "grid": grid, "requeued": moved})
+    emit(as_json, {"ok": True, "grid": grid, "requeued": moved})
     if not as_json:
-        _console().print(f"re-queued {len(moved)} stage(s); run `phaselab resume {grid}`")
+        make_console().print(f"re-queued {len(moved)} stage(s); run `phaselab resume {grid}`")
 
 
 @app.command()
@@ -380,19 +346,19 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
     from phaselab.catalog.schema import STATES
     from phaselab.orchestrator.views import explain
 
-    store = _store(catalog, create=False)
+    store = open_store(catalog, create=False)
     stored = store.stages_in_state(STATES) if store is not None else []
     if grid is not None:
         dag = _plan(grid, overrides, as_json)
         nodes = [n for n in dag.nodes.values() if n.hash.startswith(stage) or stage in (n.name, n.label)]
         if not nodes:
-            _fail(as_json, f"no stage {stage!r} in grid {dag.spec.grid}")
+            fail(as_json, f"no stage {stage!r} in grid {dag.spec.grid}")
         node = nodes[0]
         h, kind, name, parts, mods = node.hash, node.kind, node.name, node.key.parts, node.key.code_modules
     else:
         rows = [r for r in stored if r.stage_hash.startswith(stage)]
         if len(rows) != 1:
-            _fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix or --grid")
+            fail(as_json, f"{len(rows)} stored stages match {stage!r}; give a longer hash prefix or --grid")
         r = rows[0]
         h, kind, name = r.stage_hash, r.kind, r.name
         parts, mods = r.cache_key_parts.get("parts", {}), r.cache_key_parts.get("code_modules", {})
@@ -402,9 +368,9 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
     out = {"ok": True, "stage": h, "kind": kind, "name": name, "hit": hit,
            "state": own.state if own is not None else None, **result}
     if as_json:
-        _emit(True, out)
+        emit(True, out)
         return
-    console = _console()
+    console = make_console()
     if hit:
         console.print(f"[green]HIT[/] {kind} {name} {h[:12]}: a SUCCEEDED stage with this exact key exists "
                       f"(finished {own.finished_at}); nothing will run.")
@@ -421,14 +387,9 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
 
 
 # Verbs in their own modules, registered in this order (it is the order of `phaselab --help`).
-from phaselab.orchestrator import cli_catalog as _cli_catalog
-from phaselab.orchestrator import cli_maint as _cli_maint
-from phaselab.orchestrator import cli_train as _cli_train
-from phaselab.orchestrator.cli_train import _train_config  # noqa: F401 (tests import it from here)
-
-_cli_train.register(app)
-_cli_maint.register(app)
-_cli_catalog.register(app)
+cli_train.register(app)
+cli_maint.register(app)
+cli_catalog.register(app)
 
 
 if __name__ == "__main__":   # `python -m phaselab.orchestrator.cli` (the Ray job entrypoint)
