@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from phaselab.catalog.mlflow_tracker import catalog_dir
@@ -74,14 +75,18 @@ def wait_healthy(url: str, timeout_s: float = 60.0, proc: subprocess.Popen | Non
 
 def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = None,
           artifact_root: str | None = None, *, catalog_url: str | None = None, workers: int = 1,
-          allow_remote: bool = False, block: bool = True,
-          log_path: Path | None = None) -> subprocess.Popen | int:
+          allow_remote: bool = False, block: bool = True, log_path: Path | None = None,
+          on_start: Callable[[], None] | None = None) -> subprocess.Popen | int:
     """Start ``mlflow server``. ``block=True`` (the CLI): run until interrupted, return its exit
     code. ``block=False``: return the process once ``/health`` answers (stop it with :func:`stop`).
-    Defaults: SQLite ``mlflow.db`` and ``mlartifacts/`` beside the catalog."""
+    Defaults: SQLite ``mlflow.db`` and ``mlartifacts/`` beside the catalog. ValueError (before
+    anything starts) for a non-loopback host without ``allow_remote`` or a bad port;
+    ``on_start`` is called once the command is valid, just before the server starts."""
     cmd = server_command(host=host, port=port, workers=workers, allow_remote=allow_remote,
                          backend_uri=backend_uri or default_backend_uri(catalog_url),
                          artifact_root=artifact_root or default_artifact_root(catalog_url))
+    if on_start is not None:
+        on_start()
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
     out = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (lives with the process)
     # Own process group: gunicorn/uvicorn workers are stopped with the server (stop()).

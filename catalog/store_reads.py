@@ -36,6 +36,23 @@ def current_version_clause() -> Any:
     return or_(CellStage.grid_version.is_(None), CellStage.grid_version == current)
 
 
+def pick_version(grid: Mapping[str, Any], version: int | None = None) -> dict[str, Any]:
+    """The version row ``version`` of a ``get_grid`` result, or by default the grid's current
+    one: the version whose hash the grid row holds, i.e. the one last run or submitted (an
+    older version re-run after a newer one is current again). LookupError if there is none."""
+    versions = list(grid.get("versions") or [])
+    if version is not None:
+        found = [v for v in versions if v["version"] == version]
+        if not found:
+            have = ", ".join(str(v["version"]) for v in versions) or "none"
+            raise LookupError(f"grid {grid.get('name')!r} has no version {version} (versions: {have})")
+        return dict(found[0])
+    current = [v for v in versions if v["grid_hash"] == grid.get("grid_hash")]
+    if not current and not versions:
+        raise LookupError(f"grid {grid.get('name')!r} has no submitted version")
+    return dict((current or versions)[-1])
+
+
 class StoreReads:
     """Mixed into CatalogStore, which provides ``_tx`` and ``_insert``."""
 

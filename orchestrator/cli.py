@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from phaselab.orchestrator import cli_catalog, cli_maint, cli_train
+from phaselab.orchestrator import cli_catalog, cli_maint, cli_tracking, cli_train
 from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -27,6 +27,18 @@ ALL_VERSIONS = typer.Option(False, "--all-versions", help="Include stages of ear
 JOBS_ADDRESS = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send the controller "
                             "there as a Ray job; without it, only register the grid.")
 OVERRIDES = typer.Argument(None, help="Overrides: key=v, +key=v, ~key, key=a,b, key=range(0,3).")
+MAX_CELLS = typer.Option(None, "--max-cells", min=1, help="Allow this many cells for this run (default "
+                         "10000; sets PHASELAB_MAX_CELLS).")
+VERSION = typer.Option(None, "--version", min=1, help="Grid version (default: the one last run or submitted).")
+
+
+def _max_cells(n: int | None) -> None:
+    """An explicit, per-run cell maximum: through the environment, so planning in this process
+    and in a submitted Ray job see the same limit."""
+    if n is not None:
+        from phaselab.orchestrator import limits
+
+        os.environ[limits.CELLS_ENV] = str(int(n))
 
 
 def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
@@ -39,21 +51,48 @@ def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
         fail(as_json, str(err))
 
 
-def _grid_id(store: Any, name: str, as_json: bool) -> int:
-    grid = store.get_grid(name) if store is not None else None
+def _get_grid(store: Any, name: str, as_json: bool) -> dict[str, Any]:
+    """The grid's catalog row with its versions; a clean error when there is no catalog, it
+    cannot be read (no schema, server down) or the grid is not in it."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    hint = f"(run `phaselab run {name}` first)"
+    if store is None:
+        fail(as_json, f"there is no catalog yet {hint}")
+    try:
+        grid = store.get_grid(name)
+    except SQLAlchemyError as err:
+        where = store.engine.url.render_as_string(hide_password=True)
+        why = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        fail(as_json, f"cannot read the catalog at {where}: {why} {hint}")
     if grid is None:
-        fail(as_json, f"grid {name!r} is not in the catalog (run `phaselab run {name}` first)")
-    return grid["id"]
+        fail(as_json, f"grid {name!r} is not in the catalog {hint}")
+    return grid
 
 
-def _grid_rows(store: Any, name: str, as_json: bool, all_versions: bool) -> list[Any]:
-    """Stage rows of a grid: its latest submitted version (with its tune trials), or every stage
-    ever linked to its cells with ``all_versions``."""
+def _grid_id(store: Any, name: str, as_json: bool) -> int:
+    return _get_grid(store, name, as_json)["id"]
+
+
+def _version(store: Any, name: str, version: int | None, as_json: bool) -> dict[str, Any]:
+    """The grid version ``version``, or the one last run or submitted (see ``pick_version``)."""
+    from phaselab.catalog.store_reads import pick_version
+
+    try:
+        return pick_version(_get_grid(store, name, as_json), version)
+    except LookupError as err:
+        fail(as_json, str(err))
+
+
+def _grid_rows(store: Any, name: str, as_json: bool, all_versions: bool, version: int | None = None) -> list[Any]:
+    """Stage rows of a grid: its version ``version`` or the one last run (with its tune
+    trials), or every stage ever linked to its cells with ``all_versions``."""
     from phaselab.orchestrator.controller import version_stages
     from phaselab.orchestrator.stages import child_kinds
 
-    rows = store.stages_for_grid(_grid_id(store, name, as_json))
-    current = None if all_versions else version_stages(store.get_grid(name))
+    grid_id = _grid_id(store, name, as_json)
+    rows = store.stages_for_grid(grid_id)
+    current = None if all_versions else version_stages({"versions": [_version(store, name, version, as_json)]})
     if current is None:
         return rows
     children = child_kinds()
@@ -119,9 +158,10 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
         address: str = ADDRESS, num_cpus: int = typer.Option(None, help="CPUs of the local Ray cluster."),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Track stages in MLflow."),
         dashboard: bool = typer.Option(False, help="Start the Ray dashboard (127.0.0.1)."),
-        as_json: bool = JSON) -> None:
+        max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
     """Plan, submit and execute a grid to completion (idempotent: finished stages are cache hits)."""
     start = time.monotonic()
+    _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)
@@ -146,10 +186,11 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
 
 @app.command()
 def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
-         as_json: bool = JSON) -> None:
+         max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
     """Show the stage DAG: cached / will run / running / failed, with GPU-hour estimates. No side effects."""
     from phaselab.orchestrator.views import plan_rows, render_plan
 
+    _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
     store = open_store(catalog, create=False)
     rows, all_rows = {}, []
@@ -171,11 +212,13 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
 
 @app.command()
 def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
-           runs_root: Path = RUNS, address: str = JOBS_ADDRESS, as_json: bool = JSON) -> None:
+           runs_root: Path = RUNS, address: str = JOBS_ADDRESS, max_cells: int = MAX_CELLS,
+           as_json: bool = JSON) -> None:
     """Register the grid in the catalog (idempotent); with --address, launch or attach its controller
     as a Ray job with the deterministic id phaselab-<grid hash>-v<version>."""
     from phaselab.orchestrator.controller import Controller
 
+    _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
     store = open_store(catalog, create=True)
     grid_id = Controller(store, dag).submit(requeue=True)
@@ -183,7 +226,7 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
                            "stages": len(dag.nodes)}
     if address:
-        out["job"] = _submit_job(address, dag, store.url, runs_root)
+        out["job"] = _submit_job(address, dag, store.url, runs_root, version)
     emit(as_json, out)
     if not as_json:
         make_console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
@@ -202,14 +245,38 @@ def _ray_auth_headers() -> dict[str, str] | None:
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
-def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None) -> dict[str, Any]:
-    """Launch (or attach to) the grid's controller as a Ray job with a deterministic id; the job
-    runs ``phaselab resume GRID`` against the same catalog and runs root (DESIGN §5.2)."""
+# Settings a submitted controller needs; they travel in the job's environment (runtime_env),
+# never in its entrypoint, which the Jobs API, the job log and the process list show.
+JOB_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES",
+           "RAY_AUTH_TOKEN")
+
+
+def job_request(address: str, grid: str, catalog_url: str, runs_root: Path | None,
+                version: int | None = None) -> dict[str, Any]:
+    """``entrypoint`` and ``runtime_env`` of the Ray job that runs ``phaselab resume GRID``
+    against this catalog and runs root: the catalog URL (which may hold a password) and tokens
+    only in ``runtime_env.env_vars``."""
     import shlex
 
-    from ray.job_submission import JobSubmissionClient
-
     from phaselab.orchestrator.controller import default_runs_root
+
+    root = Path(runs_root or default_runs_root()).resolve()
+    # A local cluster runs jobs with this interpreter; a remote one with the image's `python`.
+    host = address.split("://", 1)[-1].split(":", 1)[0]
+    python = sys.executable if host in ("127.0.0.1", "localhost") else "python"
+    entry = " ".join(shlex.quote(a) for a in (python, "-m", "phaselab.orchestrator.cli", "resume", grid,
+                                              "--runs-root", str(root),
+                                              *(("--version", str(version)) if version else ())))
+    env = {k: v for k in JOB_ENV if (v := os.environ.get(k))}
+    env["PHASELAB_CATALOG_URL"] = catalog_url
+    return {"entrypoint": entry, "runtime_env": {"env_vars": env}}
+
+
+def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
+                version: int | None = None) -> dict[str, Any]:
+    """Launch (or attach to) the grid's controller as a Ray job with a deterministic id
+    (DESIGN §5.2); see :func:`job_request`."""
+    from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(address, headers=_ray_auth_headers())
     k = 1
@@ -222,27 +289,19 @@ def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None
         if status.rsplit(".", 1)[-1] not in ("FAILED", "STOPPED"):
             return {"id": job_id, "status": status, "attached": True}
         k += 1
-    root = Path(runs_root or default_runs_root()).resolve()
-    # A local cluster runs jobs with this interpreter; a remote one with the image's `python`.
-    host = address.split("://", 1)[-1].split(":", 1)[0]
-    python = sys.executable if host in ("127.0.0.1", "localhost") else "python"
-    entry = " ".join(shlex.quote(a) for a in (python, "-m", "phaselab.orchestrator.cli", "resume", dag.spec.grid,
-                                              "--catalog", catalog_url, "--runs-root", str(root)))
-    env = {k: v for k in ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY") if (v := os.environ.get(k))}
-    client.submit_job(entrypoint=entry, submission_id=job_id, runtime_env={"env_vars": env} if env else None)
-    return {"id": job_id, "status": "SUBMITTED", "attached": False, "entrypoint": entry}
+    req = job_request(address, dag.spec.grid, catalog_url, runs_root, version)
+    client.submit_job(entrypoint=req["entrypoint"], submission_id=job_id, runtime_env=req["runtime_env"])
+    return {"id": job_id, "status": "SUBMITTED", "attached": False, "entrypoint": req["entrypoint"]}
 
 
-def _stored_dag(store: Any, name: str, as_json: bool) -> Any:
-    """The DAG of the grid's latest submitted version, rebuilt from its resolved YAML."""
+def _stored_dag(store: Any, name: str, as_json: bool, version: int | None = None) -> Any:
+    """The DAG of the grid's version ``version`` (default: the one last run or submitted),
+    rebuilt from its resolved YAML."""
     from phaselab.orchestrator.dag import build_dag
     from phaselab.orchestrator.spec import validate_spec
     from phaselab.orchestrator.yamlio import GridError, load_yaml
 
-    grid = store.get_grid(name) if store is not None else None
-    if grid is None or not grid["versions"]:
-        fail(as_json, f"grid {name!r} is not in the catalog")
-    latest = grid["versions"][-1]
+    latest = _version(store, name, version, as_json)
     try:
         doc, marks = load_yaml(latest["yaml_resolved"], file=f"<catalog grid {name} v{latest['version']}>")
         dag = build_dag(validate_spec(doc, marks), marks, yaml_submitted=latest["yaml_submitted"],
@@ -259,13 +318,14 @@ def _stored_dag(store: Any, name: str, as_json: bool) -> Any:
 def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a grid file)."),
            overrides: list[str] = OVERRIDES, catalog: str = CATALOG, runs_root: Path = RUNS,
            address: str = ADDRESS, num_cpus: int = typer.Option(None), mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow"),
-           as_json: bool = JSON) -> None:
+           version: int = VERSION, max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
     """Re-attach a controller to a grid: reclaim stages of a dead controller, finish the rest."""
     start = time.monotonic()
+    _max_cells(max_cells)
     if Path(grid).is_file() or overrides:
         dag = _plan(grid, overrides, as_json)
     else:
-        dag = _stored_dag(open_store(catalog, create=False), grid, as_json)
+        dag = _stored_dag(open_store(catalog, create=False), grid, as_json, version)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
     results = _results(store, dag, as_json)
@@ -277,18 +337,18 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
 @app.command()
 def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
            watch: bool = typer.Option(False, "--watch", help="Refresh until nothing is pending."),
-           all_versions: bool = ALL_VERSIONS, as_json: bool = JSON) -> None:
-    """Per-stage state of a grid (its latest submitted version), from the catalog."""
+           all_versions: bool = ALL_VERSIONS, version: int = VERSION, as_json: bool = JSON) -> None:
+    """Per-stage state of a grid (the version last run or submitted, or --version), from the catalog."""
     from phaselab.orchestrator.views import render_status, status_rows
 
     store = open_store(catalog, create=False)
     if as_json:
-        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
+        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions, version))
         emit(True, {"ok": True, "grid": grid, "stages": srows})
         return
     console = make_console()
     while True:
-        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions))
+        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions, version))
         if watch:
             console.clear()
         render_status(console, grid, srows)
@@ -390,6 +450,7 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
 cli_train.register(app)
 cli_maint.register(app)
 cli_catalog.register(app)
+cli_tracking.register(app)
 
 
 if __name__ == "__main__":   # `python -m phaselab.orchestrator.cli` (the Ray job entrypoint)

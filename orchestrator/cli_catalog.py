@@ -104,6 +104,9 @@ def register(app: typer.Typer) -> None:
         """Serve the MLflow UI on the tracking store beside the catalog."""
         from phaselab.catalog.mlflow_server import serve
 
-        emit(as_json, {"ok": True, "url": f"http://{host}:{port}"})
-        code = serve(host=host, port=port, catalog_url=catalog, block=True)
+        try:   # a non-loopback host or a bad port is refused before anything starts
+            code = serve(host=host, port=port, catalog_url=catalog, block=True,
+                         on_start=lambda: emit(as_json, {"ok": True, "url": f"http://{host}:{port}"}))
+        except ValueError as err:
+            fail(as_json, str(err))
         raise typer.Exit(0 if code == 0 else 1)

@@ -305,7 +305,7 @@ def test_half_applied_replay_keeps_the_run_for_the_calls_left(tracking: tuple[st
 
     from phaselab.catalog.mlflow_tracker import replay_spools
 
-    uri, root = tracking
+    uri, _ = tracking
     dead = _stage_tracker(f"http://127.0.0.1:{_free_port()}", None, tmp_path)
     dead.log_metrics({"loss": 2.0}, step=1)
     missing = tmp_path / "late" / "report.json"

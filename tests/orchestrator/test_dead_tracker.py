@@ -5,42 +5,25 @@ CLI, in about the time of a run without tracking, and its tracker calls wait in 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from _quickstart import closed_port, quickstart_cmd, quickstart_env
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-# The quickstart, shrunk to a few seconds of training per stage (same 8 stages, same DAG).
-TINY = ["defaults.train.steps=4", "defaults.train.final_eval_batches=1", "defaults.train.ckpt_every=2",
-        "stages.yarn.train.steps=2", "stages.yarn.train.ckpt_every=1",
-        "stages.ppl.eval.ppl.max_tokens=512", "stages.ppl_yarn.eval.ppl.max_tokens=512"]
 RUN_LIMIT_S = 150
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_quickstart(work: Path, *extra: str, tracking_uri: str | None = None) -> tuple[dict, float]:
-    """``phaselab run quickstart`` in a subprocess with its own catalog and runs root; returns
-    its JSON summary and wall time."""
+    """``phaselab run quickstart`` with its own catalog and runs root; its JSON summary and wall time."""
     work.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
-    if tracking_uri:
-        env["MLFLOW_TRACKING_URI"] = tracking_uri
-    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", "quickstart", *TINY, "--num-cpus", "2",
-           "--catalog", f"sqlite:///{work / 'catalog.db'}", "--runs-root", str(work / "runs"), "--json", *extra]
+    env = quickstart_env(**({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}))
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S)
+    proc = subprocess.run(quickstart_cmd(work, "--json", *extra), cwd=work, env=env, capture_output=True,
+                          text=True, timeout=RUN_LIMIT_S, check=False)
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), seconds
@@ -48,6 +31,7 @@ def run_quickstart(work: Path, *extra: str, tracking_uri: str | None = None) -> 
 
 def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path: Path) -> None:
     from mlflow import MlflowClient
+
     from phaselab.catalog.mlflow_tracker import replay_spools
 
     dead_uri = f"http://127.0.0.1:{closed_port()}"

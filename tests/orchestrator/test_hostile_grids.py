@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from _orchestrator_grids import BASE, locate
+
 from phaselab.orchestrator import limits
 from phaselab.orchestrator.dag import plan_grid
 from phaselab.orchestrator.grid import check_size, expand_cells, resolve_cell
@@ -206,8 +207,9 @@ def test_cell_and_stage_maxima_can_be_raised_explicitly(monkeypatch: pytest.Monk
 
 
 def test_deep_grid_through_the_cli_prints_a_message_not_a_traceback(tmp_path: Path) -> None:
-    from phaselab.orchestrator.cli import app
     from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
 
     path = _write(tmp_path, BASE + "x-deep: " + "[" * 20_000 + "]" * 20_000 + "\n")
     res = CliRunner().invoke(app, ["plan", str(path), "--json"])
@@ -219,8 +221,9 @@ def test_deep_grid_through_the_cli_prints_a_message_not_a_traceback(tmp_path: Pa
 @pytest.mark.parametrize("payload", [b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
                                      BASE.encode() + b"description: caf\xe9\n"])
 def test_binary_or_latin1_file_through_plan_names_the_file(tmp_path: Path, payload: bytes) -> None:
-    from phaselab.orchestrator.cli import app
     from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
 
     path = _write(tmp_path, payload)
     err = _bounded(lambda: plan_grid(path))
@@ -254,3 +257,61 @@ def test_huge_range_override_is_refused_before_it_is_built(tmp_path: Path) -> No
     n = limits.MAX_SWEEP_VALUES
     with pytest.raises(GridError, match=f"the grid has {2 * n} cells"):   # the limit itself passes the sweep
         plan_grid(path, [f"defaults.train.seed=range(0,{n})"])
+
+
+def _cli_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    res = CliRunner().invoke(app, [*args, "--json"], env=env)
+    assert "Traceback" not in res.output, res.output
+    return res.exit_code, json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("verb", [["status", "t"], ["retry", "t", "--failed"], ["resume", "t"]])
+def test_verbs_without_a_catalog_print_a_message(tmp_path: Path, verb: list[str]) -> None:
+    missing = f"sqlite:///{tmp_path / 'none' / 'catalog.db'}"
+    code, out = _cli_json(*verb, "--catalog", missing)
+    assert code == 1 and out["error"] == "there is no catalog yet (run `phaselab run t` first)"
+    empty = tmp_path / "empty.db"
+    empty.touch()   # a file without the schema
+    code, out = _cli_json(*verb, "--catalog", f"sqlite:///{empty}")
+    assert code == 1 and out["error"].startswith(f"cannot read the catalog at sqlite:///{empty}: no such table")
+
+
+def test_mlflow_on_a_public_host_is_a_message(tmp_path: Path) -> None:
+    code, out = _cli_json("mlflow", "--host", "0.0.0.0", "--catalog", f"sqlite:///{tmp_path / 'c.db'}")
+    assert code == 1 and out == {"ok": False, "error": "host '0.0.0.0' is not a loopback address; pass "
+                                 "allow_remote=True to expose an unauthenticated MLflow server"}
+
+
+def test_max_cells_flag_raises_the_cell_maximum_for_one_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(limits.CELLS_ENV, "1")
+    path = _write(tmp_path, BASE)
+    code, out = _cli_json("plan", str(path))
+    assert code == 1 and "the grid has 2 cells" in out["error"] and "--max-cells" in out["error"]
+    code, out = _cli_json("plan", str(path), "--max-cells", "2")
+    assert code == 0 and len(out["cells"]) == 2
+
+
+def test_sync_tracking_reports_what_is_still_pending(tmp_path: Path) -> None:
+    import socket
+
+    from phaselab.catalog.mlflow_tracker import MlflowTracker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    runs = tmp_path / "runs"
+    t = MlflowTracker(tracking_uri=dead, experiment="t", run_name="r", spool_path=runs / "_mlflow_spool" / "a.jsonl")
+    t.log_metrics({"loss": 1.0}, step=1)
+    t.end("FINISHED")
+    args = ("sync-tracking", "--catalog", f"sqlite:///{tmp_path / 'c.db'}", "--runs-root", str(runs))
+    code, out = _cli_json(*args, env={"MLFLOW_TRACKING_URI": dead})
+    assert code == 1 and out["pending"] == {"a.jsonl": 3} and out["pending_calls"] == 3
+    code, out = _cli_json(*args, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert code == 0 and out["pending"] == {} and out["spools"] == 1
+    assert not (runs / "_mlflow_spool" / "a.jsonl").exists()
