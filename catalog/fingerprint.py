@@ -96,10 +96,3 @@ def env_fingerprint(*, seeds: Any = None, world_size: int | None = None, attn_ba
     }
     json.dumps(env)  # fail here, not in the catalog, if a caller passed something unserialisable
     return env
-
-
-def fingerprint_digest(env: Mapping[str, Any], *, ignore: tuple[str, ...] = ("host", "extra")) -> str:
-    """sha256 of the canonical JSON of ``env`` without volatile keys; equal digests mean the same
-    environment for the purpose of ``plan``'s cache-hit warning."""
-    payload = {k: v for k, v in env.items() if k not in ignore}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from phaselab.orchestrator import limits
 from phaselab.orchestrator.spec import GridSpec, StageTemplate
+from phaselab.orchestrator.stages import STAGES
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, YamlPath, dotted, suggest
 
 _INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
@@ -25,8 +26,6 @@ _INTERP = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
 def kind_sections(kind: str) -> tuple[str, ...]:
     """Which config sections a stage kind reads (DESIGN §3.3: a stage receives only its own
     config); e.g. cpt/finetune take their model from the upstream checkpoint."""
-    from phaselab.orchestrator.stages import STAGES
-
     return STAGES[kind].sections
 
 
@@ -204,15 +203,15 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
             merged = deep_merge(base or {}, over or {}, ("defaults", sec), ("stages", name, sec),
                                 origins, sec)
             sections[sec] = interpolate(merged, cell.axes, sec, origins, marks)
-        if st.kind in ("pretrain", "cpt", "finetune", "tune"):
+        stage = STAGES[st.kind]
+        if stage.trains:
             train = sections.setdefault("train", {})
             if "seed" not in train:   # the grid's seed axis drives the training seed
                 train["seed"] = cell.axes["seed"]
                 origins["train.seed"] = ("seeds",)
         res = {**(spec.defaults.resources.model_dump(exclude_unset=True) if spec.defaults.resources else {}),
                **(st.resources.model_dump(exclude_unset=True) if st.resources else {})}
-        launcher = st.launcher or spec.defaults.launcher or (
-            "ray_train" if st.kind in ("pretrain", "cpt", "finetune") else "ray_task")   # tune: trials are Tune's
+        launcher = st.launcher or spec.defaults.launcher or stage.default_launcher
         rs = ResolvedStage(name=name, cell=cell, template=st, sections=sections,
                            origins=origins, resources=res, launcher=launcher)
         check_ranges(rs, marks)
@@ -233,15 +232,3 @@ def map_config_error(stage: ResolvedStage, dotted_key: str, marks: Marks) -> Yam
             return (*origin, last) if (*origin, last) in marks.by_path else origin
         key = parent
     return ("stages", stage.name)
-
-
-def resolve_grid(spec: GridSpec, marks: Marks,
-                 normalize: Callable[[ResolvedStage], Any] | None = None) -> list[tuple[ResolvedStage, Any]]:
-    """Every (resolved stage, typed config) of the grid; ``normalize`` converts a stage's sections
-    into its typed config (raising GridError with positions). Without it the raw sections pass."""
-    out = []
-    for cell in expand_cells(spec, marks):
-        for rs in resolve_cell(spec, cell, marks):
-            out.append((rs, normalize(rs) if normalize else dict(rs.sections)))
-    return out
-

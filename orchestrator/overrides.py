@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from phaselab.orchestrator import limits
+from phaselab.orchestrator.stages import section_names
 from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
@@ -44,6 +45,12 @@ class Override:
     path: tuple[str | int, ...]
     value: Any = None
     sweep: tuple[Any, ...] | None = None
+
+
+def _sections() -> frozenset[str]:
+    """Config sections (every registered stage kind's, and ``resources``): inside one, any field
+    of its config may be set, and the strict validation reports an unknown one."""
+    return frozenset(section_names()) | {"resources"}
 
 
 def _fail(text: str, msg: str, key: str = "", suggestion: str | None = None) -> GridError:
@@ -133,15 +140,14 @@ def parse_override(text: str) -> Override:
     return Override(text=text, op=op, path=path, value=_scalar(text, raw))
 
 
-_SECTIONS = ("model", "data", "train", "extend", "eval", "noop", "resources")
 
 
 def in_section(path: tuple) -> bool:
     """Paths inside a config section (``defaults.train.lr``, ``stages.x.model.pe.kind``): their
     keys are checked against the workloads' configs later, so a ``key=v`` there may name a field
     the YAML leaves at its default (Hydra's structured-config behaviour)."""
-    return (len(path) >= 3 and path[0] == "defaults" and path[1] in _SECTIONS) or (
-        len(path) >= 4 and path[0] == "stages" and path[2] in _SECTIONS)
+    return (len(path) >= 3 and path[0] == "defaults" and path[1] in _sections()) or (
+        len(path) >= 4 and path[0] == "stages" and path[2] in _sections())
 
 
 def _parent(doc: Any, ov: Override, *, create: bool) -> Any:

@@ -245,14 +245,6 @@ def get_path(data: Any, path: YamlPath) -> Any:
     return data
 
 
-def has_path(data: Any, path: YamlPath) -> bool:
-    try:
-        get_path(data, path)
-    except (KeyError, IndexError, TypeError):
-        return False
-    return True
-
-
 def all_paths(data: Any, prefix: YamlPath = ()) -> list[YamlPath]:
     """Every mapping key path in ``data`` (used to suggest the nearest existing key)."""
     out: list[YamlPath] = []
