@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   create .venv, install the pinned set, run the main job (phaselab run quickstart)
-#   make test   install (if needed) and run the whole CPU test suite
+#   make test   install (if needed), lint (the pinned ruff) and run the whole CPU test suite
 # pip (not uv/poetry) with constraints.txt: it keeps the CPU torch wheel and never pulls CUDA torch.
 PYTHON ?= python3
 VENV   ?= .venv
@@ -26,10 +26,12 @@ demo: install
 	$(VENV)/bin/phaselab run quickstart
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
 
 # On a CUDA machine: the kernel sweeps and GPU entry points.
 gpu-test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m gpu -q $(PYTEST_ARGS)
 
 lint: install

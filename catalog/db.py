@@ -136,12 +136,12 @@ def _run_command(engine: Engine, name: str, revision: str) -> None:
 
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     sqlite = engine.url.get_backend_name() == "sqlite"
-    with _sqlite_migration_lock(engine) if sqlite else contextlib.nullcontext():
-        with engine.begin() as connection:
-            if engine.url.get_backend_name() == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-            cfg.attributes["connection"] = connection
-            getattr(command, name)(cfg, revision)
+    lock = _sqlite_migration_lock(engine) if sqlite else contextlib.nullcontext()
+    with lock, engine.begin() as connection:
+        if engine.url.get_backend_name() == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        cfg.attributes["connection"] = connection
+        getattr(command, name)(cfg, revision)
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

@@ -299,7 +299,7 @@ class MlflowTracker:
         for i, op in enumerate(ops):
             try:
                 self._apply(op)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (any tracker failure: keep the call spooled)
                 if self.run_id is not None and _server_said_no(exc):
                     log.warning("MLflow refused spooled %s call (%s); dropped", op.get("op"), exc)
                     continue
@@ -334,7 +334,7 @@ class MlflowTracker:
             return
         try:
             self._apply(op)
-        except Exception as exc:  # never into training: spool and catch up later
+        except Exception as exc:  # noqa: BLE001 (never into training: spool and catch up later)
             log.warning("MLflow call %s failed (%s); spooling to %s", op["op"], exc, self.spool_path)
             self._offline = True
             self._last_try = time.monotonic()
@@ -351,7 +351,7 @@ class MlflowTracker:
                 op = {**op, "path": str(copy), "basename": Path(op["path"]).name}
             with _locked(self.spool_path, blocking=True), self.spool_path.open("a") as f:
                 f.write(json.dumps(op, default=str) + "\n")
-        except Exception as exc:  # a full disk must not kill training either
+        except Exception as exc:  # noqa: BLE001 (a full disk must not kill training either)
             log.error("could not spool MLflow call %s: %s", op.get("op"), exc)
 
     def _client(self) -> Any:

@@ -1,4 +1,4 @@
-"""The offline demo (issue 2, item 5): tiny RoPE, PoPE and TAPA models on Indirect Indexing.
+"""The offline demo: tiny RoPE, PoPE and TAPA models on Indirect Indexing.
 
     python -m phaselab.workloads.demo                 # < 5 min on 2 CPU cores (1200 steps each)
     python -m phaselab.workloads.demo --steps 300     # quicker
@@ -61,9 +61,10 @@ class ProgressTracker(NullTracker):
 def run_demo(*, steps: int = DEFAULT_STEPS, encodings: Sequence[str] = ENCODINGS, seed: int = 0,
              out_dir: Path, console: Any = None, paper_task: bool = False) -> list[DemoRow]:
     """Train one tiny model per encoding and return its measured accuracies."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from phaselab.workloads.recipes.pope import ii_demo
     from phaselab.workloads.train.api import run_training
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     rows = []
     columns = (TextColumn("{task.description:>5}"), BarColumn(), MofNCompleteColumn(),

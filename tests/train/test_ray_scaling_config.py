@@ -1,4 +1,4 @@
-"""``fit``'s Ray Train ScalingConfig honours ``resources_per_worker`` (issue 8 gap).
+"""``fit``'s Ray Train ScalingConfig honours ``resources_per_worker``.
 
 The config is built by ``ray_entry.scaling_config``, the function ``fit`` calls, and checked as
 Ray itself reads it (per-worker CPU/GPU and the cluster total it will reserve); no Ray cluster is
@@ -8,6 +8,7 @@ started. Bad values are ValueErrors naming the key, raised by ``fit`` before Ray
 from __future__ import annotations
 
 import pytest
+
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset
 

@@ -1,4 +1,4 @@
-"""Issue 8 telemetry of the training loop: checkpoint save/restore times and peak memory.
+"""Telemetry of the training loop: checkpoint save/restore times and peak memory.
 
 A tiny single-process run (``api.run_training``) writes through a real ``JsonlTracker``; the
 metrics file is read back and checked: ``ckpt/save_s`` at every checkpoint step, ``ckpt/load_s``
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from phaselab.workloads.config import from_dict, to_dict
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.presets import preset

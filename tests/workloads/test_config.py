@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+
 from phaselab.workloads.config import ConfigError, from_dict, to_dict
 from phaselab.workloads.models.config import ContextExtension, ModelConfig, PEConfig
 

@@ -4,8 +4,9 @@ accuracies measured from real argmax predictions on the whole test split."""
 import re
 
 import pytest
-from phaselab.workloads.demo import main, render, run_demo
 from rich.console import Console
+
+from phaselab.workloads.demo import main, render, run_demo
 
 
 def test_demo_table_reports_measured_accuracies(tmp_path):

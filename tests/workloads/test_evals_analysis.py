@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_evals_fixtures import tiny_model
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig, build_dataset
@@ -14,7 +16,6 @@ from phaselab.workloads.evals.api import run_eval
 from phaselab.workloads.models.checkpoint_io import save_model
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
-from test_evals_fixtures import tiny_model
 
 
 def _hooked_qk(model, passages):

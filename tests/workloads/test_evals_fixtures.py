@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.data import DataConfig, build_dataset
 from phaselab.workloads.models.checkpoint_io import load_model, save_model

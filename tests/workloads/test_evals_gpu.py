@@ -1,4 +1,4 @@
-"""GPU: perplexity by length up to 64k tokens with memory linear in length (issue 5 acceptance).
+"""GPU: perplexity by length up to 64k tokens with memory linear in length.
 
 A small GPT-2-vocabulary model per encoding (4 layers, width 256, 4 heads of 64; random init —
 the point is memory and completion, not the perplexity value) scores one 65 536-token window per
@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer

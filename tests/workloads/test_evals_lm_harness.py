@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
+from test_evals_fixtures import text_dataset, trained_checkpoint, trained_model  # noqa: F401
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.evals.api import run_eval
 from phaselab.workloads.evals.bundle import (
@@ -17,7 +19,6 @@ from phaselab.workloads.evals.bundle import (
     read_blimp_members,
 )
 from phaselab.workloads.evals.lm_harness import PhaseLabLM, continuation_logprobs
-from test_evals_fixtures import text_dataset, trained_checkpoint, trained_model  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +160,7 @@ def test_cbt_task_yaml_prompts():
     """The bundled CBT YAMLs (online data) load with lm-eval's own loader and build the GPT-2-style
     prompt: sentences + question up to the blank; each option followed by the rest of the question."""
     from lm_eval.tasks._yaml_loader import load_yaml
+
     from phaselab.workloads.evals.bundle import TASKS_DIR
 
     cfg = load_yaml(TASKS_DIR / "phaselab_cbt_ne.yaml")
@@ -179,6 +181,7 @@ def test_paper_tasks_selectable_by_name(tmp_path):
     """The paper's online tasks and phaselab's bundled ones resolve in one TaskManager (no data
     is loaded: indexing only)."""
     from lm_eval.tasks import TaskManager
+
     from phaselab.workloads.evals.bundle import TASKS_DIR
 
     root, _ = build_blimp_bundle(tmp_path, uids=["causative"])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_evals_fixtures import text_dataset, tiny_model, trained_checkpoint
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.evals import niah
 from phaselab.workloads.evals.api import run_eval
-from test_evals_fixtures import text_dataset, tiny_model, trained_checkpoint
 
 
 @pytest.fixture(scope="module")

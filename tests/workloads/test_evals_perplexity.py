@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_evals_fixtures import trained_checkpoint, trained_model  # noqa: F401  (fixture)
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.evals.api import run_eval
 from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length, plan_windows
-from test_evals_fixtures import trained_checkpoint, trained_model  # noqa: F401  (fixture)
 
 
 class BigramLM(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""`Transformer.forward(logits=False)` and the engines' use of it (issue 4: the fused LM-head loss).
+"""`Transformer.forward(logits=False)` and the engines' use of it (the fused LM-head loss).
 
 CPU keeps `masked_cross_entropy` (bitwise the logits=True loss); CUDA (`gpu`) takes the fused
 kernel of phaselab.kernels.loss, eager and under torch.compile, checked against the logits path.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from phaselab.kernels.testing import assert_close
 from phaselab.workloads.models import preset
 from phaselab.workloads.models.transformer import Transformer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from phaselab.workloads.config import ConfigError
 from phaselab.workloads.models import ModelConfig, preset
 from phaselab.workloads.models.presets import PRESET_NAMES

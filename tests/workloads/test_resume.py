@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset

@@ -4,6 +4,7 @@ import itertools
 import math
 
 import pytest
+
 from phaselab.workloads.train.schedule import Schedule
 
 

@@ -8,6 +8,7 @@ last, and an evaluation of the final checkpoint gives a clearly larger loss.
 """
 
 import pytest
+
 from phaselab.catalog.tracking import NullTracker, RecordingTracker
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.evals.api import NoBestCheckpoint, SelectConfig, parse_select, run_eval

@@ -10,6 +10,7 @@ One ``fit`` (~30-45 s of Ray/DeepSpeed start-up on 2 cores) plus the DeepSpeed J
 from pathlib import Path
 
 import pytest
+
 from phaselab.catalog.tracking import NullTracker
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset

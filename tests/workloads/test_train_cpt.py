@@ -3,6 +3,7 @@ frequencies and the block size, keeps every weight, and starts a fresh optimiser
 
 import pytest
 import torch
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.kernels.rotary.scaling import RopeConfig, rope_frequencies
 from phaselab.workloads.config import to_dict

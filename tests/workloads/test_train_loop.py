@@ -6,6 +6,7 @@ import signal
 
 import pytest
 import torch
+
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig, build_dataset
@@ -66,7 +67,7 @@ def test_nan_loss_raises_training_diverged():
     with pytest.raises(TrainingDiverged, match="loss is nan") as info:
         train(engine, dataset, cfg, tracker=RecordingTracker(), start_step=0, save=lambda s, m: None)
     assert info.value.step == 0
-    # the check runs once per step, in optimizer_step, still before the update (issue 4)
+    # the check runs once per step, in optimizer_step, still before the update
     for n, p in model.named_parameters():
         torch.testing.assert_close(p, before[n], rtol=0, atol=0, equal_nan=True, msg=n)
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
 from phaselab.workloads.train.optim import OptimConfig, build_optimizer, param_groups, set_lr

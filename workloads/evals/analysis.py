@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from phaselab.workloads.evals.perplexity import model_device
 
 N_PASSAGES = 10

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
 from phaselab.workloads.evals.niah import greedy_decode
 from phaselab.workloads.evals.perplexity import autocast, model_device, token_logprobs
 

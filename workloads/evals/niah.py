@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
 from phaselab.workloads.evals.perplexity import autocast, model_device
 
 NEEDLE = " The special magic {noun} is {answer}. "

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from phaselab.workloads.evals.perplexity import autocast, model_device, token_logprobs
 
 

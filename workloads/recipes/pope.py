@@ -39,7 +39,7 @@ def ii_tiny(pe: str = "pope", *, seed: int = 0, steps: int = 2000, **train: Any)
 
 def ii_demo(pe: str = "pope", *, seed: int = 0, steps: int = 1200, short: bool = True,
             **train: Any) -> dict[str, Any]:
-    """The offline demo's Indirect Indexing (issue 2): 2 layers, width 64, 4 heads, batch 64,
+    """The offline demo's Indirect Indexing: 2 layers, width 64, 4 heads, batch 64,
     lr 3e-3 → 3e-4. ``short`` (default) shrinks the generator to 8-12 letters and shifts in ±4
     (block 24) so that a 2-core CPU sees learning within minutes; with the paper's generator
     (20-40 letters, ±15) every encoding stays at chance (~2.5 %) for the first few thousand

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads.config import ConfigError, from_dict, to_dict
 from phaselab.workloads.data import DataConfig, build_dataset
@@ -332,7 +333,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
         start = _restore(latest, model=model, optimizer=optimizer)
         load_s = time.perf_counter() - t0
     tracker.log_params(flat_params(resolved) | {"init_from": str(init_from)})
-    if load_s is not None:  # issue 8: restore time, at the step the run resumes from
+    if load_s is not None:  # restore time, at the step the run resumes from
         tracker.log_metrics({"ckpt/load_s": load_s}, step=start)
     engine = engine_for(model, optimizer, cfg, device=device, block_size=dataset.block_size)
 

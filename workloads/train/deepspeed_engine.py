@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO 0-3 behind the loop's Engine interface (loop.py), and its checkpoints.
 
-The DeepSpeed config is generated from TrainConfig, never written by hand (issue 4):
+The DeepSpeed config is generated from TrainConfig, never written by hand:
 micro-batch = batch_size / (grad_accum * world), accumulation, clipping, ZeRO stage, bf16 on GPU
 and fp32 on CPU. The optimiser is our own torch AdamW with phaselab's parameter groups, passed as
 DeepSpeed's *client optimizer* (STACK.md: on CPU this avoids JIT-building ``fused_adam``, ~49 s);
@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
 from phaselab.workloads.train.loop import TrainConfig, check_finite
 from phaselab.workloads.train.optim import build_optimizer, is_delta, set_lr
-from torch import nn
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +87,7 @@ class DeepSpeedEngine:
 
     def micro_step(self, batch: Any, *, step: int, last: bool) -> float:
         x, y, m = (t.to(self.device) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
-        # loss only (the fused LM-head loss on CUDA, issue 4), except under ZeRO-3: its partitioned
+        # loss only (the fused LM-head loss on CUDA), except under ZeRO-3: its partitioned
         # lm_head weight is gathered only inside lm_head's own forward, which the fused loss skips
         _, loss = self.ds(x, targets_BT=y, loss_mask_BT=m, logits=self.zero_stage == 3)
         value = check_finite(loss.detach(), step=step, what="loss")

@@ -13,12 +13,12 @@ One function, :func:`train`, drives an *engine* — :class:`TorchEngine` (one pr
 
 Besides losses, every log step reports ``train/peak_mem_gib`` on CUDA (the allocator's peak since
 the previous log step, this rank; absent on CPU, where torch keeps no such counter) and every
-checkpoint ``ckpt/save_s`` (wall seconds of the blocking ``save`` call; issue 8).
+checkpoint ``ckpt/save_s`` (wall seconds of the blocking ``save`` call).
 
 The NaN/Inf check of the losses and the grad norm happens in ``optimizer_step``, before the
 update, with one device-to-host copy per step (TorchEngine): a check right after each forward
 would stall the host there until the forward finished, and the backward's launch with it
-(issue 4's MFU).
+(benchmarks/results/train-h200.md).
 
 Batches are a pure function of their global index (CONTRACTS §3.3), so the data position is just
 the step number and resume is exact: on CPU, a run killed at any step and resumed reproduces the
@@ -37,11 +37,12 @@ from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from phaselab.catalog.tracking import Tracker
 from phaselab.workloads.train.optim import OptimConfig, set_lr
 from phaselab.workloads.train.schedule import Schedule
 from phaselab.workloads.train.signals import StopFlag, TrainingPreempted
-from torch import nn
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,7 +183,7 @@ class TorchEngine:
         grad_clip: max global grad norm (0 = measure only).
         grad_accum: micro-batches per step (the loss is divided by it before backward).
         fused_loss: True (default) asks the model for the loss only (``logits=False``), which on
-            CUDA is the fused linear + cross-entropy kernel (issue 4); False keeps the logits path
+            CUDA is the fused linear + cross-entropy kernel; False keeps the logits path
             (the benchmark's A/B, ``--loss torch``). Not a TrainConfig field: the math is the same,
             so stage hashes do not change.
     """

@@ -94,7 +94,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, *, allow_fused: bool = T
     groups = param_groups(model, cfg)
     if not groups:
         raise ValueError("model has no trainable parameters")
-    # One fused kernel for the whole update when every parameter lives on a GPU (issue 4: the
+    # One fused kernel for the whole update when every parameter lives on a GPU (the
     # multi-tensor path launches several kernels per parameter group per step); CPU keeps foreach.
     fused = allow_fused and all(p.is_cuda for g in groups for p in g["params"])
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,

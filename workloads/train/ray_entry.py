@@ -161,8 +161,9 @@ def _barrier() -> None:
 def _report(step: int, metrics: Mapping[str, float], write) -> str:
     """Write this rank's part of a checkpoint into a temp folder, barrier, report (DESIGN §5.7)."""
     import ray.train
-    from phaselab.workloads.train.checkpoint import step_name
     from ray.train import Checkpoint, CheckpointUploadMode
+
+    from phaselab.workloads.train.checkpoint import step_name
 
     tmp = Path(tempfile.mkdtemp(prefix=f"phaselab-{step_name(step)}-"))
     write(tmp)
@@ -209,7 +210,14 @@ def train_loop_per_worker(cfg: dict) -> None:
     import ray.train
     import ray.train.torch
     import torch
-    from phaselab.workloads.train.api import chain, final_evaluation, minima_records, periodic_splits, track_splits
+
+    from phaselab.workloads.train.api import (
+        chain,
+        final_evaluation,
+        minima_records,
+        periodic_splits,
+        track_splits,
+    )
     from phaselab.workloads.train.checkpoint import load_train_state, rng_state, set_rng_state, write_json
     from phaselab.workloads.train.fast_step import engine_for
     from phaselab.workloads.train.loop import train
@@ -246,7 +254,7 @@ def train_loop_per_worker(cfg: dict) -> None:
                 optimizer.load_state_dict(state["optimizer"])
                 start = int(state["step"])
             set_rng_state(torch.load(d / f"rng_rank{rank}.pt", weights_only=True))
-        if rank == 0:  # issue 8: restore time (rank 0's; ZeRO shards load collectively)
+        if rank == 0:  # restore time (rank 0's; ZeRO shards load collectively)
             tracker.log_metrics({"ckpt/load_s": time.perf_counter() - t0}, step=start)
 
     def write(tmp: Path, step: int, metrics: Mapping[str, float]) -> None:
@@ -389,8 +397,9 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         TrainingDiverged / any worker error (re-raised from the Ray result).
     """
     import ray.train
-    from phaselab.workloads.train.api import TrainOutcome, best_folder, parse_spec
     from ray.train.torch import TorchTrainer
+
+    from phaselab.workloads.train.api import TrainOutcome, best_folder, parse_spec
 
     parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
     scaling = scaling_config(num_workers=num_workers, use_gpu=use_gpu,
