@@ -49,12 +49,16 @@ EXTEND_BLOCK_SIZE = _extend_option("block_size", "Context length recorded in the
 TRAIN_KEYS = ("model", "data", "train", "extend", "out_dir", "init_from")
 TRAIN_CONFIG = typer.Argument(..., help="Training YAML: model, data, train, extend?, out_dir?, init_from?.")
 TRAIN_OVERRIDES = typer.Argument(None, help="Overrides: key=v (any config field), +key=v, ~key.")
+ALLOW_OUTSIDE = typer.Option(False, "--allow-outside", help="Allow an out_dir outside the current folder.")
 
 
-def _train_config(config: Path, overrides: list[str]) -> tuple[dict[str, Any], Path, Path | None]:
+def _train_config(config: Path, overrides: list[str], *, allow_outside: bool = False
+                  ) -> tuple[dict[str, Any], Path, Path | None]:
     """(run_training spec, out_dir, init_from) from a training YAML plus overrides. Sections are
     converted strictly as in grids (``model: {preset: tiny, ...}`` allowed); errors are GridErrors
-    naming FILE:LINE:COLUMN (or the override) and the key."""
+    naming FILE:LINE:COLUMN (or the override) and the key. ``out_dir`` must lie inside the
+    current folder (the project) unless ``allow_outside``: a config file is not trusted to
+    choose where checkpoints are written."""
     from phaselab.orchestrator.overrides import apply_overrides, parse_override
     from phaselab.orchestrator.stages import base
     from phaselab.orchestrator.yamlio import GridError, Issue, Mark, load_yaml_file, suggest
@@ -90,6 +94,11 @@ def _train_config(config: Path, overrides: list[str]) -> tuple[dict[str, Any], P
         path = tuple(int(p) if p.isdigit() else p for p in err.key.split("."))
         raise GridError([Issue(marks.at(path), err.key, err.message, err.suggestion)]) from None
     out_dir = Path(doc.get("out_dir") or Path(".phaselab/train") / Path(config).stem)
+    project = Path.cwd().resolve()
+    if not allow_outside and not out_dir.resolve().is_relative_to(project):
+        raise GridError([Issue(marks.at(("out_dir",)), "out_dir",
+                               f"{str(out_dir)!r} is outside the project folder {str(project)!r}; "
+                               "pass --allow-outside to write checkpoints there")])
     return spec, out_dir, Path(doc["init_from"]) if doc.get("init_from") else None
 
 
@@ -155,14 +164,15 @@ def register(app: typer.Typer) -> None:
                 _console().print(f"{r.key():<40} {r.value:.6g} {r.unit}")
 
     @app.command()
-    def train(config: Path = TRAIN_CONFIG, overrides: list[str] = TRAIN_OVERRIDES, as_json: bool = JSON) -> None:
+    def train(config: Path = TRAIN_CONFIG, overrides: list[str] = TRAIN_OVERRIDES, as_json: bool = JSON,
+              allow_outside: bool = ALLOW_OUTSIDE) -> None:
         """Run one training stage outside the orchestrator (workloads.train.api.run_training).
         Re-running with the same out_dir (default .phaselab/train/<config name>) resumes from its
         newest checkpoint; a finished run only re-evaluates."""
         from phaselab.orchestrator.yamlio import GridError
 
         try:
-            spec, out_dir, init_from = _train_config(config, overrides or [])
+            spec, out_dir, init_from = _train_config(config, overrides or [], allow_outside=allow_outside)
         except GridError as err:
             _fail(as_json, "invalid training config:\n  " + "\n  ".join(str(i) for i in err.issues))
         except FileNotFoundError as err:

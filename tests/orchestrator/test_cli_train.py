@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from phaselab.orchestrator.cli import app
@@ -33,6 +34,12 @@ train:
   log_every: 1
   device: cpu
 """
+
+
+@pytest.fixture(autouse=True)
+def _in_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with tmp_path as the project folder (out_dir must lie inside it)."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _cli(*args: str) -> tuple[int, dict | str]:
@@ -120,3 +127,15 @@ def test_shipped_example_config_is_valid() -> None:
     spec, out_dir, init_from = _train_config(ROOT / "docs" / "examples" / "train_tiny.yaml", ["train.steps=2"])
     assert spec["model"]["n_layer"] == 2 and spec["data"]["kind"] == "text" and spec["train"]["steps"] == 2
     assert out_dir == Path(".phaselab/train/train_tiny") and init_from is None
+
+
+def test_out_dir_outside_the_project_is_refused_unless_allowed(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.yaml"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    cfg.write_text(CONFIG + f"out_dir: ../{outside.name}\n")
+    code, got = _cli(str(cfg), "train.steps=1")
+    assert code != 0 and "outside the project folder" in got["error"] and "cfg.yaml:" in got["error"]
+    assert not outside.exists()
+    code, got = _cli(str(cfg), "train.steps=1", "--allow-outside")
+    assert code == 0, got
+    assert (outside / "checkpoints").is_dir()
