@@ -560,3 +560,20 @@ def prepare_cell_runs(tracking_uri: str, experiment: str, cells: Iterable[Mappin
     except Exception as exc:  # noqa: BLE001 - the tracker is a view: training goes on without it
         log.warning("MLflow at %s failed (%s); tracking is spooled", tracking_uri, exc)
     return known
+
+
+def end_cell_runs(tracking_uri: str, statuses: Mapping[str, str]) -> None:
+    """End each cell's parent run (``{run_id: FINISHED | FAILED}``) once its stages are done, so
+    no parent stays RUNNING. Never raises; a dead server costs one probe (the parents are then
+    ended by the next run that reaches it)."""
+    if not statuses or not reachable(tracking_uri):
+        return
+    http_defaults()
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        for run_id, status in statuses.items():
+            client.set_terminated(run_id, status=status)
+    except Exception as exc:  # noqa: BLE001 - the tracker is a view: the catalog has the states
+        log.warning("MLflow at %s failed ending cell runs (%s)", tracking_uri, exc)

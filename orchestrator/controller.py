@@ -234,6 +234,7 @@ class Controller:
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"grid {self.dag.spec.grid} not done after {timeout_s} s")
         rows = self._rows()
+        self._end_cell_runs(rows)
         summary.states = {h: rows[h].state for h in self.dag.nodes}
         summary.failed = {h: (r.failure_class or "", r.message or "") for h, r in rows.items()
                           if r.state in ("FAILED", "BLOCKED", "CANCELLED")}
@@ -380,6 +381,21 @@ class Controller:
         for cell in self.dag.cells:
             cid, run_id = cells[cell.key]["id"], runs.get(cell.key)
             self._cell_runs[cell.key] = (cid, self.store.set_cell_mlflow_run(cid, run_id) if run_id else None)
+
+    def _end_cell_runs(self, rows: Mapping[str, Any]) -> None:
+        """A cell's parent MLflow run ends FINISHED when all its stages succeeded, else FAILED
+        (called when no stage of the grid is pending any more)."""
+        if not self.mlflow or not self._cell_runs:
+            return
+        from phaselab.catalog.mlflow_tracker import end_cell_runs
+
+        ok: dict[str, bool] = {}
+        for h, node in self.dag.nodes.items():
+            for cell_key, _ in node.members:
+                ok[cell_key] = ok.get(cell_key, True) and rows[h].state == "SUCCEEDED"
+        end_cell_runs(self.mlflow["tracking_uri"], {
+            run: "FINISHED" if ok.get(key, True) else "FAILED"
+            for key, (_, run) in self._cell_runs.items() if run is not None})
 
     def _end_mlflow_run(self, h: str, status: str) -> None:
         """End a stage's MLflow run with ``status`` when its worker could not (killed, hung,

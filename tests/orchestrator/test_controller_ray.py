@@ -154,6 +154,8 @@ def _check_mlflow(uri: str, dag, store) -> None:
     cells = {r.data.tags["phaselab.cell_key"]: r.info.run_id for r in runs
              if r.data.tags.get("phaselab.run_level") == "cell"}
     assert set(cells) == {c.key for c in dag.cells}
+    # every cell's stages succeeded, so its parent run ended FINISHED (none stays RUNNING)
+    assert {client.get_run(r).info.status for r in cells.values()} == {"FINISHED"}
     stages = {r.data.tags["phaselab.stage_hash"]: r for r in runs if r.data.tags.get("phaselab.run_level") == "stage"}
     assert set(stages) == set(dag.nodes)
     for h, run in stages.items():
