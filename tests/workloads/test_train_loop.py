@@ -54,7 +54,7 @@ def _loop_parts(**train):
                                   "eval_every": 0, "ckpt_every": 0, **train})
     torch.manual_seed(0)
     model = Transformer(preset("tiny", n_layer=1, d_model=32, n_head=2, block_size=32))
-    engine = TorchEngine(model, build_optimizer(model, cfg.optim()), device=torch.device("cpu"),
+    engine = TorchEngine(model, build_optimizer(model, cfg.optim), device=torch.device("cpu"),
                          precision="fp32", grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum)
     return cfg, model, engine, build_dataset(from_dict(DataConfig, TEXT))
 

@@ -1,4 +1,7 @@
-"""``run_training``: the one entry point of the reference (single-process) training path.
+"""``run_training``: one training stage on one process, and the spec parsing every launcher shares.
+
+The run itself (setup, loop, checkpoints, final evaluation) is ``session.TrainSession``, which
+the Ray Train worker (``ray_entry``) runs too; this module adds the one-process checkpoint folder.
 
     outcome = run_training(spec, out_dir=Path("runs/x"), tracker=NullTracker(), init_from=None)
     outcome.checkpoint   # runs/x/checkpoints/step_0001000/model.pt  (what run_eval loads)
@@ -23,10 +26,9 @@ Re-running with the same ``out_dir`` resumes from the newest complete checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,28 +36,14 @@ from typing import Any
 import torch
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
-from phaselab.workloads.config import ConfigError, from_dict, to_dict
-from phaselab.workloads.data import DataConfig, build_dataset
+from phaselab.workloads.config import ConfigError, flatten, from_dict, to_dict
+from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
-from phaselab.workloads.train.checkpoint import (
-    BEST,
-    LATEST,
-    BestKeeper,
-    CheckpointDir,
-    EvalMinima,
-    load_train_state,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-    write_json,
-)
-from phaselab.workloads.train.fast_step import engine_for
-from phaselab.workloads.train.loop import TrainConfig, evaluate, resolve_device, train
-from phaselab.workloads.train.optim import build_optimizer
-from phaselab.workloads.train.signals import stop_on_sigterm
+from phaselab.workloads.train.checkpoint import BEST, LATEST, CheckpointDir
+from phaselab.workloads.train.loop import TrainConfig, resolve_device
+from phaselab.workloads.train.session import EVAL_SPLITS, MODEL_FILE, Ranks, TrainSession
 
 SPEC_KEYS = ("model", "data", "train", "extend")
-MODEL_FILE, STATE_FILE, SPEC_FILE = "model.pt", "train_state.pt", "spec.json"
 
 
 @dataclass
@@ -98,8 +86,6 @@ def parse_spec(spec: Mapping[str, Any]) -> TrainSpec:
 # on "valid"; the others are evaluated through its ``on_eval`` hook, logged as ``<split>/loss``
 # and ``<split>/acc`` and their minimum loss kept (EXPERIMENTS §2.2: the minimum test NLL over
 # evaluations, labelled as such). Default ["valid"], left out of the typed config.
-EVAL_SPLITS = "eval_splits"
-MINIMA_FILE = "eval_minima.json"
 
 
 def parse_eval_splits(raw: Any) -> tuple[str, ...]:
@@ -171,111 +157,10 @@ def build_model(parsed: TrainSpec, dataset: Any, init_from: Path | None) -> torc
     return model
 
 
-def _write_checkpoint(path: Path, *, model, optimizer, step: int, data_index: int,
-                      metrics: Mapping[str, float], spec: Mapping[str, Any]) -> None:
-    from phaselab.workloads.models.checkpoint_io import save_model
-
-    save_model(model, path / MODEL_FILE)
-    torch.save({"step": step, "data_index": data_index, "optimizer": optimizer.state_dict(),
-                "rng": rng_state(), "metrics": dict(metrics)}, path / STATE_FILE)
-    write_json(path / SPEC_FILE, spec)
-
-
-def _restore(ckpt: Path, *, model, optimizer) -> int:
-    """Load weights, optimiser and RNG states from a checkpoint folder; return its step."""
-    from phaselab.workloads.models.checkpoint_io import load_model
-
-    model.load_state_dict(load_model(ckpt / MODEL_FILE).state_dict(), strict=True)
-    state = load_train_state(ckpt / STATE_FILE)
-    optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"])
-    return int(state["step"])
-
-
-def keep_best(out_dir: Path, cfg: TrainConfig, model) -> Callable[[int, Mapping[str, float]], None] | None:
-    """The loop's ``on_eval`` that keeps the best-validation weights under ``out_dir/best``
-    (``eval.select: best_valid``); None without periodic validation (``eval_every`` 0), where
-    the only validation is the final step's and "best" would just be "last"."""
-    if not cfg.eval_every:
-        return None
-    from phaselab.workloads.models.checkpoint_io import save_model
-
-    keeper = BestKeeper(Path(out_dir) / BEST)
-
-    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
-        for metric in keeper.update(metrics):
-            keeper.save(step, metric, metrics[metric], lambda d: save_model(model, d / MODEL_FILE))
-
-    return on_eval
-
-
-def track_splits(out_dir: Path, cfg: TrainConfig, splits: tuple[str, ...], *, engine, dataset,
-                 tracker: Tracker, batch_size: int, rank: int = 0, reduce: Callable[[float], float] = float
-                 ) -> Callable[[int, Mapping[str, float]], None] | None:
-    """The ``on_eval`` that evaluates ``splits`` too (every rank: under ZeRO-3 the forward is
-    collective), logs them on rank 0 and keeps each split's minimum loss in ``out_dir/eval_minima.json``."""
-    if not splits:
-        return None
-    for split in splits:
-        if split not in dataset.splits:
-            raise ConfigError(f"train.{EVAL_SPLITS}: dataset {dataset.name!r} has no split {split!r} "
-                              f"(splits: {', '.join(dataset.splits)})")
-    minima = EvalMinima(Path(out_dir) / MINIMA_FILE)
-
-    def on_eval(step: int, _: Mapping[str, float]) -> None:
-        for split in splits:
-            ev = evaluate(engine.module, dataset, split, batch_size=batch_size, max_batches=cfg.eval_batches,
-                          device=engine.device, autocast=engine.autocast)
-            metrics = {f"{split}/loss": reduce(ev["loss"]), f"{split}/acc": reduce(ev["acc"])}
-            if rank == 0:
-                tracker.log_metrics(metrics, step=step)
-            minima.update(step, {f"{split}/loss": metrics[f"{split}/loss"]}, write=rank == 0)
-
-    return on_eval
-
-
-def minima_records(out_dir: Path, dataset) -> list[MetricRecord]:
-    """``loss_min_over_evals`` per split of ``train.eval_splits`` (its step = where it occurred)."""
-    minima = EvalMinima(Path(out_dir) / MINIMA_FILE).minima
-    return [MetricRecord(name="loss_min_over_evals", value=m["value"], unit="nats/token", step=int(m["step"]),
-                         context_len=dataset.block_size, task=dataset.name, split=name.split("/")[0])
-            for name, m in sorted(minima.items())]
-
-
-def chain(*hooks: Callable[[int, Mapping[str, float]], None] | None):
-    """One ``on_eval`` calling each given hook in order (None when none is given)."""
-    live = [h for h in hooks if h is not None]
-    if not live:
-        return None
-
-    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
-        for hook in live:
-            hook(step, metrics)
-
-    return on_eval
-
-
 def best_folder(out_dir: Path) -> Path | None:
     """``out_dir/best`` when a training run kept best-validation weights there, else None."""
     path = Path(out_dir) / BEST
     return path if path.is_dir() and any(path.iterdir()) else None
-
-
-def final_evaluation(module, dataset, cfg: TrainConfig, *, step: int, device, autocast
-                     ) -> tuple[dict[str, float], list[MetricRecord]]:
-    """Loss and accuracy on each final-eval split, as metrics and MetricRecord rows."""
-    splits = cfg.final_eval_splits or tuple(s for s in dataset.splits if s != "train")
-    metrics: dict[str, float] = {}
-    records: list[MetricRecord] = []
-    for split in splits:
-        ev = evaluate(module, dataset, split, batch_size=cfg.eval_batch_size or cfg.batch_size,
-                      max_batches=cfg.final_eval_batches, device=device, autocast=autocast)
-        metrics |= {f"{split}/loss": ev["loss"], f"{split}/acc": ev["acc"]}
-        common = {"step": step, "context_len": dataset.block_size, "task": dataset.name, "split": split,
-                      "n": int(ev["tokens"])}
-        records += [MetricRecord(name="loss", value=ev["loss"], unit="nats/token", **common),
-                    MetricRecord(name="acc", value=ev["acc"], unit="fraction", **common)]
-    return metrics, records
 
 
 def with_eval_splits(resolved: dict[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,21 +170,11 @@ def with_eval_splits(resolved: dict[str, Any], spec: Mapping[str, Any]) -> dict[
     return {**resolved, "train": {**resolved["train"], EVAL_SPLITS: list(spec["train"][EVAL_SPLITS])}}
 
 
-def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"train": {"lr": 1}} -> {"train.lr": 1} (MLflow params are flat, DESIGN §5.5)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out |= flat_params(value, name + ".")
-        else:
-            out[name] = value
-    return out
-
-
 def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
-                 init_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
-    """Train (or resume, or just re-evaluate a finished run) on one process.
+                 init_from: Path | None = None, stop_after: int | None = None,
+                 trace_batches: Path | None = None) -> TrainOutcome:
+    """Train (or resume, or just re-evaluate a finished run) on one process: the one-process
+    adapter of :class:`~phaselab.workloads.train.session.TrainSession`.
 
     Args:
         spec: see the module docstring.
@@ -308,6 +183,8 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
         init_from: pretrained ``model.pt`` / checkpoint folder for CPT and fine-tunes.
         stop_after: debug/test only — stop after this many steps without a final checkpoint or
             evaluation (a simulated kill); the outcome's ``checkpoint`` is then the newest saved one.
+        trace_batches: tests only — record every training batch read under this folder
+            (``session.BatchTrace``).
     Raises:
         TrainingDiverged: NaN/Inf loss or gradient norm.
         TrainingPreempted: SIGTERM arrived; a checkpoint of the current step was saved first.
@@ -317,50 +194,24 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     if cfg.zero_stage is not None:
         raise ValueError(f"train.zero_stage={cfg.zero_stage} runs through ray_entry.fit (DeepSpeed); "
                          "run_training is the single-process reference path")
-    resolved = with_eval_splits(to_dict(parsed), spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.device)
-    seed_everything(cfg.seed)  # model init is part of the seeded run
-    dataset = build_dataset(parsed.data)
-    model = build_model(parsed, dataset, Path(init_from) if init_from is not None else None).to(device)
-    optimizer = build_optimizer(model, cfg.optim())
+    session = TrainSession(parsed, spec, out_dir=out_dir, tracker=tracker, init_from=init_from and Path(init_from),
+                           device=resolve_device(cfg.device), ranks=Ranks(), trace_batches=trace_batches)
+    tracker.log_params(flatten(session.resolved) | {"init_from": str(init_from)})
     ckpts = CheckpointDir(out_dir / "checkpoints", keep=cfg.keep_checkpoints)
     latest = ckpts.latest()
-    start, load_s = 0, None
     if latest is not None:
-        t0 = time.perf_counter()
-        start = _restore(latest, model=model, optimizer=optimizer)
-        load_s = time.perf_counter() - t0
-    tracker.log_params(flat_params(resolved) | {"init_from": str(init_from)})
-    if load_s is not None:  # restore time, at the step the run resumes from
-        tracker.log_metrics({"ckpt/load_s": load_s}, step=start)
-    engine = engine_for(model, optimizer, cfg, device=device, block_size=dataset.block_size)
-
-    def save(step: int, metrics: Mapping[str, float]) -> str:
-        path = ckpts.save(step, lambda d: _write_checkpoint(
-            d, model=model, optimizer=optimizer, step=step, data_index=step * cfg.grad_accum,
-            metrics=metrics, spec=resolved))
-        return str(path)
-
-    with stop_on_sigterm() as flag:
-        result = train(engine, dataset, cfg, tracker=tracker, start_step=start, save=save,
-                       stop_after=stop_after, stop_flag=flag, on_eval=chain(
-                           keep_best(out_dir, cfg, model),
-                           track_splits(out_dir, cfg, periodic_splits(spec), engine=engine, dataset=dataset,
-                                        tracker=tracker, batch_size=cfg.eval_batch_size or cfg.micro_batch(1))))
+        session.resume(contextlib.nullcontext(latest))
+    result = session.run(lambda step, _, write: str(ckpts.save(step, write)), stop_after=stop_after)
     final = ckpts.latest()
     if result.stopped == "stop_after":
         return TrainOutcome(metrics={"step": float(result.step), **result.metrics},
                             checkpoint=(final / MODEL_FILE) if final else out_dir, records=[])
     if final is None:
         raise RuntimeError(f"training finished but {ckpts.root} holds no checkpoint")
-    final_metrics, records = final_evaluation(model, dataset, cfg, step=result.step, device=device,
-                                              autocast=engine.autocast)
-    records += minima_records(out_dir, dataset)
-    tracker.log_metrics(final_metrics, step=result.step)
-    metrics = {"step": float(result.step), **result.metrics, **final_metrics}
-    tracker.log_records(records)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    return TrainOutcome(metrics=metrics, checkpoint=final / MODEL_FILE, records=records,
+    done = session.finish(result)
+    tracker.log_metrics(done.evaluated, step=result.step)
+    tracker.log_records(done.records)
+    return TrainOutcome(metrics=done.metrics, checkpoint=final / MODEL_FILE, records=done.records,
                         best=best_folder(out_dir))

@@ -75,7 +75,7 @@ class DeepSpeedEngine:
 
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-        optimizer = build_optimizer(model, cfg.optim(), allow_fused=False)
+        optimizer = build_optimizer(model, cfg.optim, allow_fused=False)
         self.ds, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(cfg, world=world, bf16=bf16))
         self.module: nn.Module = self.ds.module

@@ -28,6 +28,7 @@ uninterrupted run's losses bit for bit (tests/workloads/test_resume.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -46,8 +47,14 @@ from phaselab.workloads.train.signals import StopFlag, TrainingPreempted
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(OptimConfig):
     """Training settings (CONTRACTS §3.4; defaults: EXPERIMENTS §1).
+
+    The optimiser's settings (``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``,
+    ``delta_lr_mult``, ``delta_weight_decay``, ``decay_embeddings``) are declared once, in
+    :class:`~phaselab.workloads.train.optim.OptimConfig`, and inherited here, so a train section
+    stays flat (``train.lr``, ``train.beta2``) as users write it and as every cache key hashes it;
+    :attr:`optim` is the nested OptimConfig the optimiser is built from.
 
     ``batch_size`` is the global number of sequences per optimiser step; each of ``world`` ranks
     runs ``grad_accum`` micro-batches of ``batch_size // (grad_accum * world)`` sequences.
@@ -62,18 +69,10 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 64
     grad_accum: int = 1
-    lr: float = 6e-4
     min_lr: float = 6e-5
     warmup: int = 100
     decay_steps: int | None = None
     schedule: Literal["cosine", "constant"] = "cosine"
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    delta_lr_mult: float = 1.0
-    delta_weight_decay: bool = False
-    decay_embeddings: bool = True
     grad_clip: float = 1.0
     eval_every: int = 100
     eval_batches: int = 20
@@ -91,6 +90,7 @@ class TrainConfig:
     zero_stage: int | None = None
 
     def __post_init__(self) -> None:
+        OptimConfig.__post_init__(self)
         for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)!r}")
@@ -107,18 +107,16 @@ class TrainConfig:
             raise ValueError(f"train.cuda_graphs does not run under DeepSpeed (train.zero_stage="
                              f"{self.zero_stage}): set one of them")
         self.schedule_obj()  # validates lr/min_lr/warmup/decay_steps
-        self.optim()
 
     def schedule_obj(self) -> Schedule:
         decay = self.steps if self.decay_steps is None else self.decay_steps
         return Schedule(lr=self.lr, min_lr=self.min_lr, warmup=self.warmup,
                         decay_steps=max(decay, self.warmup), kind=self.schedule)
 
+    @property
     def optim(self) -> OptimConfig:
-        return OptimConfig(lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-                           weight_decay=self.weight_decay, delta_lr_mult=self.delta_lr_mult,
-                           delta_weight_decay=self.delta_weight_decay,
-                           decay_embeddings=self.decay_embeddings)
+        """The optimiser's settings as their own config (``optim.build_optimizer`` takes it)."""
+        return OptimConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(OptimConfig)})
 
     def micro_batch(self, world: int) -> int:
         per = self.grad_accum * world
@@ -126,6 +124,21 @@ class TrainConfig:
             raise ValueError(f"train.batch_size={self.batch_size} is not divisible by "
                              f"grad_accum * world = {self.grad_accum} * {world}")
         return self.batch_size // per
+
+
+def batch_index(step: int, micro: int, *, grad_accum: int, rank: int = 0, world: int = 1) -> int:
+    """Global index of the micro-batch ``micro`` of optimiser ``step`` on ``rank``.
+
+    Step s reads indices ``[s * grad_accum * world, (s + 1) * grad_accum * world)`` of
+    ``micro_batch(world)`` sequences each; the datasets read batch i of size b as examples
+    ``[i * b, (i + 1) * b)`` of their order, so every world size reads the same global batch.
+    """
+    return (step * grad_accum + micro) * world + rank
+
+
+def data_position(step: int, *, grad_accum: int, world: int) -> int:
+    """Micro-batch indices consumed by ``step`` optimiser steps (a checkpoint's ``data_index``)."""
+    return batch_index(step, 0, grad_accum=grad_accum, world=world)
 
 
 class TrainingDiverged(RuntimeError):
@@ -429,7 +442,7 @@ def _eager_steps(engine: Engine, dataset: Any, cfg: TrainConfig, events: StepEve
         lr = schedule.lookup(step)
         micro_losses, tokens = [], 0
         for k in range(cfg.grad_accum):
-            index = (step * cfg.grad_accum + k) * world + rank
+            index = batch_index(step, k, grad_accum=cfg.grad_accum, rank=rank, world=world)
             batch = dataset.get_batch("train", index, micro, seed=cfg.seed)
             micro_losses.append(engine.micro_step(batch, step=step, last=k == cfg.grad_accum - 1))
             tokens += batch.x_BT.numel() * world

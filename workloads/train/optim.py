@@ -28,7 +28,7 @@ from torch import nn
 class OptimConfig:
     """AdamW settings (the loop builds this from its TrainConfig)."""
 
-    lr: float
+    lr: float = 6e-4
     beta1: float = 0.9
     beta2: float = 0.99
     eps: float = 1e-8

@@ -6,15 +6,12 @@ ScalingConfig. The run is named by the stage content hash (``run_name``), so re-
 with the same ``(storage_path, run_name)`` resumes from the run's latest reported checkpoint —
 Ray Train V2 has no ``resume_from_checkpoint`` (STACK.md).
 
-Two engines, one loop (loop.py):
-- ``train.zero_stage`` set: DeepSpeed ZeRO 0-3 (deepspeed_engine.py). Checkpoint contract
-  (DESIGN §5.7): every rank ``engine.save_checkpoint(tmp, tag)``; barrier; every rank
-  ``ray.train.report(metrics, checkpoint=Checkpoint.from_directory(tmp))`` — Ray merges the rank
-  folders. Load: ``ray.train.get_checkpoint().as_directory()`` → ``engine.load_checkpoint``.
-- ``zero_stage`` None: plain torch, DDP when world > 1; rank 0 writes model.pt/train_state.pt,
-  every rank its RNG state.
-Either way the merged checkpoint folder holds a consolidated ``model.pt`` (what evals and
-fine-tunes load), ``spec.json`` and one ``rng_rank{r}.pt`` per rank.
+The worker is a thin adapter of ``session.TrainSession`` (the same run as ``api.run_training``):
+it takes rank and world from the Ray context, averages logged floats over ranks, and publishes
+each checkpoint by the contract of DESIGN §5.7: every rank writes its part into a temp folder
+(``TrainSession.write``: DeepSpeed shards under ``train.zero_stage``, else rank 0's model.pt and
+train_state.pt), barrier, every rank ``ray.train.report(metrics, checkpoint=...)``, and Ray merges
+the rank folders. Resume: ``ray.train.get_checkpoint().as_directory()`` → ``TrainSession.restore``.
 
 Per-step metrics of rank 0 go to ``out_dir/metrics.jsonl`` (``out_dir`` must be on storage every
 worker can reach; the orchestrator replays it into MLflow), the final MetricRecords to
@@ -32,14 +29,12 @@ import logging
 import math
 import numbers
 import tempfile
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 
-CKPT_STATE = "train_state.pt"
 log = logging.getLogger(__name__)
 
 
@@ -184,146 +179,47 @@ def share_gpu(device, fraction: float | None) -> None:
         torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
-def _build(cfg: Mapping[str, Any]):
-    """Typed spec, dataset and model, identical on every rank (seeded before the init)."""
-    from phaselab.workloads.data import build_dataset
-    from phaselab.workloads.train.api import build_model, parse_spec
-    from phaselab.workloads.train.checkpoint import seed_everything
+def _parsed(cfg: Mapping[str, Any]):
+    """The typed spec; ``debug_steps`` (CI) keeps the first N steps of the real schedule."""
+    from phaselab.workloads.train.api import parse_spec
 
     parsed = parse_spec(cfg["spec"])
-    if cfg.get("debug_steps"):  # CI: the first N steps of the real schedule, then finish normally
+    if cfg.get("debug_steps"):
         t = parsed.train
         parsed = dataclasses.replace(parsed, train=dataclasses.replace(
             t, steps=min(t.steps, int(cfg["debug_steps"])),
             decay_steps=t.decay_steps if t.decay_steps is not None else t.steps))
-    seed_everything(parsed.train.seed)
-    dataset = build_dataset(parsed.data)
-    init_from = Path(cfg["init_from"]) if cfg.get("init_from") else None
-    return parsed, dataset, build_model(parsed, dataset, init_from)
+    return parsed
 
 
 def train_loop_per_worker(cfg: dict) -> None:
-    """Ray Train worker: ``cfg = {"spec", "out_dir", "init_from", "debug_steps", "stop_after"}``."""
+    """Ray Train worker: ``cfg = {"spec", "out_dir", "init_from", "debug_steps", "stop_after",
+    "gpu_fraction", "trace_batches"}``. The Ray adapter of ``session.TrainSession``: ranks from
+    the Ray context, checkpoints published by ``ray.train.report``."""
     from phaselab.workloads.train.deepspeed_engine import configure_environment
 
     configure_environment()  # before anything imports deepspeed
     import ray.train
     import ray.train.torch
-    import torch
 
-    from phaselab.workloads.train.api import (
-        chain,
-        final_evaluation,
-        minima_records,
-        periodic_splits,
-        track_splits,
-    )
-    from phaselab.workloads.train.checkpoint import load_train_state, rng_state, set_rng_state, write_json
-    from phaselab.workloads.train.fast_step import engine_for
-    from phaselab.workloads.train.loop import train
-    from phaselab.workloads.train.optim import build_optimizer
+    from phaselab.workloads.train.session import Ranks, TrainSession
 
     ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    ranks = Ranks(rank=ctx.get_world_rank(), world=ctx.get_world_size(), reduce=_allreduce_mean)
     device = ray.train.torch.get_device()
     share_gpu(device, cfg.get("gpu_fraction"))
-    parsed, dataset, model = _build(cfg)
-    tc = parsed.train
-    resolved = _resolved(parsed, cfg["spec"])
-    ckpt = ray.train.get_checkpoint()
-    if tc.zero_stage is not None:
-        from phaselab.workloads.train.deepspeed_engine import DeepSpeedEngine
-        engine = DeepSpeedEngine(model, tc, world=world, device=device)
-    else:
-        model.to(device)
-        optimizer = build_optimizer(model, tc.optim())
-        engine = engine_for(model, optimizer, tc, device=device, block_size=dataset.block_size,
-                            world=world, ddp=world > 1)
     out_dir = Path(cfg["out_dir"])
-    tracker = JsonlTracker(out_dir / "metrics.jsonl")
-    start, t0 = 0, time.perf_counter()
+    trace = Path(cfg["trace_batches"]) if cfg.get("trace_batches") else None
+    session = TrainSession(_parsed(cfg), cfg["spec"], out_dir=out_dir, tracker=JsonlTracker(out_dir / "metrics.jsonl"),
+                           init_from=Path(cfg["init_from"]) if cfg.get("init_from") else None,
+                           device=device, ranks=ranks, trace_batches=trace)
+    ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:  # may download from storage_path: part of the restore
-            d = Path(d)
-            if tc.zero_stage is not None:
-                start = int(engine.load(d)["step"])
-            else:
-                from phaselab.workloads.models.checkpoint_io import load_model
-                model.load_state_dict(load_model(d / "model.pt").state_dict(), strict=True)
-                state = load_train_state(d / CKPT_STATE)
-                optimizer.load_state_dict(state["optimizer"])
-                start = int(state["step"])
-            set_rng_state(torch.load(d / f"rng_rank{rank}.pt", weights_only=True))
-        if rank == 0:  # restore time (rank 0's; ZeRO shards load collectively)
-            tracker.log_metrics({"ckpt/load_s": time.perf_counter() - t0}, step=start)
-
-    def write(tmp: Path, step: int, metrics: Mapping[str, float]) -> None:
-        from phaselab.workloads.models.checkpoint_io import save_model
-        if tc.zero_stage is not None:
-            engine.save(tmp, tag=f"step_{step:07d}", client_state={"step": step})
-            with engine.full_weights() as module:
-                if rank == 0:
-                    save_model(module, tmp / "model.pt")
-        elif rank == 0:
-            save_model(model, tmp / "model.pt")
-            torch.save({"step": step, "data_index": step * tc.grad_accum * world,
-                        "optimizer": optimizer.state_dict(), "metrics": dict(metrics)}, tmp / CKPT_STATE)
-        if rank == 0:
-            write_json(tmp / "spec.json", resolved)
-        torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
-
-    result = train(engine, dataset, tc, tracker=tracker, start_step=start, rank=rank, world=world,
-                   save=lambda step, m: _report(step, m, lambda tmp: write(tmp, step, m)),
-                   stop_after=cfg.get("stop_after"), reduce=_allreduce_mean,
-                   on_eval=chain(_keep_best(out_dir, tc, engine, rank),
-                                 track_splits(out_dir, tc, periodic_splits(cfg["spec"]), engine=engine,
-                                              dataset=dataset, tracker=tracker, rank=rank,
-                                              batch_size=tc.eval_batch_size or tc.micro_batch(world),
-                                              reduce=_allreduce_mean)))
+        session.resume(ckpt.as_directory())   # may download from storage_path: part of the restore
+    result = session.run(_report, stop_after=cfg.get("stop_after"))
     if result.stopped == "stop_after":
         return
-    # Every rank evaluates the same batches: under ZeRO-3 each forward gathers collectively.
-    metrics, records = final_evaluation(engine.module, dataset, tc, step=result.step,
-                                        device=engine.device, autocast=engine.autocast)
-    final = {"step": float(result.step), **result.metrics, **metrics}
-    records += minima_records(out_dir, dataset)
-    if rank == 0:
-        (out_dir / "records.json").write_text(json.dumps([r.to_dict() for r in records], indent=1))
-        (out_dir / "metrics.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
-    ray.train.report(final)
-
-
-def _keep_best(out_dir: Path, tc, engine, rank: int):
-    """The loop's ``on_eval`` keeping the best-validation weights under ``out_dir/best``
-    (``eval.select: best_valid``; api.keep_best is the single-process twin). Every rank decides
-    on the rank-averaged metrics, so all agree on entering ``full_weights`` (a collective
-    gather under ZeRO-3); rank 0 writes. None when ``eval_every`` is 0."""
-    if not tc.eval_every:
-        return None
-    import contextlib
-
-    from phaselab.workloads.models.checkpoint_io import save_model
-    from phaselab.workloads.train.checkpoint import BEST, BestKeeper
-
-    keeper = BestKeeper(out_dir / BEST)
-
-    def on_eval(step: int, metrics: Mapping[str, float]) -> None:
-        better = keeper.update({k: _allreduce_mean(float(v)) for k, v in metrics.items()})
-        if not better:
-            return
-        full = engine.full_weights() if tc.zero_stage is not None else contextlib.nullcontext(engine.module)
-        with full as module:
-            if rank == 0:
-                for metric in better:
-                    keeper.save(step, metric, keeper.values[metric], lambda d: save_model(module, d / "model.pt"))
-
-    return on_eval
-
-
-def _resolved(parsed, spec: Mapping[str, Any]) -> dict[str, Any]:
-    from phaselab.workloads.config import to_dict
-    from phaselab.workloads.train.api import with_eval_splits
-    return with_eval_splits(to_dict(parsed), spec)
+    ray.train.report(session.finish(result).metrics)
 
 
 _CASED_KEYS = {"CPU": "CPU", "GPU": "GPU", "TPU": "TPU", "MEMORY": "memory"}
@@ -378,7 +274,7 @@ def scaling_config(*, num_workers: int, use_gpu: bool,
 def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: Path,
         num_workers: int = 1, use_gpu: bool = False, init_from: Path | None = None,
         debug_steps: int | None = None, max_failures: int = 3, stop_after: int | None = None,
-        resources_per_worker: Mapping[str, Any] | None = None):
+        resources_per_worker: Mapping[str, Any] | None = None, trace_batches: Path | None = None):
     """Run one training stage on Ray Train V2 and return a ``TrainOutcome``.
 
     Args:
@@ -393,6 +289,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         debug_steps: run only the first N steps of the schedule (CI smoke of the real entry).
         max_failures: Ray FailureConfig retries for real errors (DESIGN §5.3).
         stop_after: tests only — every rank stops after N steps without checkpointing (a kill).
+        trace_batches: tests only — every rank records the training batches it reads under this
+            folder (``session.BatchTrace``).
     Raises:
         TrainingDiverged / any worker error (re-raised from the Ray result).
     """
@@ -409,6 +307,7 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     config = {"spec": json.loads(json.dumps(dict(spec))), "out_dir": str(out_dir),
               "init_from": str(Path(init_from).resolve()) if init_from else None,
               "debug_steps": debug_steps, "stop_after": stop_after,
+              "trace_batches": str(Path(trace_batches).resolve()) if trace_batches else None,
               "gpu_fraction": float((resources_per_worker or {}).get("GPU", 0) or 0)}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
