@@ -3,105 +3,22 @@
 One pure function per rule, each returning fp32 frequencies theta'_i for the R/2 rotated pairs
 (R = rotary_fraction * head_dim). All arithmetic is float64 on the host and rounded to fp32 once,
 so rules that coincide mathematically (factor 1, YaRN's pure bands) coincide bit for bit.
-`rope_frequencies(cfg, seq_len)` dispatches on `RopeConfig.scaling` and also returns the YaRN
-attention factor `mscale`; the softmax scale is then mscale**2 / sqrt(head_dim) (MATH §2.4). The
-rotation itself stays pure (DESIGN §7 example 4; torchtitan models/common/rope.py).
+`rope_frequencies(cfg, head_dim, seq_len)` dispatches on `RopeConfig.scaling` (config.py) and
+also returns the YaRN attention factor `mscale`; the softmax scale is then mscale**2 / sqrt(head_dim)
+(MATH §2.4). The rotation itself stays pure (DESIGN §7 example 4; torchtitan models/common/rope.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
-RAMPS = ("index", "rotations")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RopeConfig:
-    """RoPE and its context-extension rule; validated once here and never recomputed (MATH §7.10).
-
-    factor is s >= 1; original_max_seq_len is the *pretraining* length L, required whenever
-    scaling != "none". attention_factor (YaRN only) overrides mscale = 0.1 ln s + 1 and is never
-    replaced by the default.
-    """
-
-    head_dim: int
-    base: float = 10_000.0
-    pairing: Literal["interleaved", "half"] = "interleaved"
-    rotary_fraction: float = 1.0
-    scaling: Literal["none", "pi", "ntk", "dynamic_ntk", "yarn"] = "none"
-    factor: float = 1.0
-    original_max_seq_len: int | None = None
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    ramp: Literal["index", "rotations"] = "index"
-    truncate: bool = True
-    attention_factor: float | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
-            raise ValueError(f"head_dim={self.head_dim!r} must be a positive int")
-        _check_base(self.base)
-        if self.pairing not in ("interleaved", "half"):
-            raise ValueError(f"pairing={self.pairing!r}: expected 'interleaved' or 'half'")
-        if not 0.0 < self.rotary_fraction <= 1.0:
-            raise ValueError(f"rotary_fraction={self.rotary_fraction} must be in (0, 1]")
-        rotary_dim = self.rotary_fraction * self.head_dim
-        if rotary_dim != int(rotary_dim) or int(rotary_dim) % 2 or int(rotary_dim) < 2:
-            raise ValueError(f"rotary_fraction={self.rotary_fraction} * head_dim={self.head_dim} = "
-                             f"{rotary_dim} must be an even integer >= 2 (MATH §1.4)")
-        if self.scaling not in SCALINGS:
-            raise ValueError(f"scaling={self.scaling!r}: expected one of {SCALINGS}")
-        if self.ramp not in RAMPS:
-            raise ValueError(f"ramp={self.ramp!r}: expected one of {RAMPS}")
-        if not isinstance(self.truncate, bool):
-            raise TypeError(f"truncate={self.truncate!r} must be a bool")
-        _check_factor(self.factor)
-        if self.scaling == "none":
-            if self.factor != 1.0:
-                raise ValueError(f"factor={self.factor} has no effect with scaling='none'; set a "
-                                 f"scaling rule or factor=1")
-        elif self.original_max_seq_len is None:
-            raise ValueError(f"scaling={self.scaling!r} needs original_max_seq_len (the pretraining "
-                             f"context L, MATH §2.4)")
-        if self.original_max_seq_len is not None:
-            _check_length("original_max_seq_len", self.original_max_seq_len)
-        if not 0.0 < self.beta_slow < self.beta_fast:
-            raise ValueError(f"beta_slow={self.beta_slow} and beta_fast={self.beta_fast} must satisfy "
-                             f"0 < beta_slow < beta_fast")
-        if self.attention_factor is not None:
-            if self.scaling != "yarn":
-                raise ValueError(f"attention_factor={self.attention_factor} is only defined for "
-                                 f"scaling='yarn', got scaling={self.scaling!r}")
-            if not (math.isfinite(self.attention_factor) and self.attention_factor > 0):
-                raise ValueError(f"attention_factor={self.attention_factor} must be finite and > 0")
-
-    @property
-    def rotary_dim(self) -> int:
-        """R = rotary_fraction * head_dim, the number of rotated features (even)."""
-        return int(self.rotary_fraction * self.head_dim)
-
-
-def _check_base(base: float) -> None:
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not (math.isfinite(base) and base > 1):
-        raise ValueError(f"base={base!r} must be a finite number > 1")
-
-
-def _check_factor(factor: float) -> None:
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor):
-        raise ValueError(f"factor={factor!r} must be a finite number")
-    if factor < 1.0:
-        raise ValueError(f"factor={factor} must be >= 1 (MATH §2)")
-
-
-def _check_length(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive int")
+from phaselab.kernels.rotary.config import RAMPS, RopeConfig
+from phaselab.kernels.rotary.config import check_base as _check_base
+from phaselab.kernels.rotary.config import check_factor as _check_factor
+from phaselab.kernels.rotary.config import check_length as _check_length
 
 
 def _check_dim(dim: int) -> None:
@@ -230,12 +147,13 @@ def yarn_mscale(factor: float, attention_factor: float | None = None) -> float:
     return 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
 
 
-def rope_frequencies(cfg: RopeConfig, seq_len: int | None = None) -> tuple[Tensor, float]:
-    """(inv_freq fp32 [R/2], mscale) for cfg; seq_len (the current length l) is needed by dynamic_ntk.
+def rope_frequencies(cfg: RopeConfig, head_dim: int, seq_len: int | None = None) -> tuple[Tensor, float]:
+    """(inv_freq fp32 [R/2], mscale) for cfg on heads of head_dim features; seq_len (the current
+    length l) is needed by dynamic_ntk.
 
     The softmax scale is mscale**2 / sqrt(head_dim) (YaRN; mscale = 1 for the other rules).
     """
-    dim, base, s, L = cfg.rotary_dim, cfg.base, cfg.factor, cfg.original_max_seq_len
+    dim, base, s, L = cfg.rotary_dim(head_dim), cfg.base, cfg.factor, cfg.original_max_seq_len
     if cfg.scaling == "none":
         return default_inv_freq(dim, base), 1.0
     assert L is not None  # RopeConfig validated it

@@ -23,15 +23,15 @@ YARN_TABLE = [
 ]
 
 
-def _yarn(D, b, L, s, **kw) -> S.RopeConfig:
-    return S.RopeConfig(head_dim=D, base=b, scaling="yarn", factor=s, original_max_seq_len=L, **kw)
+def _yarn(b, L, s, **kw) -> S.RopeConfig:
+    return S.RopeConfig(base=b, scaling="yarn", factor=s, original_max_seq_len=L, **kw)
 
 
 @pytest.mark.parametrize("D,b,L,s,low,high,mscale,inv_t", YARN_TABLE,
                          ids=[f"D{r[0]}-b{r[1]:g}-L{r[2]}-s{r[3]}" for r in YARN_TABLE])
 def test_yarn_worked_numbers(D, b, L, s, low, high, mscale, inv_t):
     assert S.yarn_correction_range(D, b, L) == (low, high)
-    _, got = S.rope_frequencies(_yarn(D, b, L, s))
+    _, got = S.rope_frequencies(_yarn(b, L, s), D)
     assert round(got, 6) == mscale
     assert round(got**2, 6) == inv_t
     assert got == S.yarn_mscale(s) == 0.1 * math.log(s) + 1.0
@@ -46,7 +46,7 @@ def test_yarn_fractional_bounds_of_first_row():
                          ids=lambda v: str(v))
 def test_yarn_bands_equal_plain_and_pi_and_monotone(D, b, L, s):
     low, high = S.yarn_correction_range(D, b, L)
-    inv_freq, _ = S.rope_frequencies(_yarn(D, b, L, s))
+    inv_freq, _ = S.rope_frequencies(_yarn(b, L, s), D)
     plain, pi = S.default_inv_freq(D, b), S.pi_inv_freq(D, b, s)
     i = torch.arange(D // 2)
     assert torch.equal(inv_freq[i <= low], plain[i <= low])
@@ -92,15 +92,16 @@ def test_yarn_equal_bounds_get_plus_0_001():
 @pytest.mark.parametrize("scaling", ["pi", "ntk", "dynamic_ntk", "yarn"])
 @pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
 def test_factor_one_is_plain_rope(scaling, rotary_fraction):
-    cfg = S.RopeConfig(head_dim=64, scaling=scaling, factor=1.0, original_max_seq_len=1024,
+    cfg = S.RopeConfig(scaling=scaling, factor=1.0, original_max_seq_len=1024,
                        rotary_fraction=rotary_fraction)
-    plain, mscale0 = S.rope_frequencies(S.RopeConfig(head_dim=64, rotary_fraction=rotary_fraction))
+    plain, mscale0 = S.rope_frequencies(S.RopeConfig(rotary_fraction=rotary_fraction), 64)
     for seq_len in (512, 1024, 5000):
-        inv_freq, mscale = S.rope_frequencies(cfg, seq_len=seq_len)
+        inv_freq, mscale = S.rope_frequencies(cfg, 64, seq_len=seq_len)
         assert torch.equal(inv_freq, plain) and inv_freq.dtype == torch.float32
         assert mscale == mscale0 == 1.0
     assert plain.shape == (int(32 * rotary_fraction),)
-    assert_close("plain", torch.tensor([1e4 ** (-2 * i / cfg.rotary_dim) for i in range(cfg.rotary_dim // 2)],
+    R = cfg.rotary_dim(64)
+    assert_close("plain", torch.tensor([1e4 ** (-2 * i / R) for i in range(R // 2)],
                                        dtype=torch.float64), plain, 1e-7)
 
 
@@ -137,18 +138,18 @@ def test_dynamic_ntk_plain_below_L_continuous_and_monotone():
     # 2k -> 16k with s = 8: base multiplier 8*16k/2k - 7 = 57 before the exponent (MATH §2.3)
     want = S.default_inv_freq(D, 1e4 * 57 ** (D / (D - 2)))
     assert torch.equal(S.dynamic_ntk_inv_freq(D, 1e4, 8.0, 2048, 16384), want)
-    cfg = S.RopeConfig(head_dim=D, scaling="dynamic_ntk", factor=s, original_max_seq_len=L)
-    assert torch.equal(S.rope_frequencies(cfg, seq_len=3000)[0], S.dynamic_ntk_inv_freq(D, 1e4, s, L, 3000))
+    cfg = S.RopeConfig(scaling="dynamic_ntk", factor=s, original_max_seq_len=L)
+    assert torch.equal(S.rope_frequencies(cfg, D, seq_len=3000)[0], S.dynamic_ntk_inv_freq(D, 1e4, s, L, 3000))
     with pytest.raises(ValueError, match="seq_len"):
-        S.rope_frequencies(cfg)
+        S.rope_frequencies(cfg, D)
 
 
 @pytest.mark.parametrize("dims", [{"B": 1, "T": 63, "H": 2, "D": 60}, {"B": 2, "T": 9, "H": 4, "D": 48}],
                          ids=lambda d: shape_id(**d))
 def test_folding_mscale_squared_into_scale_equals_scaling_q_and_k(dims):
     B, T, H, D = dims.values()
-    cfg = _yarn(D, 1e4, 32, 16.0)
-    inv_freq, mscale = S.rope_frequencies(cfg)
+    cfg = _yarn(1e4, 32, 16.0)
+    inv_freq, mscale = S.rope_frequencies(cfg, D)
     g = generator()
     q, k, v = (torch.randn(B, T, H, D, generator=g) for _ in range(3))
     pos = torch.arange(T)[None] + 100
@@ -164,11 +165,11 @@ def test_folding_mscale_squared_into_scale_equals_scaling_q_and_k(dims):
 
 
 def test_attention_factor_and_factor_survive_round_trips():
-    cfg = _yarn(128, 1e4, 4096, 16.0, attention_factor=1.0)
+    cfg = _yarn(1e4, 4096, 16.0, attention_factor=1.0)
     again = S.RopeConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
     assert again == cfg and again.attention_factor == 1.0 and again.factor == 16.0
-    assert S.rope_frequencies(again)[1] == 1.0  # an explicit 1.0 is not replaced by 1.277259
-    assert S.rope_frequencies(_yarn(128, 1e4, 4096, 16.0, attention_factor=1.5))[1] == 1.5
+    assert S.rope_frequencies(again, 128)[1] == 1.0  # an explicit 1.0 is not replaced by 1.277259
+    assert S.rope_frequencies(_yarn(1e4, 4096, 16.0, attention_factor=1.5), 128)[1] == 1.5
     assert S.yarn_mscale(0.5) == S.yarn_mscale(1.0) == 1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.factor = 2.0  # type: ignore[misc]
@@ -193,7 +194,7 @@ def test_attention_factor_and_factor_survive_round_trips():
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_config_validation_names_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        S.RopeConfig(head_dim=64, **kwargs)
+        S.RopeConfig(**kwargs).rotary_dim(64)
 
 
 def test_check_factor_refuses_a_disagreeing_target_length():
@@ -202,4 +203,4 @@ def test_check_factor_refuses_a_disagreeing_target_length():
     with pytest.raises(ValueError, match="4096/1024"):
         S.check_factor(8.0, 1024, 4096)
     with pytest.raises(ValueError, match="head_dim"):
-        S.RopeConfig(head_dim=0)
+        S.RopeConfig().rotary_dim(0)

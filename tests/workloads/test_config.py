@@ -109,7 +109,7 @@ def test_missing_required_field():
 def test_post_init_errors_carry_the_path():
     with pytest.raises(ConfigError, match=r"^model: invalid ModelConfig: .*divisible by n_head=5"):
         from_dict(ModelConfig, _model(n_head=5), path="model")
-    with pytest.raises(ConfigError, match=r"^pe\.rope: invalid RopePEConfig: .*original_max_seq_len"):
+    with pytest.raises(ConfigError, match=r"^pe\.rope: invalid RopeConfig: .*original_max_seq_len"):
         from_dict(ModelConfig, _model(pe={"rope": {"scaling": "yarn", "factor": 4}}))
 
 
@@ -119,8 +119,10 @@ def test_context_extension_validation():
     assert from_dict(ContextExtension, to_dict(ext)) == ext
     with pytest.raises(ConfigError, match="needs original_max_seq_len"):
         from_dict(ContextExtension, {"rule": "pi", "factor": 8})
-    with pytest.raises(ConfigError, match="needs a rule"):
+    with pytest.raises(ConfigError, match="factor=2.0 has no effect with scaling='none'.*rule is RoPE's scaling"):
         from_dict(ContextExtension, {"factor": 2})
+    with pytest.raises(ConfigError, match=r"rotary_fraction=0.5 \* head_dim=2 = 1.0 must be an even integer"):
+        from_dict(ModelConfig, _model(n_head=64, d_model=128, pe={"rope": {"rotary_fraction": 0.5}}))
     with pytest.raises(ConfigError, match="attention_factor"):
         from_dict(ContextExtension, {"rule": "pi", "factor": 2, "original_max_seq_len": 8,
                                      "attention_factor": 1.1})

@@ -279,15 +279,15 @@ def test_default_positions_declare_trivial_pos_to_the_backend():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"rule": "pi", "factor": float("inf"), "original_max_seq_len": 64}, "factor=inf must be finite"),
-    ({"rule": "pi", "factor": 2.0, "original_max_seq_len": 0}, "original_max_seq_len=0 must be >= 1"),
+    ({"rule": "pi", "factor": float("inf"), "original_max_seq_len": 64}, "factor=inf must be a finite number"),
+    ({"rule": "pi", "factor": 2.0, "original_max_seq_len": 0}, "original_max_seq_len=0 must be a positive int"),
     ({"rule": "yarn", "factor": 2.0, "original_max_seq_len": 64, "attention_factor": float("nan")},
      "attention_factor=nan must be finite"),
     ({"rule": "yarn", "factor": 2.0, "original_max_seq_len": 64, "attention_factor": 0.0},
      "attention_factor=0.0 must be finite and > 0"),
 ])
 def test_context_extension_rejects_non_finite_and_empty_values(kwargs, match):
-    """Caught where the extension is built (a grid's `extend`, `phaselab eval --extend-*`), not later
+    """Caught where the extension is built (a grid's `extend`, `phaselab eval ... extend.factor=8`), not later
     inside the rotary kernel with a message that names no setting."""
     with pytest.raises(ValueError, match=match):
         ContextExtension(**kwargs)

@@ -44,8 +44,8 @@ def test_yarn_extension_changes_frequencies_keeps_weights(pretrained, tmp_path):
         assert torch.equal(p, src_params[name]), name
     old = source.h[0].attn.pe.inv_freq
     new = model.h[0].attn.pe.inv_freq
-    expected, _ = rope_frequencies(RopeConfig(head_dim=16, scaling="yarn", factor=2.0,
-                                              original_max_seq_len=32), seq_len=64)
+    expected, _ = rope_frequencies(RopeConfig(scaling="yarn", factor=2.0, original_max_seq_len=32), 16,
+                                   seq_len=64)
     torch.testing.assert_close(new, expected, rtol=0, atol=0)
     assert not torch.equal(new, old) and torch.all(new <= old)  # YaRN only slows frequencies
 

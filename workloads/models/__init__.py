@@ -15,7 +15,7 @@ from phaselab.workloads.models.config import (
     ModelConfig,
     PEConfig,
     PopeConfig,
-    RopePEConfig,
+    RopeConfig,
     TapaConfig,
 )
 from phaselab.workloads.models.presets import PRESET_NAMES, preset
@@ -29,7 +29,7 @@ __all__ = [
     "ModelConfig",
     "PEConfig",
     "PopeConfig",
-    "RopePEConfig",
+    "RopeConfig",
     "TapaConfig",
     "Transformer",
     "load_model",

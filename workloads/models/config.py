@@ -1,7 +1,9 @@
 """Model configs (CONTRACTS §3.2): frozen kw-only dataclasses, parsed by `workloads.config`.
 
 No torch here: the orchestrator hashes and validates these without loading it. Defaults that
-the papers leave open are phaselab decisions, cited to MATH.md / EXPERIMENTS.md §6.
+the papers leave open are phaselab decisions, cited to MATH.md / EXPERIMENTS.md §6. RoPE's
+settings are the rotary kernel's own torch-free `RopeConfig` (`pe.rope`); the model supplies its
+head_dim, and a `ContextExtension` overrides some of its fields.
 
 Example:
     >>> from phaselab.workloads.config import from_dict
@@ -13,45 +15,20 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from phaselab.kernels.rotary.config import RopeConfig
+from phaselab.kernels.rotary.config import Scaling as ScalingRule
 
 PEKind = Literal["none", "rope", "pope", "tapa", "alibi", "sinusoidal", "learned"]
-ScalingRule = Literal["none", "pi", "ntk", "dynamic_ntk", "yarn"]
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RopePEConfig:
-    """RoPE settings: the fields of `phaselab.kernels.rotary.scaling.RopeConfig` except head_dim,
-    which the model supplies. The frequency rules themselves live only in that kernel module."""
-
-    base: float = 10_000.0
-    pairing: Literal["interleaved", "half"] = "interleaved"  # MATH §1.3, EXPERIMENTS §6 #15
-    rotary_fraction: float = 1.0  # 0.5 = the "RoPE half-channels" baseline (MATH §1.4)
-    scaling: ScalingRule = "none"
-    factor: float = 1.0
-    original_max_seq_len: int | None = None  # the PRETRAINING length L (MATH §2.4 guards)
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    ramp: Literal["index", "rotations"] = "index"
-    truncate: bool = True
-    attention_factor: float | None = None  # explicit YaRN mscale override; never replaced
-
-    def __post_init__(self) -> None:
-        _require(self.base > 1.0, f"rope.base={self.base} must be > 1")
-        _require(0.0 < self.rotary_fraction <= 1.0,
-                 f"rope.rotary_fraction={self.rotary_fraction} must be in (0, 1]")
-        _require(self.factor >= 1.0, f"rope.factor={self.factor} must be >= 1 (MATH §2)")
-        _require(self.scaling != "none" or self.factor == 1.0,
-                 f"rope.factor={self.factor} needs a scaling rule (rope.scaling is 'none')")
-        _require(self.scaling == "none" or self.original_max_seq_len is not None,
-                 f"rope.scaling={self.scaling!r} needs rope.original_max_seq_len (the pretraining length)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,7 +88,7 @@ class PEConfig:
     """Which positional encoding, plus the settings of each kind (only `kind`'s are used)."""
 
     kind: PEKind = "rope"
-    rope: RopePEConfig = field(default_factory=RopePEConfig)
+    rope: RopeConfig = field(default_factory=RopeConfig)
     pope: PopeConfig = field(default_factory=PopeConfig)
     tapa: TapaConfig = field(default_factory=TapaConfig)
     alibi: AlibiConfig = field(default_factory=AlibiConfig)
@@ -164,6 +141,8 @@ class ModelConfig:
         _require(self.mlp_ratio > 0, f"mlp_ratio={self.mlp_ratio} must be > 0")
         _require(self.pe.kind not in ("rope", "pope") or self.head_dim % 2 == 0,
                  f"head_dim={self.head_dim} must be even for pe.kind={self.pe.kind!r}")
+        if self.pe.kind == "rope":
+            self.pe.rope.rotary_dim(self.head_dim)  # rotary_fraction * head_dim: an even int >= 2
 
     @property
     def head_dim(self) -> int:
@@ -186,12 +165,15 @@ class ModelConfig:
 class ContextExtension:
     """A change of context for continued pretraining / fine-tuning (EXPERIMENTS §2.4, §3.2).
 
-    rule/factor/original_max_seq_len set RoPE's scaling rule (MATH §2); `base` optionally sets a
-    new RoPE base (the TAPA study's b = 2e8 variant); `attention_factor` overrides YaRN's mscale.
-    block_size is the new training length; it is recorded, never used to derive `factor`
-    (MATH §2.4: s is never recomputed; the TAPA PI variant trains at 32k with s = 8 for L' = 64k).
-    PoPE, TAPA, ALiBi, NoPE and sinusoidal accept only rule "none" without a base change (the
-    "no interpolation" fine-tune); anything else is a ValueError when the model is extended.
+    Apart from block_size, its fields are the `RopeConfig` fields it overrides
+    (:meth:`rope_overrides`): `rule` is RoPE's `scaling` (pi, ntk, dynamic_ntk, yarn), with its
+    `factor` and `original_max_seq_len`; `base` optionally sets a new RoPE base (the TAPA study's
+    b = 2e8 variant); `attention_factor` overrides YaRN's mscale. They are validated by
+    `RopeConfig` itself. block_size is the new training length; it is recorded, never used to
+    derive `factor` (MATH §2.4: s is never recomputed; the TAPA PI variant trains at 32k with
+    s = 8 for L' = 64k). PoPE, TAPA, ALiBi, NoPE and sinusoidal accept only rule "none" without a
+    base change (the "no interpolation" fine-tune); anything else is a ValueError when the model
+    is extended.
     """
 
     rule: ScalingRule = "none"
@@ -202,19 +184,19 @@ class ContextExtension:
     attention_factor: float | None = None
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.factor) and self.factor >= 1.0,
-                 f"extension factor={self.factor} must be finite and >= 1")
-        _require(self.original_max_seq_len is None or self.original_max_seq_len >= 1,
-                 f"extension original_max_seq_len={self.original_max_seq_len} must be >= 1")
-        _require(self.attention_factor is None or (math.isfinite(self.attention_factor)
-                                                   and self.attention_factor > 0),
-                 f"extension attention_factor={self.attention_factor} must be finite and > 0")
-        _require(self.rule != "none" or self.factor == 1.0,
-                 f"extension factor={self.factor} needs a rule (rule is 'none')")
-        _require(self.rule == "none" or self.original_max_seq_len is not None,
-                 f"extension rule={self.rule!r} needs original_max_seq_len (the pretraining length)")
-        _require(self.rule == "yarn" or self.attention_factor is None,
-                 f"attention_factor={self.attention_factor} is a YaRN setting; rule is {self.rule!r}")
         _require(self.block_size is None or self.block_size >= 1,
                  f"extension block_size={self.block_size} must be >= 1")
-        _require(self.base is None or self.base > 1.0, f"extension base={self.base} must be > 1")
+        try:
+            self.apply(RopeConfig())
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"extension: {err} (the extension's rule is RoPE's scaling)") from None
+
+    def rope_overrides(self) -> dict[str, Any]:
+        """The RopeConfig fields this extension sets (base only when given)."""
+        out = {"scaling": self.rule, "factor": self.factor, "original_max_seq_len": self.original_max_seq_len,
+               "attention_factor": self.attention_factor}
+        return out if self.base is None else {**out, "base": self.base}
+
+    def apply(self, rope: RopeConfig) -> RopeConfig:
+        """``rope`` with this extension's fields (pairing, rotary_fraction, betas, ramp kept)."""
+        return dataclasses.replace(rope, **self.rope_overrides())

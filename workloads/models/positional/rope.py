@@ -1,23 +1,23 @@
 """RoPE and its context-extension rules (MATH §1, §2) as a per-layer positional encoding.
 
-The formulas live in `phaselab.kernels.rotary` (one home each, DESIGN §7 example 4): this module
-only turns `PEConfig.rope` into the kernel's `RopeConfig`, rotates q and k with
-`reference.apply_rotary`, and folds YaRN's temperature into the softmax scale (mscale**2/sqrt(D),
+The formulas live in `phaselab.kernels.rotary` (one home each, DESIGN §7 example 4), and so does
+the config: `PEConfig.rope` is the kernel's `RopeConfig`. This module only rotates q and k with
+`reference.apply_rotary` at the model's head_dim, and folds YaRN's temperature into the softmax scale (mscale**2/sqrt(D),
 MATH §2.4) instead of into the rotation.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from phaselab.kernels.rotary import reference as rotary
-from phaselab.kernels.rotary.scaling import RopeConfig, rope_frequencies
-from phaselab.workloads.config import to_dict
+from phaselab.kernels.rotary.scaling import rope_frequencies
 from phaselab.workloads.models.config import ContextExtension, PEConfig
-from phaselab.workloads.models.positional.base import PositionalEncoding, with_extension
+from phaselab.workloads.models.positional.base import PositionalEncoding
 
 
 class RoPE(PositionalEncoding):
@@ -34,17 +34,17 @@ class RoPE(PositionalEncoding):
 
     def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
         super().__init__(pe_cfg, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim)
-        self.rope_cfg = RopeConfig(head_dim=head_dim, **to_dict(pe_cfg.rope))
+        self.rope_cfg = pe_cfg.rope
         # dynamic NTK at l <= L is plain RoPE (MATH §2.3): the buffer holds those frequencies
         seq_len = self.rope_cfg.original_max_seq_len if self.rope_cfg.scaling == "dynamic_ntk" else None
-        inv_freq, mscale = rope_frequencies(self.rope_cfg, seq_len=seq_len)
+        inv_freq, mscale = rope_frequencies(self.rope_cfg, head_dim, seq_len=seq_len)
         self.register_fp32_buffer("inv_freq", inv_freq)
         self.mscale = float(mscale)
 
     def _inv_freq(self, seq_len: int) -> Tensor:
         if self.rope_cfg.scaling != "dynamic_ntk":
             return self.inv_freq
-        inv_freq, _ = rope_frequencies(self.rope_cfg, seq_len=seq_len)
+        inv_freq, _ = rope_frequencies(self.rope_cfg, self.head_dim, seq_len=seq_len)
         return inv_freq.to(device=self.inv_freq.device, dtype=torch.float32)
 
     def prepare_qk(self, q_BTHD: Tensor, k_BSGD: Tensor, pos_q_BT: Tensor,
@@ -62,8 +62,8 @@ class RoPE(PositionalEncoding):
 
     def extended(self, ext: ContextExtension) -> RoPE:
         """A new RoPE with the extension's rule, factor, original length (and base)."""
-        new = RoPE(with_extension(self.pe_cfg, ext), n_head=self.n_head, n_kv_head=self.n_kv_head,
-                   head_dim=self.head_dim)
+        new = RoPE(replace(self.pe_cfg, rope=ext.apply(self.pe_cfg.rope)), n_head=self.n_head,
+                   n_kv_head=self.n_kv_head, head_dim=self.head_dim)
         return new.to(self.inv_freq.device)
 
     def frequency_features(self, q_BTHD: Tensor, k_BTGD: Tensor) -> dict[str, Tensor]:
