@@ -159,39 +159,29 @@ def normalize_extend(raw: Mapping[str, Any]) -> dict:
     return convert_section(ContextExtension, raw, "extend")
 
 
-EVAL_SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
-# suite -> (spec class in workloads.evals.api, nested key, "module:Config" of the nested mapping)
-_EVAL_SPECS = {
-    "ppl-by-length": ("PplSpec", "ppl", "phaselab.workloads.evals.perplexity:PplConfig"),
-    "niah": ("NiahSpec", "niah", "phaselab.workloads.evals.niah:NiahConfig"),
-    "lm-eval": ("LmEvalSpec", None, None),
-    "task": ("TaskSpec", None, None),
-    "freq": ("FreqSpec", None, None),
-}
-
-
 def normalize_eval(raw: Mapping[str, Any], data: Mapping[str, Any] | None) -> dict:
     """The eval spec handed to ``run_eval``, converted strictly through the evals' own spec
     classes (defaults included). Its ``data`` defaults to the stage's data section."""
     import importlib
 
-    from phaselab.workloads.evals import api
+    from phaselab.workloads.evals.api import SUITE_TABLE
 
     spec = dict(raw)
     select = _normalize_select(spec.pop("select", None))
     suite = spec.get("suite")
-    if suite not in EVAL_SUITES:
+    if suite not in SUITE_TABLE:
         raise SectionError("eval.suite", f"unknown eval suite {suite!r}; expected one of "
-                           f"{', '.join(EVAL_SUITES)}", suggest(str(suite), EVAL_SUITES))
+                           f"{', '.join(SUITE_TABLE)}", suggest(str(suite), SUITE_TABLE))
     if "data" not in spec and data is not None:
         spec["data"] = dict(data)
-    cls_name, sub, sub_target = _EVAL_SPECS[suite]
-    out = convert_section(getattr(api, cls_name), spec, "eval")
+    entry = SUITE_TABLE[suite]
+    out = convert_section(entry.spec, spec, "eval")
     if "data" in out:
         out["data"] = _convert_data_in_eval(out["data"])
-    if sub is not None:
-        module, cls = sub_target.split(":")
-        out[sub] = convert_section(getattr(importlib.import_module(module), cls), out[sub] or {}, f"eval.{sub}")
+    if entry.options is not None:
+        module, cls = entry.options_config.split(":")
+        out[entry.options] = convert_section(getattr(importlib.import_module(module), cls),
+                                             out[entry.options] or {}, f"eval.{entry.options}")
     if select is not None:
         out["select"] = select
     return out

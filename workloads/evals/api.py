@@ -89,7 +89,6 @@ from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension
 
-SUITES = ("ppl-by-length", "niah", "lm-eval", "task", "freq")
 SELECT_RULES = ("last", "best_valid")
 
 
@@ -397,13 +396,27 @@ def _run_freq(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
     return SuiteOutput(analysis.freq_records(usage, task=f"freq/{label}"), arts)
 
 
-_RUNNERS: dict[str, Callable[[Mapping[str, Any], Path, Path, ContextExtension | None], SuiteOutput]] = {
-    "ppl-by-length": _run_ppl,
-    "niah": _run_niah,
-    "lm-eval": _run_lm_eval,
-    "task": _run_task,
-    "freq": _run_freq,
+@dataclass(frozen=True)
+class Suite:
+    """One evaluation suite: ``spec`` is its spec class (the grid's ``eval`` section, converted
+    strictly), ``run`` its runner; ``options`` names the nested mapping that ``options_config``
+    ("module:Class", imported only when converted) validates, for suites that have one."""
+
+    spec: type
+    run: Callable[[Mapping[str, Any], Path, Path, ContextExtension | None], SuiteOutput]
+    options: str | None = None
+    options_config: str | None = None
+
+
+# The suite table: the orchestrator's eval stages read it from here too.
+SUITE_TABLE: Mapping[str, Suite] = {
+    "ppl-by-length": Suite(PplSpec, _run_ppl, "ppl", "phaselab.workloads.evals.perplexity:PplConfig"),
+    "niah": Suite(NiahSpec, _run_niah, "niah", "phaselab.workloads.evals.niah:NiahConfig"),
+    "lm-eval": Suite(LmEvalSpec, _run_lm_eval),
+    "task": Suite(TaskSpec, _run_task),
+    "freq": Suite(FreqSpec, _run_freq),
 }
+SUITES = tuple(SUITE_TABLE)
 
 
 class NoBestCheckpoint(ValueError):
@@ -453,7 +466,7 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     if not isinstance(spec, Mapping):
         raise TypeError(f"eval spec must be a mapping, got {type(spec).__name__}")
     suite = spec.get("suite")
-    if suite not in _RUNNERS:
+    if suite not in SUITE_TABLE:
         raise ValueError(f"unknown eval suite {suite!r}; expected one of {SUITES}")
     spec = dict(spec)
     select = parse_select(spec.pop("select", None))
@@ -461,7 +474,7 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen, info = select_checkpoint(select, checkpoint=Path(checkpoint), best=best)
-    out = _RUNNERS[suite](spec, chosen, out_dir, ext)
+    out = SUITE_TABLE[suite].run(spec, chosen, out_dir, ext)
     if info is not None:
         out.records = out.records + selection_records(info, out.records)
     tracker.log_records(out.records)
@@ -473,5 +486,5 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     return out.records
 
 
-__all__ = ["SUITES", "ExtensionNotApplicable", "NoBestCheckpoint", "SelectConfig", "SuiteOutput",
+__all__ = ["SUITES", "SUITE_TABLE", "ExtensionNotApplicable", "NoBestCheckpoint", "SelectConfig", "Suite", "SuiteOutput",
            "eval_extension", "extend_for_eval", "parse_select", "run_eval", "select_checkpoint"]
