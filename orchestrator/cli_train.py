@@ -1,11 +1,15 @@
 """CLI verbs that run one workload outside any grid, in this process: ``eval`` (one checkpoint,
-``workloads.evals.api.run_eval``, optionally with an inference-time RoPE extension from the
-``--extend-*`` flags) and ``train`` (one training config, ``run_training``)."""
+``workloads.evals.api.run_eval``, optionally with an inference-time RoPE extension) and ``train``
+(one training config, ``run_training``).
+
+Both take the config they run as ``key=value`` overrides of that config, never as flags that
+mirror its fields, so a new config field needs no CLI change: ``eval``'s are the eval stage's
+suite keys plus its ``extend`` section (``extend.rule=yarn extend.factor=8``), ``train``'s any
+key of the training YAML. The options of both commands are pinned by
+tests/orchestrator/test_cli_train.py."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,32 +23,13 @@ from phaselab.orchestrator.cli_common import make_console as _console
 
 CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
 SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
-SUITE_OPTIONS = typer.Argument(None, help="Suite keys as key=value (e.g. ppl.lengths=[64,128]).")
+SUITE_OPTIONS = typer.Argument(None, help=(
+    "key=value overrides of the eval stage's config: suite keys (ppl.lengths=[64,128], device=cpu) and "
+    "extend.<field>, the RoPE context extension applied before the suite runs, weights unchanged "
+    "(MATH §2; RoPE checkpoints only): extend.rule=pi|ntk|dynamic_ntk|yarn, extend.factor (s >= 1), "
+    "extend.original_max_seq_len (the pretraining length L), extend.base, extend.attention_factor "
+    "(YaRN), extend.block_size."))
 EVAL_OUT = typer.Option(Path(".phaselab/eval"), "--out", help="Output folder.")
-
-# The eval stage's ``extend`` section (a ContextExtension) as flags: field -> flag. The mapping they
-# build is parsed by the stage's own normalize_extend; nothing is validated here.
-EXTEND_FLAGS = {"rule": "--extend-rule", "factor": "--extend-factor", "original_max_seq_len": "--extend-original-len",
-                "base": "--extend-base", "attention_factor": "--extend-attn-factor",
-                "block_size": "--extend-block-size"}
-_PANEL = "RoPE context extension at inference (an eval stage's extend section)"
-
-
-def _extend_option(field: str, help: str, **kw: Any) -> Any:
-    return typer.Option(None, EXTEND_FLAGS[field], help=help, rich_help_panel=_PANEL, show_default=False, **kw)
-
-
-EXTEND_RULE = _extend_option("rule", "Re-build the checkpoint's RoPE with this scaling rule before the suite "
-                             "runs, weights unchanged (MATH §2): pi | ntk | dynamic_ntk | yarn. RoPE "
-                             "checkpoints only. Needs --extend-original-len.")
-EXTEND_FACTOR = _extend_option("factor", "Scale factor s >= 1: target context / pretraining length (default 1).")
-# min=1: typer names the flag itself (ContextExtension also refuses < 1, naming the field).
-EXTEND_ORIGINAL_LEN = _extend_option("original_max_seq_len", "The checkpoint's pretraining length L.", min=1)
-EXTEND_BASE = _extend_option("base", "New RoPE base > 1, e.g. 2e8 (default: the checkpoint's).")
-EXTEND_ATTENTION_FACTOR = _extend_option("attention_factor", "YaRN only: attention temperature "
-                                         "(default 0.1 ln s + 1).")
-EXTEND_BLOCK_SIZE = _extend_option("block_size", "Context length recorded in the model config, freq's "
-                                   "default max_len (default: unchanged).")
 
 TRAIN_KEYS = ("model", "data", "train", "extend", "out_dir", "init_from")
 TRAIN_CONFIG = typer.Argument(..., help="Training YAML: model, data, train, extend?, out_dir?, init_from?.")
@@ -102,58 +87,49 @@ def _train_config(config: Path, overrides: list[str], *, allow_outside: bool = F
     return spec, out_dir, Path(doc["init_from"]) if doc.get("init_from") else None
 
 
-def _eval_extension(flags: Mapping[str, Any]) -> dict | None:
-    """The ``extend`` mapping of the ``--extend-*`` flags given (None without any), converted by
-    the eval stage's ``normalize_extend``. A value it rejects is a usage error naming the flag(s)
-    (click's BadParameter: one line, exit code 2, like a flag of the wrong type)."""
+def _eval_extension(raw: Any) -> dict | None:
+    """The ``extend`` mapping the ``extend.*`` overrides built (None without any), converted by the
+    eval stage's own ``normalize_extend``. A value it rejects is a usage error naming the key
+    (click's BadParameter: one line, exit code 2, before anything runs)."""
     from phaselab.orchestrator.stages.base import SectionError, normalize_extend
 
-    given = {k: v for k, v in flags.items() if v is not None}
-    if not given:
+    if raw is None:
         return None
+    if not isinstance(raw, Mapping):
+        raise typer.BadParameter(f"extend must be set field by field (extend.rule=yarn ...), got {raw!r}",
+                                 param_hint="'extend'")
     try:
-        return normalize_extend(given)
+        return normalize_extend(raw)
     except SectionError as err:
-        field = err.key.partition(".")[2]
-        # Cross-field checks (ContextExtension.__post_init__) report key "extend": name the flags
-        # whose fields the message mentions (\b keeps "factor" out of "attention_factor").
-        named = [field] if field in EXTEND_FLAGS else [f for f in EXTEND_FLAGS if re.search(rf"\b{f}\b", err.message)]
         hint = f"; did you mean {err.suggestion!r}?" if err.suggestion else ""
-        raise typer.BadParameter(err.message + hint, param_hint=[EXTEND_FLAGS[f] for f in named or given]) from None
+        raise typer.BadParameter(err.message + hint, param_hint=f"'{err.key}'") from None
     except ValueError as err:   # to_dict refuses non-finite floats (a config must be storable)
-        bad = [f for f, v in given.items() if isinstance(v, float) and not math.isfinite(v)]
-        raise typer.BadParameter(str(err), param_hint=[EXTEND_FLAGS[f] for f in bad or given]) from None
+        raise typer.BadParameter(str(err), param_hint="'extend'") from None
 
 
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(checkpoint: Path = CHECKPOINT, suite: str = SUITE, options: list[str] = SUITE_OPTIONS,
-              out_dir: Path = EVAL_OUT, as_json: bool = JSON, extend_rule: str | None = EXTEND_RULE,
-              extend_factor: float | None = EXTEND_FACTOR, extend_original_len: int | None = EXTEND_ORIGINAL_LEN,
-              extend_base: float | None = EXTEND_BASE,
-              extend_attention_factor: float | None = EXTEND_ATTENTION_FACTOR,
-              extend_block_size: int | None = EXTEND_BLOCK_SIZE) -> None:
+              out_dir: Path = EVAL_OUT, as_json: bool = JSON) -> None:
         """Evaluate one checkpoint outside any grid (workloads.evals.api.run_eval), e.g.
-        `phaselab eval ckpt/ --suite ppl-by-length ppl.lengths=[8192,65536] --extend-rule yarn
-        --extend-factor 8 --extend-original-len 8192` (YaRN at inference, no fine-tuning)."""
+        `phaselab eval ckpt/ --suite ppl-by-length ppl.lengths=[8192,65536] extend.rule=yarn
+        extend.factor=8 extend.original_max_seq_len=8192` (YaRN at inference, no fine-tuning)."""
         from phaselab.catalog.tracking import RecordingTracker
         from phaselab.orchestrator.overrides import apply_overrides
         from phaselab.orchestrator.yamlio import GridError, Marks
 
-        extend = _eval_extension({"rule": extend_rule, "factor": extend_factor,
-                                  "original_max_seq_len": extend_original_len, "base": extend_base,
-                                  "attention_factor": extend_attention_factor, "block_size": extend_block_size})
         try:
             spec = apply_overrides({"suite": suite}, Marks("<eval>"), [f"++{o}" for o in options or []])
         except GridError as err:
             _fail(as_json, str(err))
+        extend = _eval_extension(spec.pop("extend", None))
         from phaselab.workloads.evals.api import ExtensionNotApplicable, run_eval
 
         try:
             records = run_eval(spec, checkpoint=checkpoint, out_dir=out_dir, tracker=RecordingTracker(),
                                extend=extend)
         except ExtensionNotApplicable as err:
-            _fail(as_json, f"{err} (drop the --extend-* flags)")
+            _fail(as_json, f"{err} (drop the extend.* overrides)")
         except ValueError as err:
             _fail(as_json, str(err))
         _emit(as_json, {"ok": True, "extend": extend, "records": [r.to_dict() for r in records]})

@@ -1,15 +1,15 @@
-"""`phaselab eval CKPT --suite ... --extend-rule R --extend-factor S --extend-original-len L`: the
+"""`phaselab eval CKPT --suite ... extend.rule=R extend.factor=S extend.original_max_seq_len=L`: the
 eval stage's inference-time RoPE extension (TAPA Table 2's PI / YaRN rows, EXPERIMENTS §6 #22) from
-the command line. The CLI must report exactly what ``run_eval(..., extend=...)`` computes, refuse
-non-RoPE checkpoints with ExtensionNotApplicable's message, and reject bad flag values naming the
-flag (click usage error, exit code 2) before anything runs."""
+the command line, as overrides of the stage's own ``extend`` section. The CLI must report exactly
+what ``run_eval(..., extend=...)`` computes, refuse non-RoPE checkpoints with
+ExtensionNotApplicable's message, and reject bad values naming the key (click usage error, exit
+code 2) before anything runs."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
-import typing
 from pathlib import Path
 
 import pytest
@@ -18,10 +18,9 @@ from typer.testing import CliRunner
 
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.cli_train import EXTEND_FLAGS
 from phaselab.workloads.evals.api import run_eval
 from phaselab.workloads.models.checkpoint_io import save_model
-from phaselab.workloads.models.config import ContextExtension, ScalingRule
+from phaselab.workloads.models.config import ContextExtension
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
 
@@ -29,7 +28,7 @@ L = 16                                     # the checkpoint's block_size (its "p
 SUITE = ["--suite", "ppl-by-length", f"ppl.lengths=[{4 * L}]", "ppl.max_tokens=128", "device=cpu"]
 SPEC = {"suite": "ppl-by-length", "ppl": {"lengths": [4 * L], "max_tokens": 128}, "device": "cpu"}
 YARN = {"rule": "yarn", "factor": 4.0, "original_max_seq_len": L}
-YARN_FLAGS = ["--extend-rule", "yarn", "--extend-factor", "4", "--extend-original-len", str(L)]
+YARN_FLAGS = ["extend.rule=yarn", "extend.factor=4", f"extend.original_max_seq_len={L}"]
 
 
 def _checkpoint(tmp_path: Path, pe: str) -> Path:
@@ -85,44 +84,42 @@ def test_extend_on_a_pope_checkpoint_fails_with_the_clear_message(tmp_path: Path
     err = json.loads(out)
     assert err["ok"] is False
     assert "rescales RoPE frequencies" in err["error"] and "pe.kind='pope'" in err["error"]
-    assert "rule='yarn'" in err["error"] and "--extend-*" in err["error"]
+    assert "rule='yarn'" in err["error"] and "extend.*" in err["error"]
     assert not (tmp_path / "out" / "records.json").exists()
     code, out = _cli(str(ckpt), *SUITE, "--out", str(tmp_path / "out"), "--json")   # without: fine
     assert code == 0 and {r["name"] for r in json.loads(out)["records"]} == {"nll", "ppl"}
 
 
-@pytest.mark.parametrize(("flags", "named", "says"), [
-    (["--extend-rule", "yarn", "--extend-factor", "0.5", "--extend-original-len", "16"],
-     "'--extend-factor'", "factor=0.5 must be finite and >= 1"),
-    (["--extend-rule", "pi", "--extend-factor", "inf", "--extend-original-len", "16"],
-     "'--extend-factor'", "factor=inf must be finite"),
-    (["--extend-rule", "pi", "--extend-factor", "two", "--extend-original-len", "16"], "'--extend-factor'", "valid number"),
-    (["--extend-rule", "yarm", "--extend-factor", "4", "--extend-original-len", "16"], "'--extend-rule'", "'yarm'"),
-    (["--extend-rule", "yarn", "--extend-factor", "4"], "'--extend-rule' / '--extend-original-len'",
-     "needs original_max_seq_len"),
-    (["--extend-factor", "4"], "'--extend-rule' / '--extend-factor'", "needs a rule"),
-    (["--extend-rule", "pi", "--extend-factor", "4", "--extend-original-len", "0"], "'--extend-original-len'",
-     "greater than or equal to 1"),
-    (["--extend-rule", "pi", "--extend-factor", "2", "--extend-original-len", "16", "--extend-attn-factor",
-      "1.2"], "'--extend-rule' / '--extend-attn-factor'", "YaRN setting"),
+@pytest.mark.parametrize(("overrides", "named", "says"), [
+    (["extend.rule=yarn", "extend.factor=0.5", "extend.original_max_seq_len=16"], "'extend'", "factor=0.5 must be >= 1"),
+    (["extend.rule=pi", "extend.factor=inf", "extend.original_max_seq_len=16"], "'extend.factor'",
+     "expected a number, got str 'inf'"),
+    (["extend.rule=pi", "extend.factor=two", "extend.original_max_seq_len=16"], "'extend.factor'", "expected a number"),
+    (["extend.rule=yarm", "extend.factor=4", "extend.original_max_seq_len=16"], "'extend.rule'", "'yarm'"),
+    (["extend.rule=yarn", "extend.factor=4"], "'extend'", "needs original_max_seq_len"),
+    (["extend.factor=4"], "'extend'", "has no effect with scaling='none'"),
+    (["extend.rule=pi", "extend.factor=4", "extend.original_max_seq_len=0"], "'extend'",
+     "original_max_seq_len=0 must be a positive int"),
+    (["extend.rule=pi", "extend.factor=2", "extend.original_max_seq_len=16", "extend.attention_factor=1.2"],
+     "'extend'", "only defined for scaling='yarn'"),
+    (["extend.rul=pi"], "'extend.rul'", "did you mean 'rule'?"),
+    (["extend=yarn"], "'extend'", "set field by field"),
 ])
-def test_bad_extend_values_are_usage_errors_naming_the_flag(tmp_path: Path, flags: list[str], named: str,
-                                                            says: str) -> None:
+def test_bad_extend_values_are_usage_errors_naming_the_key(tmp_path: Path, overrides: list[str], named: str,
+                                                           says: str) -> None:
     out_dir = tmp_path / "out"
-    code, out = _cli(str(_checkpoint(tmp_path, "rope")), *SUITE, *flags, "--out", str(out_dir), "--json")
+    code, out = _cli(str(_checkpoint(tmp_path, "rope")), *SUITE, *overrides, "--out", str(out_dir), "--json")
     assert code == 2, out
     text = _flat(out)
     assert f"Invalid value for {named}:" in text and says in text
     assert not out_dir.exists()   # rejected before anything ran
 
 
-def test_help_documents_every_extend_flag_and_rule() -> None:
+def test_help_documents_every_extend_field_and_rule() -> None:
     code, out = _cli("--help")
     assert code == 0
     text = _flat(out)
-    for flag in EXTEND_FLAGS.values():
-        assert flag in text, flag
-    for rule in typing.get_args(ScalingRule)[1:]:   # all but "none"
+    for name in (f.name for f in dataclasses.fields(ContextExtension)):
+        assert f"extend.{name}" in text, name
+    for rule in ("pi", "ntk", "dynamic_ntk", "yarn"):
         assert rule in text, rule
-    # one flag per field of the stage's extend section (a new field needs a new flag)
-    assert set(EXTEND_FLAGS) == {f.name for f in dataclasses.fields(ContextExtension)}

@@ -139,3 +139,31 @@ def test_out_dir_outside_the_project_is_refused_unless_allowed(tmp_path: Path) -
     code, got = _cli(str(cfg), "train.steps=1", "--allow-outside")
     assert code == 0, got
     assert (outside / "checkpoints").is_dir()
+
+
+# The options of `phaselab eval` and `phaselab train`, pinned (torchtitan's frozen-CLI test): a
+# change here is a change of the user-facing command and must be deliberate. Config fields are
+# never mirrored as flags; they are key=value overrides of the config (`options`, `overrides`).
+FROZEN_CLI = {
+    "eval": [("checkpoint", (), "argument", True, False, None),
+             ("suite", ("--suite",), "option", True, False, None),
+             ("options", (), "argument", False, True, None),
+             ("out_dir", ("--out",), "option", False, False, ".phaselab/eval"),
+             ("as_json", ("--json",), "option", False, False, False)],
+    "train": [("config", (), "argument", True, False, None),
+              ("overrides", (), "argument", False, True, None),
+              ("as_json", ("--json",), "option", False, False, False),
+              ("allow_outside", ("--allow-outside",), "option", False, False, False)],
+}
+
+
+@pytest.mark.parametrize("command", sorted(FROZEN_CLI))
+def test_command_options_are_frozen(command: str) -> None:
+    import typer.main
+
+    params = typer.main.get_command(app).commands[command].params
+    got = [(p.name, tuple(o for o in p.opts if o.startswith("-")), p.param_type_name, p.required,
+            p.multiple or p.nargs == -1, None if p.default is None else (str(p.default) if isinstance(p.default, Path)
+                                                                         else p.default))
+           for p in params]
+    assert got == FROZEN_CLI[command]
