@@ -1,10 +1,12 @@
-"""Atomic, resumable checkpoints for the reference (single-process / DDP) path.
+"""Atomic, resumable checkpoints of one-process runs (``api.run_training``), and the RNG, best-weights
+and eval-minima helpers every training path shares (``session.TrainSession`` writes the files).
 
 Layout under a run's ``checkpoints/`` folder::
 
     step_0000400/            one complete checkpoint (never half-written, see below)
         model.pt             weights + model config (models.checkpoint_io.save_model), what evals load
-        train_state.pt       optimiser, step, data position, RNG states, metrics (torch.save)
+        train_state.pt       optimiser, step, data position, metrics (torch.save)
+        rng_rank0.pt         the RNG states of rank 0 (one file per rank)
         spec.json            the resolved stage spec (model/data/train/extend)
     step_0000800/
     latest                   text file: "step_0000800"
