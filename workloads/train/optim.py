@@ -26,7 +26,8 @@ from torch import nn
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OptimConfig:
-    """AdamW settings (the loop builds this from its TrainConfig)."""
+    """AdamW settings. ``loop.TrainConfig`` inherits these fields (a train section stays flat:
+    ``train.lr``, ``train.beta2``) and returns them as this config from ``TrainConfig.optim``."""
 
     lr: float = 6e-4
     beta1: float = 0.9
