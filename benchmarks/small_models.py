@@ -107,7 +107,7 @@ def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: st
     dev = resolve_device(cfg.device)
     dataset = build_dataset(parsed.data)
     model = build_model(parsed, dataset, None).to(dev)
-    optimizer = build_optimizer(model, cfg.optim())
+    optimizer = build_optimizer(model, cfg.optim)
     engine = engine_for(model, optimizer, cfg, device=dev, block_size=dataset.block_size)
     tracker = RecordingTracker()
     t0 = time.perf_counter()

@@ -166,7 +166,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
     model = Transformer(cfg, device_type=device.type).to(device)
     backends = sorted({block.attn.backend.name for block in model.h})
     n_params = model.num_params()
-    engine = TorchEngine(model, build_optimizer(model, tcfg.optim()), device=device, precision=tcfg.precision,
+    engine = TorchEngine(model, build_optimizer(model, tcfg.optim), device=device, precision=tcfg.precision,
                          grad_clip=tcfg.grad_clip, grad_accum=tcfg.grad_accum, compile=tcfg.compile,
                          fused_loss=args.loss == "fused")
     profiler = step_profile.make_profiler(device, skip=timed, steps=args.profile) if args.profile else None
