@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,16 +78,11 @@ def source_sha256() -> str:
     return h.hexdigest()
 
 
-def versions(names: Iterable[str] = PACKAGES) -> dict[str, str | None]:
-    from importlib import metadata
+def versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Python's and each distribution's version (None when not installed)."""
+    from phaselab.catalog.fingerprint import package_versions
 
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {"python": platform.python_version(), **package_versions(names)}
 
 
 def tar_folder(src: Path, dest: Path, *, suffixes: tuple[str, ...] | None = None) -> list[str]:
