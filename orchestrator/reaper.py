@@ -38,7 +38,8 @@ def start_reaper() -> subprocess.Popen:
     return proc
 
 
-def _descendants(pid: int) -> dict[int, float]:
+def descendants(pid: int) -> dict[int, tuple[str, float]]:
+    """pid -> (name, start time) of every live descendant of ``pid``."""
     import psutil
 
     try:
@@ -48,7 +49,7 @@ def _descendants(pid: int) -> dict[int, float]:
     out = {}
     for k in kids:
         try:
-            out[k.pid] = k.create_time()
+            out[k.pid] = (k.name(), k.create_time())
         except psutil.Error:
             pass
     return out
@@ -83,7 +84,7 @@ def reap(read_fd: int, watched: int) -> None:
 
     noted: dict[int, float] = {}
     while True:
-        noted.update(_descendants(watched))
+        noted.update({pid: created for pid, (_, created) in descendants(watched).items()})
         noted.pop(os.getpid(), None)   # the reaper is the controller's child too
         ready, _, _ = select.select([read_fd], [], [], POLL_S)
         if ready and not os.read(read_fd, 1):

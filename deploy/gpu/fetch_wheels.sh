@@ -6,7 +6,7 @@
 #   bash deploy/gpu/fetch_wheels.sh            # idempotent: files already there are skipped
 #   bash deploy/gpu/fetch_wheels.sh --no-mlflow   # leave out the MLflow set (about 12 MiB)
 #
-# Everything a device call carries (working tree + .whl) must stay under 64 MiB, so ray is
+# What travels to an offline GPU machine (working tree + .whl) must stay under 64 MiB, so ray is
 # carried as a tar.xz of the unpacked wheel without ray/jars (Java, unused by Python), and
 # deepspeed (an sdist) is built here into a pure-Python wheel with the venv's CPU torch.
 set -euo pipefail

@@ -10,6 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+from phaselab.orchestrator.reaper import descendants
+
+__all__ = ["closed_port", "descendants", "quickstart_cmd", "quickstart_env", "start_quickstart", "wait_for_stage"]
+
 TINY = ["defaults.train.steps=4", "defaults.train.final_eval_batches=1", "defaults.train.ckpt_every=2",
         "stages.yarn.train.steps=2", "stages.yarn.train.ckpt_every=1",
         "stages.ppl.eval.ppl.max_tokens=512", "stages.ppl_yarn.eval.ppl.max_tokens=512"]
@@ -36,23 +40,6 @@ def start_quickstart(work: Path, *extra: str, env: dict[str, str] | None = None)
     work.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(quickstart_cmd(work, *extra), cwd=work, env=env or quickstart_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def descendants(pid: int) -> dict[int, tuple[str, float]]:
-    """pid -> (name, start time) of every live descendant of ``pid``."""
-    import psutil
-
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return {}
-    out = {}
-    for k in kids:
-        try:
-            out[k.pid] = (k.name(), k.create_time())
-        except psutil.Error:
-            pass
-    return out
 
 
 def wait_for_stage(proc: subprocess.Popen, timeout_s: float = 90.0) -> dict[int, tuple[str, float]]:

@@ -20,20 +20,6 @@ from phaselab.workloads.models.presets import preset
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from phaselab.workloads.train.deepspeed_engine import configure_environment
-
-    configure_environment()
-    from deepspeed.accelerator import get_accelerator
-
-    get_accelerator().create_op_builder("ShareMemCommBuilder").load()  # warm the JIT cache
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def _spec(*, zero_stage, steps=6) -> dict:
     model = preset("tiny", n_layer=1, d_model=32, n_head=2, block_size=48,
                    pe={"kind": "pope", "pope": {"delta_init": "uniform"}})

@@ -18,20 +18,6 @@ from phaselab.workloads.models.presets import preset
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from phaselab.workloads.train.deepspeed_engine import configure_environment
-
-    configure_environment()
-    from deepspeed.accelerator import get_accelerator
-
-    get_accelerator().create_op_builder("ShareMemCommBuilder").load()  # warm the JIT cache
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def test_zero3_two_workers_keep_the_best_validation_weights(ray_cluster, tmp_path: Path) -> None:
     from phaselab.workloads.evals.api import run_eval
     from phaselab.workloads.train.checkpoint import read_best
