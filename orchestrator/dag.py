@@ -19,9 +19,10 @@ import yaml
 from phaselab.orchestrator.grid import Cell, ResolvedStage, expand_cells, map_config_error, resolve_cell
 from phaselab.orchestrator.hashing import (
     CacheKey,
+    CodeIndex,
     CodeVersion,
     canonical_json,
-    code_version,
+    code_index,
     make_key,
     sha256_hex,
 )
@@ -166,10 +167,21 @@ def _check_eval_extend(rs: ResolvedStage, config: Mapping[str, Any], upstream: M
                                f"model has pe.kind={kind!r} (restrict the stage with 'when')")])
 
 
-def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
+def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | None = None,
               yaml_submitted: str = "", yaml_resolved: str = "") -> Dag:
-    """Expand, convert, hash and deduplicate (see the module docstring)."""
-    code = code or code_version()
+    """Expand, convert, hash and deduplicate (see the module docstring). ``code``: the sources
+    read now (None), an index whose per-kind import closures key each stage, or one fixed
+    version for every stage (tests)."""
+    index = code_index() if code is None else code
+    per_kind: dict[str, CodeVersion] = {}
+
+    def code_of(kind: str) -> CodeVersion:
+        if isinstance(index, CodeVersion):
+            return index
+        if kind not in per_kind:
+            per_kind[kind] = index.for_kind(kind)
+        return per_kind[kind]
+
     order = _template_order(spec)
     nodes: dict[str, StageNode] = {}
     cache: dict[str, Any] = {}
@@ -185,7 +197,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
             if not STAGES[rs.template.kind].trains:
                 _check_eval_extend(rs, config, upstream, nodes, marks)
             salt = "/".join(s for s in (spec.salt, rs.template.salt) if s)
-            key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code,
+            key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code_of(rs.template.kind),
                            data=_data_parts(rs, config, marks), salt=salt)
             hashes[name] = key.digest
             if key.digest not in nodes:
@@ -197,7 +209,8 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | None = None,
         cell_stages[cell.key] = hashes
     if not nodes:
         raise GridError([Issue(marks.at(("stages",)), "stages", "no stage matches any cell")])
-    return Dag(spec=spec, cells=cells, nodes=nodes, code=code, yaml_submitted=yaml_submitted,
+    full = index if isinstance(index, CodeVersion) else index.version()
+    return Dag(spec=spec, cells=cells, nodes=nodes, code=full, yaml_submitted=yaml_submitted,
                yaml_resolved=yaml_resolved, cell_stages=cell_stages)
 
 

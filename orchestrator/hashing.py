@@ -4,10 +4,13 @@ key = sha256(canonical JSON of {kind, cache_schema, config - ignored keys, upstr
 code hash, data digests, salt}). Canonical JSON: sorted keys, no whitespace, floats normalised
 (1.0 == 1, -0.0 == 0, shortest repr), tuples as lists, NaN/Inf as strings.
 
-The code hash is an AST-normalised hash of every module of ``phaselab.workloads`` and
-``phaselab.kernels``: comments, docstrings and formatting do not count (flyteorg/flyte#2899 is
-the stale hit this prevents). Per-module hashes are kept beside the key so ``why`` can name the
-changed files.
+The code hash of a stage is an AST-normalised hash of the modules of ``phaselab.workloads`` and
+``phaselab.kernels`` that its stage class can reach through imports (:mod:`closure`; the stage
+kind's own modules are the entry points, :func:`stage_entries`): comments, docstrings and
+formatting do not count, and a module the stage cannot import (the plotting code for a pretrain,
+the training loop for an eval) does not either. flyteorg/flyte#2899 is the stale hit the hash
+prevents; the closure keeps an unrelated edit from re-running every stage. Per-module hashes are
+kept beside the key so ``why`` can name the changed files.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import inspect
 import json
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phaselab.orchestrator import closure as _closure
 from phaselab.workloads.config import flatten
 
 CACHE_SCHEMA = 1
@@ -111,14 +117,69 @@ def package_root(package: str) -> Path:
 
 def code_version(packages: tuple[str, ...] = CODE_PACKAGES, roots: Mapping[str, Path] | None = None) -> CodeVersion:
     """AST hash of every ``*.py`` under the packages (``roots`` overrides where to look: tests)."""
-    modules: dict[str, str] = {}
+    return code_index(packages, roots).version()
+
+
+@dataclass(frozen=True)
+class CodeIndex:
+    """The code packages' per-module AST hashes and static import graph; :meth:`version` of an
+    entry set is the :class:`CodeVersion` of the modules it reaches."""
+
+    hashes: Mapping[str, str]                 # module -> ast hash
+    graph: Mapping[str, frozenset[str]]       # module -> modules it references
+
+    def version(self, entries: Iterable[str] | None = None) -> CodeVersion:
+        """Over every module (``entries`` None) or over the import closure of ``entries``."""
+        names = set(self.hashes) if entries is None else _closure.closure(entries, self.graph)
+        modules = {m: self.hashes[m] for m in sorted(names)}
+        return CodeVersion(digest=sha256_hex(canonical_json(modules)), modules=modules)
+
+    def for_kind(self, kind: str) -> CodeVersion:
+        """The code a stage of ``kind`` can reach (:func:`stage_entries`)."""
+        return self.version(stage_entries(kind, self.hashes))
+
+
+def code_index(packages: tuple[str, ...] = CODE_PACKAGES, roots: Mapping[str, Path] | None = None) -> CodeIndex:
+    """Read (never import) the sources of ``packages`` (``roots`` overrides where: tests)."""
+    files: dict[str, Path] = {}
     for pkg in packages:
-        root = Path(roots[pkg]) if roots and pkg in roots else package_root(pkg)
-        for path in sorted(root.rglob("*.py")):
-            rel = path.relative_to(root).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            modules[".".join([pkg, *parts])] = ast_hash(path.read_text(encoding="utf-8"), str(path))
-    return CodeVersion(digest=sha256_hex(canonical_json(modules)), modules=modules)
+        files |= _closure.module_files(pkg, Path(roots[pkg]) if roots and pkg in roots else package_root(pkg))
+    hashes = {name: ast_hash(path.read_text(encoding="utf-8"), str(path)) for name, path in files.items()}
+    return CodeIndex(hashes=hashes, graph=_closure.import_graph(files))
+
+
+# The stage base module converts config sections (through every workloads config class): what it
+# computes is the typed config, which the key holds itself, so its imports are no entry points.
+_NOT_ENTRIES = ("phaselab.orchestrator.stages", "phaselab.orchestrator.stages.base")
+
+
+def stage_entries(kind: str, known: Iterable[str]) -> set[str]:
+    """The code modules (of ``known``) that the modules defining the ``kind`` stage class and
+    its bases reference, following imports of other stage modules (:data:`_NOT_ENTRIES` aside)."""
+    from phaselab.orchestrator.stages import STAGES
+
+    if kind not in STAGES:
+        raise ValueError(f"unknown stage kind {kind!r}; registered: {', '.join(STAGES)}")
+    known = set(known)
+    todo = [c.__module__ for c in type(STAGES[kind]).__mro__ if c.__module__ not in (*_NOT_ENTRIES, "builtins")]
+    seen: set[str] = set()
+    entries: set[str] = set()
+    while todo:
+        name = todo.pop()
+        module = sys.modules.get(name)
+        source_file = inspect.getsourcefile(module) if module is not None else None
+        if name in seen or source_file is None:
+            continue
+        seen.add(name)
+        refs = _closure.references(Path(source_file).read_text(encoding="utf-8"), name, is_package=False,
+                                   known=known | _stage_modules())
+        entries |= refs & known
+        todo += [r for r in refs - known if r not in _NOT_ENTRIES and r not in seen]
+    return entries
+
+
+def _stage_modules() -> set[str]:
+    return {m for m in sys.modules if m.startswith("phaselab.orchestrator.stages.")}
 
 
 # ------------------------------------------------------------------------------------ the key
