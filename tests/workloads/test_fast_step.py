@@ -16,16 +16,17 @@ from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.train.api import run_training
 from phaselab.workloads.train.checkpoint import CheckpointDir
-from phaselab.workloads.train.fast_step import GraphEngine, check_graphable
+from phaselab.workloads.train.fast_step import GraphEngine, check_graphable, choose_batch_workers
 from phaselab.workloads.train.loop import LoopResult, StepEvents, TrainConfig, TrainingDiverged
 
 
 def _spec(steps: int, *, graphs: bool, pe: str = "pope", accum: int = 2, lr: float = 3e-3,
-          device: str = "cpu") -> dict:
+          device: str = "cpu", workers: int = -1) -> dict:
     model = preset("tiny", n_layer=1, d_model=32, n_head=2, block_size=48, dropout=0.1,
                    pe={"kind": pe})
     return {"model": to_dict(model),
-            "data": {"kind": "indirect_indexing", "ii": {"n_valid": 64, "n_test": 64}},
+            "data": {"kind": "indirect_indexing", "ii": {"n_valid": 64, "n_test": 64},
+                     "num_workers": workers},
             "train": {"steps": steps, "batch_size": 8, "grad_accum": accum, "lr": lr, "min_lr": lr / 10,
                       "warmup": 2, "eval_every": 5, "eval_batches": 1, "final_eval_batches": 1,
                       "ckpt_every": 4, "log_every": 3, "cuda_graphs": graphs, "device": device}}
@@ -62,6 +63,25 @@ def test_graph_step_resume_is_bitwise(tmp_path):
     assert sorted(resumed) == [6, 9, 10]
     for step, loss in resumed.items():
         assert loss == full[step], step   # bitwise on CPU
+
+
+def test_batch_worker_processes_feed_the_same_stream(tmp_path):
+    """Two spawned batch-building processes (as on CUDA) give bitwise the losses of the
+    background thread: each worker builds a contiguous part of the window from its own copy of
+    the dataset, and the parts land at their steps."""
+    thread, procs = RecordingTracker(), RecordingTracker()
+    run_training(_spec(9, graphs=True, workers=0), out_dir=tmp_path / "thread", tracker=thread)
+    run_training(_spec(9, graphs=True, workers=2), out_dir=tmp_path / "procs", tracker=procs)
+    ref, got = _curves(thread, "train/loss"), _curves(procs, "train/loss")
+    assert sorted(ref) == [3, 6, 9] and got == ref
+
+
+def test_batch_workers_default_to_processes_on_cuda_only(tmp_path):
+    assert choose_batch_workers(-1, cuda=False) == 0
+    assert 0 <= choose_batch_workers(-1, cuda=True) <= 4
+    assert choose_batch_workers(3, cuda=False) == 3
+    with pytest.raises(ValueError, match="data.num_workers"):
+        run_training(_spec(1, graphs=True, workers=-2), out_dir=tmp_path, tracker=RecordingTracker())
 
 
 def test_windows_end_at_every_event():

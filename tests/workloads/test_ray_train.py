@@ -101,3 +101,23 @@ def test_plain_one_worker_debug_steps(ray_cluster, tmp_path):
     assert model.cfg.pe.kind == "pope"
     delta = model.h[0].attn.pe.delta.detach()
     assert float(delta.min()) >= -2 * torch.pi and float(delta.max()) <= 0.0  # projection ran
+
+
+def test_graph_step_with_batch_processes_inside_a_ray_worker(ray_cluster, tmp_path):
+    """On a GPU node the graph step spawns batch-building processes from the Ray Train worker;
+    here the same path runs on CPU with two of them requested, and its losses equal a plain
+    in-process run of the same spec."""
+    from phaselab.catalog.tracking import RecordingTracker
+    from phaselab.workloads.train.api import run_training
+    from phaselab.workloads.train.ray_entry import fit
+
+    spec = _spec(zero_stage=None, steps=4)
+    spec["train"]["cuda_graphs"] = True
+    spec["data"]["num_workers"] = 2
+    fit(spec, out_dir=tmp_path / "ray", run_name="graphs", storage_path=tmp_path / "ray-store",
+        num_workers=1)
+    tracker = RecordingTracker()
+    run_training(spec, out_dir=tmp_path / "local", tracker=tracker)
+    local = {s: m["train/loss"] for s, m in tracker.metrics if "train/loss" in m}
+    assert sorted(local) == [1, 2, 3, 4]
+    assert _losses(tmp_path / "ray") == pytest.approx(local, rel=1e-6)

@@ -117,19 +117,27 @@ class DataConfig:
     paper default (ii 48, jsb 2048, text 256, dna 1000, maestro 2048, openwebtext/pg19 1024).
     seed: the *data* seed (generated content, random splits); the training seed passed to
     `get_batch` only orders batches. cache_dir: absolute, or relative to $PHASELAB_CACHE_DIR
-    (default ~/.cache/phaselab).
+    (default ~/.cache/phaselab). num_workers: processes that build the training batches ahead of
+    the graph-captured step (``train.cuda_graphs``): -1 chooses (up to 4 on CUDA, none on CPU),
+    0 builds them in one background thread. Batches are a pure function of their index, so the
+    stream is the same for every value (not part of a cache key).
     """
 
     kind: str = "indirect_indexing"
     block_size: int | None = None
     seed: int = 0
     cache_dir: str | None = None
+    num_workers: int = -1
     ii: IndirectIndexingConfig = field(default_factory=IndirectIndexingConfig)
     jsb: JsbConfig = field(default_factory=JsbConfig)
     text: TextConfig = field(default_factory=TextConfig)
     dna: DnaConfig = field(default_factory=DnaConfig)
     maestro: MaestroConfig = field(default_factory=MaestroConfig)
     real: RealScaleConfig = field(default_factory=RealScaleConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < -1:
+            raise ValueError(f"data.num_workers must be an int >= -1 (-1 = choose), got {self.num_workers!r}")
 
 
 # --------------------------------------------------------------------------------------------

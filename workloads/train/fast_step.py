@@ -29,10 +29,13 @@ captured all-reduce would need NCCL's graph mode and per-rank capture.
 
 from __future__ import annotations
 
+import itertools
 import math
+import multiprocessing
+import os
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,11 +76,13 @@ class GraphEngine:
         device, precision, grad_clip, grad_accum: as for ``TorchEngine``.
         micro_batch, block_size: the static shape [micro_batch, block_size] of every batch.
         compile: run the model through ``torch.compile`` inside the captured step.
+        batch_workers: processes building batches ahead (``data.num_workers``; -1 chooses,
+            see :func:`choose_batch_workers`).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, device: torch.device,
                  precision: str, grad_clip: float, grad_accum: int, micro_batch: int, block_size: int,
-                 compile: bool = False) -> None:
+                 compile: bool = False, batch_workers: int = -1) -> None:
         self.module, self.optimizer, self.device = model, optimizer, device
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         self.shape = (grad_accum, micro_batch, block_size)
@@ -87,6 +92,7 @@ class GraphEngine:
         self._step_autocast = autocast_for(precision, device, cache=False)
         self.runner = torch.compile(model) if compile else model
         self.capture = device.type == "cuda"
+        self.batch_workers = choose_batch_workers(batch_workers, cuda=self.capture)
         step_bytes = grad_accum * micro_batch * block_size * (8 + 8 + 4)
         self.window_cap = max(1, min(MAX_WINDOW, CHUNK_BYTES // step_bytes))
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -195,7 +201,7 @@ class GraphEngine:
             self._prepare()
         schedule = cfg.schedule_obj()
         plan = self.windows(cfg, events, start, end)
-        fill = _Filler(dataset, cfg, self.shape)
+        fill = _Filler(dataset, cfg, self.shape, workers=self.batch_workers)
         # The batch thread runs Python for milliseconds at a time; at the default 5 ms switch
         # interval the launching thread would wait that long for the GIL before every replay.
         switch = sys.getswitchinterval()
@@ -204,6 +210,7 @@ class GraphEngine:
             self._run_plan(plan, fill, events, schedule)
         finally:
             sys.setswitchinterval(switch)
+            fill.close()
 
     def _run_plan(self, plan: list[_Window], fill: _Filler, events: StepEvents, schedule) -> None:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="phaselab-batches") as pool:
@@ -316,43 +323,104 @@ class _HostChunk:
             self.event.synchronize()
 
 
-class _Filler:
-    """Builds a window's batches into a host chunk (runs in the background thread)."""
+def choose_batch_workers(requested: int, *, cuda: bool) -> int:
+    """Worker processes for the batch pipeline: ``requested`` when >= 0; for -1, up to 4 on CUDA
+    (one 64-example Indirect Indexing batch takes ~2 ms of Python, longer than the graph step it
+    feeds) and none on CPU, where the step itself is slower than building its batch."""
+    if requested >= 0:
+        return requested
+    if not cuda:
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cpus - 1))
 
-    def __init__(self, dataset: Any, cfg: TrainConfig, shape: tuple[int, int, int]) -> None:
-        self.dataset, self.cfg, self.shape = dataset, cfg, shape
+
+class _Filler:
+    """Builds a window's batches into a host chunk (called from the background thread).
+
+    With ``workers`` > 0 the window's steps are split into contiguous ranges built by that many
+    spawned processes (each holds a copy of the dataset), so the Python of batch building neither
+    limits the step rate nor holds the launching thread's GIL; with 0 the thread builds them."""
+
+    def __init__(self, dataset: Any, cfg: TrainConfig, shape: tuple[int, int, int], *, workers: int) -> None:
+        self.dataset, self.seed, self.shape, self.workers = dataset, cfg.seed, shape, workers
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 0:
+            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_worker_init, initargs=(dataset, cfg.seed, shape))
 
     def __call__(self, chunk: _HostChunk, window: _Window) -> None:
-        A, B, T = self.shape
-        for j, step in enumerate(range(window.start, window.end)):
-            for k in range(A):
-                batch = self.dataset.get_batch("train", step * A + k, B, seed=self.cfg.seed)
-                x, y, m = batch.x_BT, batch.y_BT, batch.mask_BT
-                if x.shape[0] != B or x.shape[1] > T:
-                    raise ValueError(f"train batch {step * A + k} has shape {tuple(x.shape)}; the graph "
-                                     f"step needs [{B}, <= {T}] (data.block_size)")
-                t = x.shape[1]
-                chunk.x[j, k, :, :t], chunk.y[j, k, :, :t], chunk.m[j, k, :, :t] = x, y, m
-                if t < T:   # padding: x, y = 0 and mask = 0 leave the masked loss unchanged
-                    chunk.x[j, k, :, t:], chunk.y[j, k, :, t:], chunk.m[j, k, :, t:] = 0, 0, 0
+        if self.pool is None:
+            _build(self.dataset, self.seed, self.shape, range(window.start, window.end),
+                   chunk.x, chunk.y, chunk.m)
+            return
+        n = window.end - window.start
+        bounds = [window.start + n * w // self.workers for w in range(self.workers + 1)]
+        parts = [(lo - window.start, self.pool.submit(_worker_build, lo, hi))
+                 for lo, hi in itertools.pairwise(bounds) if hi > lo]
+        for offset, future in parts:
+            for dst, src in zip((chunk.x, chunk.y, chunk.m), future.result()):
+                dst[offset: offset + len(src)].copy_(torch.from_numpy(src))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _build(dataset: Any, seed: int, shape: tuple[int, int, int], steps: range, x: torch.Tensor,
+           y: torch.Tensor, m: torch.Tensor) -> None:
+    """The batches of ``steps`` into x, y, m [len(steps), A, B, T], padded to T (x, y = 0 and
+    mask = 0 leave the masked loss unchanged)."""
+    A, B, T = shape
+    for j, step in enumerate(steps):
+        for k in range(A):
+            batch = dataset.get_batch("train", step * A + k, B, seed=seed)
+            bx, by, bm = batch.x_BT, batch.y_BT, batch.mask_BT
+            if bx.shape[0] != B or bx.shape[1] > T:
+                raise ValueError(f"train batch {step * A + k} has shape {tuple(bx.shape)}; the graph "
+                                 f"step needs [{B}, <= {T}] (data.block_size)")
+            t = bx.shape[1]
+            x[j, k, :, :t], y[j, k, :, :t], m[j, k, :, :t] = bx, by, bm
+            if t < T:
+                x[j, k, :, t:], y[j, k, :, t:], m[j, k, :, t:] = 0, 0, 0
+
+
+_WORKER: dict[str, Any] = {}   # a batch worker's dataset, training seed and batch shape
+
+
+def _worker_init(dataset: Any, seed: int, shape: tuple[int, int, int]) -> None:
+    torch.set_num_threads(1)   # several workers share the stage's CPUs
+    _WORKER.update(dataset=dataset, seed=seed, shape=shape)
+
+
+def _worker_build(start: int, end: int) -> tuple[Any, Any, Any]:
+    """Steps [start, end) in a worker process, as numpy arrays (pickled back to the trainer)."""
+    shape = (end - start, *_WORKER["shape"])
+    x, y = torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64)
+    m = torch.zeros(shape, dtype=torch.float32)
+    _build(_WORKER["dataset"], _WORKER["seed"], _WORKER["shape"], range(start, end), x, y, m)
+    return x.numpy(), y.numpy(), m.numpy()
 
 
 def build_graph_engine(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, *,
-                       device: torch.device, block_size: int, world: int = 1) -> GraphEngine:
+                       device: torch.device, block_size: int, world: int = 1,
+                       batch_workers: int = -1) -> GraphEngine:
     """The engine of ``train.cuda_graphs: true`` (raises ValueError where it cannot run)."""
     check_graphable(world=world)
     return GraphEngine(model, optimizer, device=device, precision=cfg.precision,
                        grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum,
-                       micro_batch=cfg.micro_batch(world), block_size=block_size, compile=cfg.compile)
+                       micro_batch=cfg.micro_batch(world), block_size=block_size, compile=cfg.compile,
+                       batch_workers=batch_workers)
 
 
 def engine_for(model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainConfig, *,
-               device: torch.device, block_size: int, world: int = 1, ddp: bool = False
-               ) -> Any:
-    """The engine of a plain-torch training run: the graph step when ``cfg.cuda_graphs``, else
-    ``TorchEngine`` (DDP-wrapped when ``ddp``)."""
+               device: torch.device, block_size: int, world: int = 1, ddp: bool = False,
+               batch_workers: int = -1) -> Any:
+    """The engine of a plain-torch training run: the graph step when ``cfg.cuda_graphs`` (with
+    ``batch_workers`` batch-building processes), else ``TorchEngine`` (DDP-wrapped when ``ddp``)."""
     if cfg.cuda_graphs:
-        return build_graph_engine(model, optimizer, cfg, device=device, block_size=block_size, world=world)
+        return build_graph_engine(model, optimizer, cfg, device=device, block_size=block_size, world=world,
+                                  batch_workers=batch_workers)
     return TorchEngine(model, optimizer, device=device, precision=cfg.precision, grad_clip=cfg.grad_clip,
                        grad_accum=cfg.grad_accum, compile=cfg.compile, ddp=ddp)
 

@@ -106,7 +106,9 @@ class TrainSession:
             self.model.to(device)
             self.optimizer = build_optimizer(self.model, self.cfg.optim)
             self.engine = engine_for(self.model, self.optimizer, self.cfg, device=device,
-                                     block_size=dataset.block_size, world=ranks.world, ddp=ranks.world > 1)
+                                     block_size=dataset.block_size, world=ranks.world, ddp=ranks.world > 1,
+                                     # a trace records batches in this process: no workers
+                                     batch_workers=0 if trace_batches else parsed.data.num_workers)
         self.start = 0
 
     # -- checkpoints -----------------------------------------------------------------------------
