@@ -29,6 +29,32 @@ def _checkpoint_dirs(root: Path, h: str, kind: str) -> list[Path]:
     return sorted(p.resolve() for p in found if p.is_dir())
 
 
+def _rerooted(path: Path, root: Path, anchors: set[str]) -> Path | None:
+    """``path`` re-rooted at ``root`` from its first component that names a stage folder or a
+    shared storage root (``/old/project/.phaselab/runs/<hash>/x`` -> ``<root>/<hash>/x``)."""
+    parts = path.parts
+    for i, part in enumerate(parts):
+        if part in anchors:
+            return root.joinpath(*parts[i:])
+    return None
+
+
+def kept_paths(uris: list[str], root: Path, hashes: set[str]) -> set[Path]:
+    """Where the committed artifacts ``uris`` are on this machine (see the module docstring)."""
+    anchors = hashes | set(storage_roots())
+    keep: set[Path] = set()
+    for uri in uris:
+        path = Path(uri.removeprefix("file://"))
+        if not path.is_absolute():
+            keep |= {(root / path).resolve(), path.resolve()}
+            continue
+        keep.add(path.resolve())
+        moved = _rerooted(path, root, anchors)
+        if moved is not None:
+            keep.add(moved.resolve())
+    return keep
+
+
 def collect(store: Any, runs_root: Path | None) -> list[dict[str, Any]]:
     root = Path(runs_root or default_runs_root())
     if store is None or not root.is_dir():
@@ -36,7 +62,7 @@ def collect(store: Any, runs_root: Path | None) -> list[dict[str, Any]]:
     from phaselab.catalog.schema import STATES
 
     rows = {r.stage_hash: r for r in store.stages_in_state(STATES)}
-    keep = {Path(a.uri).resolve() for h in rows for a in store.artifacts_for_stage(h)}
+    keep = kept_paths([a.uri for h in rows for a in store.artifacts_for_stage(h)], root, set(rows))
     out: list[dict[str, Any]] = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")):
         if d.name in storage_roots():
