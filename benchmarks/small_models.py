@@ -48,7 +48,10 @@ from phaselab.workloads.train.optim import build_optimizer
 
 RECIPES = {"ii-8l512": "pope.ii_paper", "jsb-6l256": "pope.jsb"}
 BACKEND = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}
-MODES = {"eager": {}, "compiled": {"compile": True}, "graphs": {"cuda_graphs": True}}
+# mode -> overrides of the recipe's sections; graphs-thread builds batches in the trainer's own
+# background thread (data.num_workers 0) instead of worker processes, to show what they buy
+MODES = {"eager": {}, "compiled": {"train": {"compile": True}}, "graphs": {"train": {"cuda_graphs": True}},
+         "graphs-thread": {"train": {"cuda_graphs": True}, "data": {"num_workers": 0}}}
 
 
 class BusySampler:
@@ -85,12 +88,15 @@ class BusySampler:
         return statistics.fmean(middle) / 100 if middle else None
 
 
-def spec_for(name: str, pe: str, mode: str, *, steps: int, tiny: bool) -> dict[str, Any]:
+def spec_for(name: str, encoding: str, mode: str, *, steps: int, tiny: bool) -> dict[str, Any]:
+    """``encoding`` is ``pe`` or ``pe:backend`` (e.g. ``tapa:reference``; default BACKEND[pe])."""
+    pe, _, backend = encoding.partition(":")
     spec = recipe(RECIPES[name])(pe=pe, seed=0)
     spec["train"] |= {"steps": steps, "decay_steps": steps, "warmup": 10, "eval_every": 0,
                       "eval_batches": 1, "final_eval_batches": 1, "ckpt_every": 0,
-                      "log_every": max(5, steps // 20)} | MODES[mode]
-    spec["model"] = dict(spec["model"]) | {"attention": {"backend": BACKEND[pe]}}
+                      "log_every": max(5, steps // 20)} | MODES[mode].get("train", {})
+    spec["data"] = dict(spec["data"]) | MODES[mode].get("data", {})
+    spec["model"] = dict(spec["model"]) | {"attention": {"backend": backend or BACKEND[pe]}}
     if tiny:   # CPU smoke: the same loop on a model a 2-core machine runs in seconds
         spec["model"] |= {"n_layer": 1, "d_model": 64, "n_head": 2, "attention": {"backend": "reference"}}
         spec["data"] = dict(spec["data"]) | ({"block_size": 256} if name.startswith("jsb") else {})
@@ -108,7 +114,8 @@ def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: st
     dataset = build_dataset(parsed.data)
     model = build_model(parsed, dataset, None).to(dev)
     optimizer = build_optimizer(model, cfg.optim)
-    engine = engine_for(model, optimizer, cfg, device=dev, block_size=dataset.block_size)
+    engine = engine_for(model, optimizer, cfg, device=dev, block_size=dataset.block_size,
+                        batch_workers=parsed.data.num_workers)
     tracker = RecordingTracker()
     t0 = time.perf_counter()
     with BusySampler() as sampler:
@@ -116,8 +123,8 @@ def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: st
     wall = time.perf_counter() - t0
     rates = [m["train/steps_per_s"] for _, m in tracker.metrics if "train/steps_per_s" in m]
     steady = rates[2:] or rates
-    return {"model": name, "pe": pe, "backend": model.h[0].attn.backend.name if hasattr(
-                model.h[0].attn.backend, "name") else BACKEND[pe], "mode": mode, "steps": steps,
+    return {"model": name, "pe": pe.partition(":")[0], "backend": spec["model"]["attention"]["backend"],
+            "mode": mode, "steps": steps, "batch_workers": getattr(engine, "batch_workers", None),
             "steps_per_s": statistics.median(steady) if steady else None,
             "gpu_busy": sampler.busy(), "wall_s": wall,
             "final_loss": next((m["train/loss"] for _, m in reversed(tracker.metrics) if "train/loss" in m), None)}
@@ -174,7 +181,8 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
         busy = "" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%}"
         rate = "" if r["steps_per_s"] is None else f"{r['steps_per_s']:.1f}"
         loss = "" if r["final_loss"] is None else f"{r['final_loss']:.3f}"
-        lines.append(f"| {r['model']} | {r['pe']} | {r['backend']} | {r['mode']} | {rate} | {ratio} | "
+        mode = r["mode"] + (f" ({r['batch_workers']} batch workers)" if r.get("batch_workers") else "")
+        lines.append(f"| {r['model']} | {r['pe']} | {r['backend']} | {mode} | {rate} | {ratio} | "
                      f"{busy} | {loss} |")
     if packs:
         one = packs[0]["aggregate_steps_per_s"]
