@@ -19,8 +19,22 @@ import typer
 from phaselab.orchestrator import cli_catalog, cli_maint, cli_tracking, cli_train
 from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="phaselab: positional-encoding experiment grids on Ray, reproducibly.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from phaselab import __version__
+
+        typer.echo(f"phaselab {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                            help="Print the version and exit.")) -> None:
+    """phaselab: positional-encoding experiment grids on Ray, reproducibly."""
 
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
 ALL_VERSIONS = typer.Option(False, "--all-versions", help="Include stages of earlier versions of the grid.")

@@ -38,7 +38,11 @@ def fail(as_json: bool, message: str) -> NoReturn:
     if as_json:
         emit(True, {"ok": False, "error": message})
     else:
-        make_console().print(f"[red]error:[/] {message}", markup=True)
+        from rich.markup import escape
+
+        # escaped: error text quotes labels like 'pretrain[pe=alibi,seed=0]', which rich would
+        # otherwise read as markup tags and drop
+        make_console().print(f"[red]error:[/] {escape(message)}", markup=True)
     raise typer.Exit(1)
 
 

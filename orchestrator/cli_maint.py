@@ -1,4 +1,5 @@
-"""CLI verbs that maintain the catalog and the runs root: ``gc`` and ``db upgrade``."""
+"""CLI verbs that maintain the catalog and the runs root (``gc``, ``db upgrade``) and list what
+ships with phaselab (``grids``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,24 @@ def register(app: typer.Typer) -> None:
             for v in victims:
                 make_console().print(f"{'would delete' if dry_run else 'deleted'} {v['path']} ({v['bytes']} B): {v['why']}")
             make_console().print(f"{'would free' if dry_run else 'freed'} {freed / 2**20:.1f} MiB")
+
+    @app.command()
+    def grids(as_json: bool = JSON) -> None:
+        """List the shipped grids (run one by name: `phaselab run quickstart`)."""
+        from phaselab.orchestrator.grids import describe_shipped
+
+        rows = describe_shipped()
+        emit(as_json, {"ok": True, "grids": rows})
+        if not as_json:
+            from rich.markup import escape
+            from rich.table import Table
+
+            table = Table(title="shipped grids (phaselab run NAME)")
+            for col in ("name", "cells", "stages", "description"):
+                table.add_column(col, no_wrap=col == "name", justify="right" if col in ("cells", "stages") else "left")
+            for r in rows:
+                table.add_row(r["name"], str(r["cells"]), str(r["stages"]), escape(r["description"]))
+            make_console().print(table)
 
     @db_app.command("upgrade")
     def db_upgrade(catalog: str = CATALOG, as_json: bool = JSON) -> None:

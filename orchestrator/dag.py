@@ -16,7 +16,15 @@ from typing import Any
 
 import yaml
 
-from phaselab.orchestrator.grid import Cell, ResolvedStage, expand_cells, map_config_error, resolve_cell
+from phaselab.orchestrator.grid import (
+    Cell,
+    IssueList,
+    ResolvedStage,
+    expand_cells,
+    map_config_error,
+    resolve_cell,
+    when_issues,
+)
 from phaselab.orchestrator.hashing import (
     CacheKey,
     CodeIndex,
@@ -187,15 +195,19 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
     cache: dict[str, Any] = {}
     cells = expand_cells(spec, marks)
     cell_stages: dict[str, dict[str, str]] = {}
+    issues = IssueList(when_issues(spec, marks))   # every problem of the grid in one error
     for cell in cells:
-        resolved = {rs.name: rs for rs in resolve_cell(spec, cell, marks)}
+        resolved = {rs.name: rs for rs in issues.call(resolve_cell, spec, cell, marks) or []}
         hashes: dict[str, str] = {}
         for name in (n for n in order if n in resolved):
             rs = resolved[name]
-            config = _typed(rs, marks, cache)
+            config = issues.call(_typed, rs, marks, cache)
+            if config is None or any(n not in hashes for n in rs.template.needs):
+                continue   # reported; its downstream stages are still checked on their own
             upstream = _inputs(rs, spec, hashes)
-            if not STAGES[rs.template.kind].trains:
-                _check_eval_extend(rs, config, upstream, nodes, marks)
+            if not STAGES[rs.template.kind].trains and not issues.call(
+                    _check_eval_extend, rs, config, upstream, nodes, marks, ok=True):
+                continue
             salt = "/".join(s for s in (spec.salt, rs.template.salt) if s)
             key = make_key(kind=rs.template.kind, config=config, upstream=upstream, code=code_of(rs.template.kind),
                            data=_data_parts(rs, config, marks), salt=salt)
@@ -207,6 +219,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
                     launcher=rs.launcher, max_retries=rs.template.max_retries)
             nodes[key.digest].members.append((cell.key, name))
         cell_stages[cell.key] = hashes
+    issues.raise_any()
     if not nodes:
         raise GridError([Issue(marks.at(("stages",)), "stages", "no stage matches any cell")])
     full = index if isinstance(index, CodeVersion) else index.version()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,80 @@ def check_size(spec: GridSpec, marks: Marks, *, max_cells: int | None = None,
     if issues:
         raise GridError(issues)
     return cells
+
+
+def _axis_values(spec: GridSpec, marks: Marks) -> dict[str, tuple[list[Any], bool]]:
+    """axis -> (the values it takes, whether the command line set them)."""
+    out: dict[str, tuple[list[Any], bool]] = {"seed": (list(spec.seeds), _from_override(marks, ("seeds",)))}
+    out |= {k: (list(v), _from_override(marks, ("axes", "product", k))) for k, v in spec.axes.product.items()}
+    for i, group in enumerate(spec.axes.zip):
+        out |= {k: (list(v), _from_override(marks, ("axes", "zip", i, k))) for k, v in group.items()}
+    return out
+
+
+def _from_override(marks: Marks, path: YamlPath) -> bool:
+    return marks.at(path).file.startswith("<override")
+
+
+class IssueList:
+    """Grid problems gathered across stages and cells, so that one run reports them all; the
+    same problem found in several cells is listed once."""
+
+    def __init__(self, issues: list[Issue] | None = None) -> None:
+        self._found: dict[tuple[str, str], list[Issue]] = {}
+        for issue in issues or []:
+            self.add(issue)
+
+    def add(self, issue: Issue) -> None:
+        """Keep ``issue``; one at the same place and key as a kept one (the same setting, seen
+        from another cell) only counts."""
+        self._found.setdefault((str(issue.mark), issue.key), []).append(issue)
+
+    @property
+    def issues(self) -> list[Issue]:
+        out = []
+        for same in self._found.values():
+            first = same[0]
+            more = f" (and {len(same) - 1} more cells)" if len(same) > 1 else ""
+            out.append(Issue(first.mark, first.key, first.message + more, first.suggestion))
+        return out
+
+    def call(self, fn: Callable[..., Any], *args: Any, ok: Any = None) -> Any:
+        """``fn(*args)``, or None when it raised a GridError, whose issues are kept. ``ok``
+        replaces a None result of a successful call (for functions that only check)."""
+        try:
+            out = fn(*args)
+        except GridError as err:
+            for issue in err.issues:
+                self.add(issue)
+            return None
+        return ok if out is None else out
+
+    def raise_any(self) -> None:
+        if self._found:
+            raise GridError(self.issues)
+
+
+def when_issues(spec: GridSpec, marks: Marks) -> list[Issue]:
+    """A ``when`` value that its axis never takes would silently drop the stage from every cell:
+    most often a typo, reported with the nearest value. Values the command line narrowed an axis
+    away from are allowed (``axes.product.pe=[pope]`` drops the RoPE-only stages on purpose)."""
+    axes = _axis_values(spec, marks)
+    issues = []
+    for name, st in spec.stages.items():
+        for axis, want in st.when.items():
+            if axis not in axes:   # an unknown axis is reported by the schema's checks
+                continue
+            values, narrowed = axes[axis]
+            for i, v in enumerate(want if isinstance(want, list) else [want]):
+                if narrowed or v in values:   # the test _matches applies
+                    continue
+                path = ("stages", name, "when", axis, *((i,) if isinstance(want, list) else ()))
+                shown = ", ".join(map(repr, values))
+                near = suggest(str(v), [str(x) for x in values]) if isinstance(v, str) else None
+                issues.append(Issue(marks.at(path), dotted(path), f"axis {axis!r} never takes the value {v!r} "
+                                    f"(its values: {shown}), so stage {name!r} would run in no cell", near))
+    return issues
 
 
 def expand_cells(spec: GridSpec, marks: Marks | None = None) -> list[Cell]:

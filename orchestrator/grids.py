@@ -36,3 +36,22 @@ def resolve_grid_path(source: str | Path) -> Path:
     hint = suggest(text, shipped_grids())
     raise FileNotFoundError(f"no grid named {text!r}; shipped grids: {', '.join(shipped_grids())}"
                             + (f" (did you mean {hint!r}?)" if hint else ""))
+
+
+def describe_shipped() -> list[dict]:
+    """Name, description, cell count (axes x seeds, before ``exclude``) and stage templates of
+    every shipped grid, read from its YAML without planning it."""
+    import yaml
+
+    out = []
+    for name in shipped_grids():
+        doc = yaml.safe_load((grids_dir() / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+        axes = doc.get("axes") or {}
+        cells = len(doc.get("seeds") or [0])
+        for values in (axes.get("product") or {}).values():
+            cells *= len(values)
+        for group in axes.get("zip") or []:
+            cells *= min((len(v) for v in group.values()), default=1)
+        out.append({"name": name, "description": str(doc.get("description") or ""), "cells": cells,
+                    "stages": len(doc.get("stages") or {}), "path": str(grids_dir() / f"{name}.yaml")})
+    return out

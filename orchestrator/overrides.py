@@ -13,8 +13,20 @@
 
 Values are parsed with ``yaml.safe_load`` (``1e-3`` -> float, ``[1,2]`` -> list, ``true`` -> bool).
 Keys are dotted paths into the grid document, e.g. ``defaults.train.lr=3e-4`` or
-``stages.pretrain.train.steps=100``. A sweep binds the key to ``${key}`` and adds the axis, so
-sweeps are allowed only under ``defaults`` and ``stages`` (where interpolation applies).
+``stages.pretrain.train.steps=100``. In a grid, two short forms address the stage config the way
+users think of it (as Hydra's overrides address the config, not the file):
+
+=====================  ==========================================================================
+``train.steps=3000``   a config section (or ``launcher``) first: ``defaults.train.steps`` — every
+                       stage that does not set the key itself
+``yarn.train.steps=5`` a stage name first: ``stages.yarn.train.steps`` — that stage only
+=====================  ==========================================================================
+
+A section name wins over a stage of the same name (``stages.<name>...`` reaches that stage).
+A sweep binds the key to ``${key}`` (the key as typed) and adds the axis, so sweeps are allowed
+only under ``defaults`` and ``stages`` (where interpolation applies).
+
+Every problem of every override is reported in one :class:`GridError`.
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ class Override:
     path: tuple[str | int, ...]
     value: Any = None
     sweep: tuple[Any, ...] | None = None
+    axis: str | None = None    # a sweep's axis name when it differs from the dotted path
 
 
 def _sections() -> frozenset[str]:
@@ -134,12 +147,30 @@ def parse_override(text: str) -> Override:
         return Override(text=text, op=op, path=path)
     sweep = _sweep(text, raw)
     if sweep is not None:
-        if path[0] not in ("defaults", "stages"):
+        if path[0] in TOP_LEVEL and path[0] not in ("defaults", "stages"):
             raise _fail(text, "sweeps are allowed only under 'defaults.' and 'stages.'", key)
         return Override(text=text, op=op, path=path, sweep=sweep)
     return Override(text=text, op=op, path=path, value=_scalar(text, raw))
 
 
+# The grid document's own top-level keys (GridSpec's fields): a path starting with one of them is
+# already a full path.
+TOP_LEVEL = frozenset({"grid", "description", "seeds", "axes", "defaults", "stages", "salt"})
+
+
+def grid_path(path: tuple, doc: Mapping[str, Any]) -> tuple:
+    """The full grid path of an override key (module docstring): ``train.steps`` ->
+    ``defaults.train.steps``, ``yarn.train.steps`` -> ``stages.yarn.train.steps`` when ``yarn``
+    is a stage of ``doc``; full paths and ``x-*`` keys unchanged."""
+    head = path[0]
+    if head in TOP_LEVEL or (isinstance(head, str) and head.startswith("x-")):
+        return path
+    if head in _sections() or head == "launcher":
+        return ("defaults", *path)
+    stages = doc.get("stages")
+    if len(path) >= 2 and isinstance(stages, Mapping) and head in stages:
+        return ("stages", *path)
+    return path
 
 
 def in_section(path: tuple) -> bool:
@@ -163,40 +194,69 @@ def _parent(doc: Any, ov: Override, *, create: bool) -> Any:
 
 
 def _missing(doc: Any, ov: Override, path: tuple) -> GridError:
-    near = suggest(dotted(path), [dotted(p) for p in all_paths(doc)])
+    paths = [dotted(p) for p in all_paths(doc)]
+    if isinstance(doc, Mapping) and isinstance(doc.get("stages"), Mapping) and path[0] not in TOP_LEVEL:
+        # a short key (module docstring): suggest among the short forms of the grid's keys
+        paths = [dotted(p[1:]) for p in all_paths(doc) if len(p) > 1 and p[0] in ("defaults", "stages")]
+    near = suggest(dotted(path), paths)
     hint = "" if ov.op in ("add", "force") else " (use +key=value to add a new key)"
     return _fail(ov.text, f"key {dotted(path)!r} is not in the grid{hint}", dotted(path), near)
 
 
 def apply_overrides(doc: Mapping[str, Any], marks: Marks, overrides: Sequence[str]) -> dict:
     """Return a deep copy of ``doc`` with the overrides applied; ``marks`` records each override
-    as the source of the paths it sets, so later validation errors point at the override."""
+    as the source of the paths it sets, so later validation errors point at the override. In a
+    grid (a document with ``stages``) keys may take the short forms of the module docstring.
+    Raises one GridError listing the problems of all overrides."""
     out = copy.deepcopy(dict(doc))
+    grid = isinstance(out.get("stages"), Mapping)
+    issues: list[Issue] = []
     for text in overrides:
-        ov = parse_override(text)
-        mark = Mark(f"<override {text!r}>", 0, 0)
-        parent = _parent(out, ov, create=ov.op in ("add", "force") or (ov.op == "set" and in_section(ov.path)))
-        last = ov.path[-1]
-        exists = (isinstance(parent, Mapping) and last in parent) or (
-            isinstance(parent, list) and isinstance(last, int) and last < len(parent))
-        if (ov.op == "delete" or (ov.op == "set" and not in_section(ov.path))) and not exists:
-            raise _missing(out, ov, ov.path)
-        if ov.op == "add" and exists:
-            raise _fail(text, f"key {dotted(ov.path)!r} already exists (use ++key=value to force)",
-                        dotted(ov.path))
-        if ov.op == "delete":
-            del parent[last]
-            continue
-        if ov.sweep is not None:
-            axis = dotted(ov.path)
-            axes = out.setdefault("axes", {}) or {}
-            out["axes"] = axes
-            product = axes.setdefault("product", {}) or {}
-            axes["product"] = product
-            product[axis] = list(ov.sweep)
-            parent[last] = "${" + axis + "}"
-            marks.set(("axes", "product", axis), mark)
-        else:
-            parent[last] = ov.value
-        marks.set(ov.path, mark)
+        try:
+            ov = parse_override(text)
+            if grid:
+                ov = _full(ov, out)
+            _apply(out, marks, ov)
+        except GridError as err:
+            issues += err.issues
+    if issues:
+        raise GridError(issues)
     return out
+
+
+def _full(ov: Override, doc: Mapping[str, Any]) -> Override:
+    """``ov`` with its grid path (:func:`grid_path`); a sweep keeps the key as typed for its axis."""
+    path = grid_path(ov.path, doc)
+    if ov.sweep is not None and path[0] not in ("defaults", "stages"):
+        raise _fail(ov.text, "sweeps are allowed only under 'defaults.' and 'stages.'", dotted(ov.path))
+    return ov if path == ov.path else Override(text=ov.text, op=ov.op, path=path, value=ov.value, sweep=ov.sweep,
+                                               axis=ov.axis or dotted(ov.path))
+
+
+def _apply(out: dict, marks: Marks, ov: Override) -> None:
+    text = ov.text
+    mark = Mark(f"<override {text!r}>", 0, 0)
+    parent = _parent(out, ov, create=ov.op in ("add", "force") or (ov.op == "set" and in_section(ov.path)))
+    last = ov.path[-1]
+    exists = (isinstance(parent, Mapping) and last in parent) or (
+        isinstance(parent, list) and isinstance(last, int) and last < len(parent))
+    if (ov.op == "delete" or (ov.op == "set" and not in_section(ov.path))) and not exists:
+        raise _missing(out, ov, ov.path)
+    if ov.op == "add" and exists:
+        raise _fail(text, f"key {dotted(ov.path)!r} already exists (use ++key=value to force)",
+                    dotted(ov.path))
+    if ov.op == "delete":
+        del parent[last]
+        return
+    if ov.sweep is not None:
+        axis = ov.axis or dotted(ov.path)
+        axes = out.setdefault("axes", {}) or {}
+        out["axes"] = axes
+        product = axes.setdefault("product", {}) or {}
+        axes["product"] = product
+        product[axis] = list(ov.sweep)
+        parent[last] = "${" + axis + "}"
+        marks.set(("axes", "product", axis), mark)
+    else:
+        parent[last] = ov.value
+    marks.set(ov.path, mark)
