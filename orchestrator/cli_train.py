@@ -21,7 +21,8 @@ from phaselab.orchestrator.cli_common import emit as _emit
 from phaselab.orchestrator.cli_common import fail as _fail
 from phaselab.orchestrator.cli_common import make_console as _console
 
-CHECKPOINT = typer.Argument(..., help="model.pt or a checkpoint folder.")
+CHECKPOINT = typer.Argument(..., help="model.pt, a checkpoint folder (step_N/), a run's checkpoints/ folder or "
+                            "its checkpoints/latest pointer, or the run folder itself (its newest checkpoint).")
 SUITE = typer.Option(..., "--suite", help="ppl-by-length | niah | lm-eval | task | freq")
 SUITE_OPTIONS = typer.Argument(None, help=(
     "key=value overrides of the eval stage's config: suite keys (ppl.lengths=[64,128], device=cpu) and "
@@ -107,6 +108,70 @@ def _eval_extension(raw: Any) -> dict | None:
         raise typer.BadParameter(str(err), param_hint="'extend'") from None
 
 
+def resolve_checkpoint(path: Path) -> Path:
+    """The ``model.pt`` that ``path`` names (see CHECKPOINT); ValueError when it holds none."""
+    from phaselab.workloads.train.api import resolve_model_file
+    from phaselab.workloads.train.checkpoint import LATEST
+
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    if path.name == LATEST and path.is_file():   # the pointer file names the newest step folder
+        path = path.parent / path.read_text(encoding="utf-8").strip()
+    try:
+        return resolve_model_file(path)
+    except ValueError:
+        raise ValueError(f"{str(path)!r} holds no model.pt and no complete checkpoint (give model.pt, a "
+                         "step_N/ folder, a checkpoints/ folder or a run folder)") from None
+
+
+def default_ppl_lengths(model_file: Path, extend: Mapping[str, Any] | None) -> list[int]:
+    """Perplexity-by-length lengths when none are given: the model's context L (``extend.block_size``
+    when an extension sets one, else the training block size) and 2L, 4L, so the extrapolation
+    beyond training is visible at once."""
+    from phaselab.workloads.models.checkpoint_io import load_config
+
+    length = (extend or {}).get("block_size") or load_config(model_file).block_size
+    return [int(length) * k for k in (1, 2, 4)]
+
+
+# Settings a resumed ``phaselab train`` may change: how long it runs and how it reports, not
+# what it computes (raising ``train.steps`` trains further; docs/examples/train_tiny.yaml).
+RESUMABLE = frozenset({"train.steps", "train.log_every", "train.eval_every", "train.eval_batches",
+                       "train.eval_batch_size", "train.ckpt_every", "train.keep_checkpoints",
+                       "train.final_eval_batches", "train.final_eval_splits", "train.device", "train.compile"})
+
+
+def resume_conflicts(spec: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """Dotted keys (``key: stored -> now``) where ``spec`` differs from the spec of the newest
+    checkpoint in ``out_dir`` beyond :data:`RESUMABLE`; empty when there is nothing to resume."""
+    import json
+
+    from phaselab.workloads.config import flatten, to_dict
+    from phaselab.workloads.train.api import parse_spec, with_eval_splits
+    from phaselab.workloads.train.checkpoint import CheckpointDir
+    from phaselab.workloads.train.session import SPEC_FILE
+
+    latest = CheckpointDir(out_dir / "checkpoints").latest()
+    if latest is None or not (latest / SPEC_FILE).is_file():
+        return []
+    stored = flatten(json.loads((latest / SPEC_FILE).read_text(encoding="utf-8")))
+    now = flatten(json.loads(json.dumps(with_eval_splits(to_dict(parse_spec(spec)), spec))))
+    sections = {k.split(".", 1)[0] for k, v in now.items() if v is not None}
+    keys = sorted(k for k in set(stored) | set(now) if k.split(".", 1)[0] in sections and k not in RESUMABLE)
+    return [f"{k}: {stored.get(k)!r} -> {now.get(k)!r}" for k in keys if stored.get(k) != now.get(k)]
+
+
+def _refuse_changed_resume(spec: Mapping[str, Any], out_dir: Path, as_json: bool) -> None:
+    changed = resume_conflicts(spec, out_dir)
+    if changed:
+        shown = "\n  ".join(changed[:20]) + (f"\n  ... and {len(changed) - 20} more" if len(changed) > 20 else "")
+        _fail(as_json, f"{out_dir} holds a run of a different config; resuming it would mix the two:\n  {shown}\n"
+                       f"train it in its own folder (add out_dir={out_dir}-2, any new folder), or delete "
+                       f"{out_dir} to start over; only train.steps and logging/evaluation cadence may change "
+                       "on a resume")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(checkpoint: Path = CHECKPOINT, suite: str = SUITE, options: list[str] = SUITE_OPTIONS,
@@ -126,13 +191,24 @@ def register(app: typer.Typer) -> None:
         from phaselab.workloads.evals.api import ExtensionNotApplicable, run_eval
 
         try:
-            records = run_eval(spec, checkpoint=checkpoint, out_dir=out_dir, tracker=RecordingTracker(),
+            model_file = resolve_checkpoint(checkpoint)
+        except ValueError as err:
+            _fail(as_json, str(err))
+        defaulted = None
+        if suite == "ppl-by-length" and not (isinstance(spec.get("ppl"), Mapping) and "lengths" in spec["ppl"]):
+            defaulted = default_ppl_lengths(model_file, extend)
+            spec["ppl"] = {**(spec.get("ppl") if isinstance(spec.get("ppl"), Mapping) else {}), "lengths": defaulted}
+            if not as_json:
+                _console().print(f"ppl.lengths not given: {defaulted} (the model's context and 2x, 4x)")
+        try:
+            records = run_eval(spec, checkpoint=model_file, out_dir=out_dir, tracker=RecordingTracker(),
                                extend=extend)
         except ExtensionNotApplicable as err:
             _fail(as_json, f"{err} (drop the extend.* overrides)")
         except ValueError as err:
             _fail(as_json, str(err))
-        _emit(as_json, {"ok": True, "extend": extend, "records": [r.to_dict() for r in records]})
+        _emit(as_json, {"ok": True, "checkpoint": str(model_file), "extend": extend, "default_ppl_lengths": defaulted,
+                        "records": [r.to_dict() for r in records]})
         if not as_json:
             if extend is not None:
                 _console().print("extend " + " ".join(f"{k}={v}" for k, v in extend.items() if v is not None))
@@ -157,6 +233,7 @@ def register(app: typer.Typer) -> None:
         from phaselab.workloads.train.api import run_training
         from phaselab.workloads.train.checkpoint import CheckpointDir
 
+        _refuse_changed_resume(spec, out_dir, as_json)
         console = _console()
 
         class Echo(RecordingTracker):
