@@ -18,6 +18,7 @@ import typer
 
 from phaselab.orchestrator import cli_catalog, cli_maint, cli_tracking, cli_train
 from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
+from phaselab.orchestrator.progress import failure_rows
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="phaselab: positional-encoding experiment grids on Ray, reproducibly.")
@@ -133,13 +134,20 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
                                   "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
                                   }.items() if v}
 
+    from phaselab.orchestrator.notify import Notifier
+    from phaselab.orchestrator.progress import RunView, watch_run
+
+    view = RunView(dag, console)
+    try:
+        notifier = Notifier.from_env(dag.spec.grid)
+    except ValueError as err:
+        fail(as_json, str(err))
+
     def event(kind: str, node: Any, detail: str) -> None:
         if not as_json:
-            from rich.markup import escape
-
-            style = {"succeeded": "green", "failed": "red", "retrying": "yellow"}.get(kind, "cyan")
-            console.print(f"[{style}]{kind:<9}[/] {node.kind:<8} {escape(node.label)} [dim]{node.hash[:12]}[/] "
-                          f"{escape(detail[:300])}")
+            view.event(kind, node, detail)
+        if kind == "failed":
+            notifier.stage_failed(node, detail)
 
     controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event,
                             fixed_cluster=not (address or os.environ.get("RAY_ADDRESS")))
@@ -149,7 +157,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
                        log_to_driver=not as_json)
         if url and not as_json:
             console.print(f"Ray dashboard: http://{url}")
-    return store, controller.run()
+    return store, watch_run(controller, view, notifier, live=not as_json)
 
 
 def _results(store: Any, dag: Any, as_json: bool) -> dict[str, Any]:
@@ -181,7 +189,8 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
                               mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)
     results = _results(store, dag, as_json)
     out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
-           "failed": summary.failed, "seconds": time.monotonic() - start, "results": results}
+           "failed": summary.failed, "failures": failure_rows(dag, summary),
+           "seconds": time.monotonic() - start, "results": results}
     _finish_run(out, as_json)
 
 
@@ -189,12 +198,12 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit(True, out)
     else:
+        from phaselab.orchestrator.views import render_failures
+
         console = make_console()
         console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
                       f"{out['seconds']:.1f} s")
-        for h, (cls, msg) in out["failed"].items():
-            first = msg.splitlines()[0] if msg else ""
-            console.print(f"[red]{h[:12]}[/] {cls}: {first[:300]}", markup=True, highlight=False)
+        render_failures(console, out["grid"], out["failures"], sum(out["counts"].values()))
     raise typer.Exit(0 if out["ok"] else 1)
 
 
@@ -344,7 +353,7 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
                               mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
     results = _results(store, dag, as_json)
     _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
-                 "launched": summary.launched, "failed": summary.failed,
+                 "launched": summary.launched, "failed": summary.failed, "failures": failure_rows(dag, summary),
                  "seconds": time.monotonic() - start, "results": results}, as_json)
 
 
@@ -352,23 +361,27 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
 def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
            watch: bool = typer.Option(False, "--watch", help="Refresh until nothing is pending."),
            all_versions: bool = ALL_VERSIONS, version: int = VERSION, as_json: bool = JSON) -> None:
-    """Per-stage state of a grid (the version last run or submitted, or --version), from the catalog."""
-    from phaselab.orchestrator.views import render_status, status_rows
+    """Per-stage state of a grid (the version last run or submitted, or --version), from the
+    catalog: axis values, step progress and ETA of running stages, why failed stages failed."""
+    from phaselab.orchestrator.views import show_status
 
     store = open_store(catalog, create=False)
+    grid_id = _grid_id(store, grid, as_json)
+    members: dict[str, list[dict[str, Any]]] = {}   # a stage's cells do not change while watching
+
+    def rows() -> list[dict[str, Any]]:
+        from phaselab.orchestrator.views import status_rows
+
+        stages = _grid_rows(store, grid, as_json, all_versions, version)
+        for r in stages:
+            if r.stage_hash not in members:
+                members[r.stage_hash] = [c for c in store.cells_for_stage(r.stage_hash) if c["grid_id"] == grid_id]
+        return status_rows(stages, members)
+
     if as_json:
-        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions, version))
-        emit(True, {"ok": True, "grid": grid, "stages": srows})
+        emit(True, {"ok": True, "grid": grid, "stages": rows()})
         return
-    console = make_console()
-    while True:
-        srows = status_rows(None, _grid_rows(store, grid, as_json, all_versions, version))
-        if watch:
-            console.clear()
-        render_status(console, grid, srows)
-        if not watch or not any(r["state"] in ("PLANNED", "READY", "RUNNING") for r in srows):
-            break
-        time.sleep(2.0)
+    show_status(make_console(), grid, rows, watch=watch)
 
 
 @app.command()

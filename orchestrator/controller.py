@@ -547,7 +547,16 @@ def _execute_remote(payload: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
     """Ray task body (module-level so workers import it by name). The stage object travels with
     the payload, so a worker runs the kind the DAG was planned with also when that kind was
     registered at run time in the driver (a plugin, a test) and not in the worker's registry."""
+    from phaselab.orchestrator.progress import PROGRESS_ENV, PROGRESS_FILE
     from phaselab.orchestrator.runner import execute
 
-    with registered(stage):   # a worker runs one task at a time
-        return execute(payload)
+    # The training loop of a stage run in this process reports its progress there (progress.py);
+    # an earlier attempt's report is stale.
+    progress = Path(payload["out_dir"]) / PROGRESS_FILE
+    progress.unlink(missing_ok=True)
+    os.environ[PROGRESS_ENV] = str(progress)
+    try:
+        with registered(stage):   # a worker runs one task at a time
+            return execute(payload)
+    finally:
+        os.environ.pop(PROGRESS_ENV, None)

@@ -4,7 +4,8 @@ Plain data first (for ``--json``), rich rendering second."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from phaselab.orchestrator.dag import Dag
@@ -129,52 +130,156 @@ def render_plan(console: Any, dag: Dag, prow: list[dict[str, Any]]) -> None:
                   + (f" (+ {unknown} training stages with no measured throughput yet)" if unknown else ""))
 
 
-def status_rows(dag_nodes: Mapping[str, Any] | None, rows: Iterable[Any]) -> list[dict[str, Any]]:
+def _elapsed(started: Any, finished: Any) -> float | None:
+    """Seconds from ``started`` to ``finished`` (now when None); catalog times are UTC."""
+    from datetime import UTC, datetime
+
+    if started is None:
+        return None
+    end = finished or datetime.now(UTC)
+    if (started.tzinfo is None) != (end.tzinfo is None):
+        started, end = started.replace(tzinfo=UTC), end.replace(tzinfo=UTC)
+    return max(0.0, (end - started).total_seconds())
+
+
+def status_rows(rows: Iterable[Any], cells: Mapping[str, list[Mapping[str, Any]]] | None = None
+                ) -> list[dict[str, Any]]:
+    """One dict per stage row, ordered by cell: state, attempts, seconds (elapsed while RUNNING),
+    the cells it belongs to (``cells``: hash -> ``store.cells_for_stage`` rows of this grid) with
+    the first one's axis values, training progress while it runs (``progress.read_progress``)
+    and the first line of its message (the failure reason of FAILED / BLOCKED stages)."""
+    from phaselab.orchestrator.progress import read_progress, total_steps
+
     out = []
-    for r in rows:
-        dur = (r.finished_at - r.started_at).total_seconds() if r.finished_at and r.started_at else None
+    for i, r in enumerate(rows):
+        member = sorted((cells or {}).get(r.stage_hash, []), key=lambda c: c["cell_id"])
+        running = r.state == "RUNNING"
+        prog = read_progress(r.storage_uri, total_steps(r.config)) if running else None
+        msg = (r.message or "").strip()
         out.append({"hash": r.stage_hash, "kind": r.kind, "name": r.name, "state": r.state,
-                    "failure_class": r.failure_class, "attempts": r.attempts, "seconds": dur,
+                    "failure_class": r.failure_class, "attempts": r.attempts,
+                    "seconds": _elapsed(r.started_at, r.finished_at) if (r.finished_at or running) else None,
                     "heartbeat_at": r.heartbeat_at.isoformat() if r.heartbeat_at else None,
-                    "message": (r.message or "").splitlines()[0][:120] if r.message else None})
+                    "cells": [c["cell_key"] for c in member], "axes": dict(member[0]["axes"]) if member else {},
+                    "progress": prog, "message": msg.splitlines()[0][:300] if msg else None,
+                    "_order": (member[0]["cell_id"] if member else 1 << 62, i)})
+    out.sort(key=lambda r: r.pop("_order"))
     return out
 
 
 def render_status(console: Any, grid: str, srows: list[dict[str, Any]]) -> None:
+    console.print(status_renderable(grid, srows))
+
+
+def _pending(srows: list[dict[str, Any]]) -> bool:
+    return any(r["state"] in ("PLANNED", "READY", "RUNNING") for r in srows)
+
+
+def show_status(console: Any, grid: str, rows: Callable[[], list[dict[str, Any]]], *, watch: bool) -> None:
+    """``status`` on ``console``: the table once, or with ``watch`` refreshed (``rows()`` re-read)
+    until nothing is pending: live in a terminal, else printed anew when a state or step changed,
+    at most every 10 s (a log)."""
+    srows = rows()
+    if not (watch and _pending(srows)):
+        render_status(console, grid, srows)
+        return
+    if not console.is_terminal:
+        shown = None
+        while True:
+            key = [(r["state"], (r["progress"] or {}).get("step")) for r in srows]
+            if key != shown:
+                render_status(console, grid, srows)
+                shown = key
+            if not _pending(srows):
+                return
+            time.sleep(10.0)
+            srows = rows()
+    from rich.live import Live
+
+    with Live(status_renderable(grid, srows), console=console, refresh_per_second=1) as live:
+        while _pending(srows):
+            time.sleep(2.0)
+            srows = rows()
+            live.update(status_renderable(grid, srows))
+
+
+def status_renderable(grid: str, srows: list[dict[str, Any]]) -> Any:
+    """The status table (stage, axis values, state, step progress, loss, time, ETA, hash, reason)
+    over a grid progress bar with counts and the grid's ETA."""
+    from rich.console import Group
     from rich.markup import escape
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
+    from phaselab.orchestrator.progress import fmt_duration, fmt_step
+
+    axes = list(dict.fromkeys(k for r in srows for k in r["axes"]))
     done = sum(1 for r in srows if r["state"] == "SUCCEEDED")
-    table = Table(title=f"{grid}: {done}/{len(srows)} stages succeeded")
-    for col in ("stage", "kind", "state", "attempts", "seconds", "hash", "message"):
-        table.add_column(col)
+    cells = []
     for r in srows:
         # FAILED(oom); READY(hung): waiting for a retry after that class of failure
         state = r["state"] + (f"({r['failure_class']})" if r["failure_class"] and r["state"] in ("FAILED", "READY")
-                              else "")
+                              else "") + (f" #{r['attempts']}" if r["attempts"] > 1 else "")
         style = {"SUCCEEDED": "green", "RUNNING": "yellow", "FAILED": "red", "BLOCKED": "magenta"}.get(r["state"], "")
-        table.add_row(r["name"] or "", r["kind"], f"[{style}]{state}[/]" if style else state, str(r["attempts"]),
-                      "" if r["seconds"] is None else f"{r['seconds']:.1f}", r["hash"][:12], escape(r["message"] or ""))
-    console.print(table)
-    console.print(ProgressBar(total=max(len(srows), 1), completed=done, width=60))
+        p = r["progress"] or {}
+        name = (r["name"] or "") + (f" (+{len(r['cells']) - 1} cells)" if len(r["cells"]) > 1 else "")
+        reason = r["message"] if r["state"] not in ("SUCCEEDED", "RUNNING") else ""
+        cells.append({"stage": escape(name), **{a: escape(str(r["axes"].get(a, ""))) for a in axes},
+                      "state": f"[{style}]{escape(state)}[/]" if style else escape(state), "step": fmt_step(p or None),
+                      "loss": "" if p.get("loss") is None else f"{p['loss']:.4f}", "time": fmt_duration(r["seconds"]),
+                      "ETA": fmt_duration(p.get("eta_s")), "hash": r["hash"][:12], "reason": escape(reason or "")})
+    table = Table(title=f"{escape(grid)}: {done}/{len(srows)} stages succeeded")
+    # columns nobody has a value for (no stage running, none failed) are left out
+    cols = [c for c in ("stage", *axes, "state", "step", "loss", "time", "ETA", "hash", "reason")
+            if c in ("stage", "state", "hash") or any(row[c] for row in cells)]
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("step", "loss", "time", "ETA") else "left",
+                         no_wrap=col != "reason", min_width=None if col == "reason" else
+                         max((len(row[col]) for row in cells if "[" not in row[col]), default=0) or None)
+    for row in cells:
+        table.add_row(*(row[c] for c in cols))
+    counts: dict[str, int] = {}
+    for r in srows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    line = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
     eta = eta_seconds(srows)
     if eta is not None:
-        console.print(f"ETA ~{eta / 60:.1f} min (mean duration of finished stages of each kind)")
+        line += f"; ETA ~{fmt_duration(eta)}"
+    foot = Table.grid(padding=(0, 1))
+    foot.add_row(ProgressBar(total=max(len(srows), 1), completed=done, width=40), escape(line))
+    return Group(table, foot)
+
+
+def render_failures(console: Any, grid: str, failures: list[Mapping[str, Any]], total: int) -> None:
+    """The closing summary of ``run``/``resume``: every stage that did not succeed, with why."""
+    from rich.markup import escape
+
+    if not failures:
+        return
+    console.print(f"[red]{escape(grid)}: {len(failures)} of {total} stages did not succeed:[/]")
+    for f in failures:
+        first = (f["message"] or "").strip().splitlines()
+        why = f"{f['class']}: {first[0][:300]}" if f["class"] and first else (first[0][:300] if first else f["class"])
+        console.print(f"  [red]{f['state']:<9}[/] {escape(f['label'])} [dim]{f['hash'][:12]}[/] {escape(why or '')}",
+                      highlight=False)
 
 
 def eta_seconds(srows: list[dict[str, Any]]) -> float | None:
-    """Remaining time: pending stages x the mean duration of finished stages of their kind,
-    spread over the stages running now (at least one). None when nothing is known."""
+    """Remaining time: running training stages by their own reported rate, other pending stages
+    x the mean duration of finished stages of their kind, spread over the stages running now (at
+    least one). None when nothing is known."""
     means: dict[str, list[float]] = {}
     for r in srows:
         if r["state"] == "SUCCEEDED" and r["seconds"] is not None:
             means.setdefault(r["kind"], []).append(r["seconds"])
     pending = [r for r in srows if r["state"] in ("PLANNED", "READY", "RUNNING")]
-    if not pending or not means:
+    own = [r for r in pending if (r.get("progress") or {}).get("eta_s") is not None]
+    if not pending or (not means and len(own) < len(pending)):
         return None
-    overall = sum(sum(v) for v in means.values()) / sum(len(v) for v in means.values())
-    work = sum(sum(means[r["kind"]]) / len(means[r["kind"]]) if r["kind"] in means else overall for r in pending)
+    overall = sum(sum(v) for v in means.values()) / sum(len(v) for v in means.values()) if means else 0.0
+    work = sum(r["progress"]["eta_s"] for r in own)
+    work += sum(sum(means[r["kind"]]) / len(means[r["kind"]]) if r["kind"] in means else overall
+                for r in pending if r not in own)
     return work / max(1, sum(1 for r in srows if r["state"] == "RUNNING"))
 
 

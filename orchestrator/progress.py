@@ -1,0 +1,286 @@
+"""Live progress of a running grid: what each running stage's training loop reports, the live
+table ``phaselab run`` shows, and the per-stage progress ``phaselab status`` adds to its rows.
+
+Where progress comes from (no new channel to the controller; files in the stage's run folder,
+which the controller's runs root holds and ``stage.storage_uri`` names):
+
+* ``progress.json``: written by the training loop at every log step (``train.log_every``) when
+  ``PHASELAB_PROGRESS_FILE`` names it (``loop.StepEvents``, rank 0): step, total steps, loss,
+  tokens/s and steps/s of the last log window. The stage's Ray task sets the variable for the
+  stages it runs in its own process (launcher ``ray_task``).
+* ``metrics.jsonl``: the per-step metrics rank 0 of a Ray Train run writes anyway
+  (``ray_entry.JsonlTracker``, launcher ``ray_train``); its last ``train/loss`` line is read.
+
+The total number of steps always comes from the stage's config (``train.steps``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+PROGRESS_ENV = "PHASELAB_PROGRESS_FILE"
+PROGRESS_FILE = "progress.json"
+METRICS_FILE = "metrics.jsonl"
+_TAIL_BYTES = 16384   # a metrics.jsonl line is < 1 KB; the last log step is in the last few
+
+
+def _last_train_line(path: Path) -> dict[str, Any] | None:
+    """The newest complete line of a metrics.jsonl with ``train/loss`` (a torn last line is skipped)."""
+    try:
+        with open(path, "rb") as f:
+            start = max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES)
+            f.seek(start)
+            lines = f.read().split(b"\n")
+    except OSError:
+        return None
+    for raw in reversed(lines[1:] if start else lines):   # a tail read mid-file starts mid-line
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and "train/loss" in line:
+            return line
+    return None
+
+
+def read_progress(out_dir: str | Path | None, total_steps: int | None) -> dict[str, Any] | None:
+    """``{"step", "steps", "loss", "tokens_per_s", "steps_per_s", "eta_s", "age_s"}`` of the stage
+    whose run folder is ``out_dir``, or None when it has reported no training step yet.
+    ``eta_s`` is the remaining steps at the last window's rate (None before a rate is known);
+    ``age_s`` the seconds since the report was written."""
+    if not out_dir:
+        return None
+    out_dir = Path(out_dir)
+    try:
+        raw = json.loads((out_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
+        written = float(raw.get("time") or (out_dir / PROGRESS_FILE).stat().st_mtime)
+    except (OSError, ValueError):
+        line = _last_train_line(out_dir / METRICS_FILE)
+        if line is None:
+            return None
+        raw = {"step": line.get("step"), "loss": line.get("train/loss"),
+               "tokens_per_s": line.get("train/tokens_per_s"), "steps_per_s": line.get("train/steps_per_s")}
+        written = (out_dir / METRICS_FILE).stat().st_mtime
+    step = int(raw.get("step") or 0)
+    steps = int(total_steps or raw.get("steps") or 0) or None
+    rate = raw.get("steps_per_s")
+    eta = (steps - step) / rate if steps and rate else None
+    return {"step": step, "steps": steps, "loss": raw.get("loss"), "tokens_per_s": raw.get("tokens_per_s"),
+            "steps_per_s": rate, "eta_s": None if eta is None else max(0.0, eta),
+            "age_s": max(0.0, time.time() - written)}
+
+
+def total_steps(config: Mapping[str, Any]) -> int | None:
+    train = config.get("train") if isinstance(config, Mapping) else None
+    return int(train["steps"]) if isinstance(train, Mapping) and train.get("steps") else None
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h04m``; empty for None."""
+    if seconds is None:
+        return ""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
+
+
+def fmt_step(p: Mapping[str, Any] | None) -> str:
+    if not p:
+        return ""
+    if not p.get("steps"):
+        return str(p["step"])
+    return f"{p['step']}/{p['steps']} ({100 * p['step'] / p['steps']:.0f}%)"
+
+
+class RunView:
+    """What ``phaselab run`` shows while the controller works: with a terminal, a live table of
+    the running stages (axis values, step/total, loss, tokens/s, elapsed, ETA) over a grid progress
+    bar, with the stage events printed above it; without one (CI logs, pipes), the event lines and
+    every ``plain_every_s`` one progress line per running training stage. ``event`` is the
+    controller's ``on_event``; the table is refreshed from another thread, hence the lock."""
+
+    def __init__(self, dag: Any, console: Any, *, live: bool | None = None, plain_every_s: float = 30.0) -> None:
+        self.dag, self.console = dag, console
+        self.live = console.is_terminal if live is None else live
+        self.plain_every_s = plain_every_s
+        self.axes = list(dict.fromkeys(k for c in dag.cells for k in c.axes))
+        self.states: dict[str, str] = {}
+        self.running: dict[str, tuple[float, str]] = {}   # hash -> (started, out_dir)
+        self.durations: dict[str, list[float]] = {}       # kind -> seconds of stages finished here
+        self._lock = threading.Lock()
+        self._live: Any = None
+        self._stop = threading.Event()
+        self._last_plain = time.monotonic()
+        self.started = time.monotonic()
+
+    def start(self, states: Mapping[str, str], runs_root: Path) -> None:
+        """Begin showing the grid; ``states``: hash -> catalog state of every node now."""
+        self.states = dict(states)
+        self.runs_root = Path(runs_root)
+        self._stop = threading.Event()
+        if not self.live:   # progress lines also while no stage event comes (a long pretrain)
+            self._ticker = threading.Thread(target=self._tick_until_stopped, daemon=True, name="phaselab-progress")
+            self._ticker.start()
+        else:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, get_renderable=self.renderable, refresh_per_second=2,
+                              transient=False, redirect_stdout=True, redirect_stderr=True)
+            self._live.start()
+
+    def _tick_until_stopped(self) -> None:
+        while not self._stop.wait(self.plain_every_s):
+            self.plain_tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    def event(self, kind: str, node: Any, detail: str) -> None:
+        from rich.markup import escape
+
+        now = time.monotonic()
+        with self._lock:
+            if kind == "started":
+                self.running[node.hash] = (now, str(self.runs_root / node.hash))
+                self.states[node.hash] = "RUNNING"
+            elif kind in ("succeeded", "failed", "retrying", "cancelled", "skipped"):
+                began = self.running.pop(node.hash, (None, None))[0]
+                if kind == "succeeded" and began is not None:
+                    self.durations.setdefault(node.kind, []).append(now - began)
+                self.states[node.hash] = {"succeeded": "SUCCEEDED", "failed": "FAILED", "retrying": "READY",
+                                          "cancelled": "CANCELLED", "skipped": "CANCELLED"}[kind]
+        style = {"succeeded": "green", "failed": "red", "retrying": "yellow"}.get(kind, "cyan")
+        self.console.print(f"[{style}]{kind:<9}[/] {node.kind:<8} {escape(node.label)} [dim]{node.hash[:12]}[/] "
+                           f"{escape(detail[:300])}", highlight=False, soft_wrap=not self.live)
+        self.plain_tick()
+
+    def plain_tick(self) -> None:
+        """Without a terminal: progress lines for the running training stages, at most every
+        ``plain_every_s`` (called from the controller's events and by :meth:`poll`)."""
+        if self.live or time.monotonic() - self._last_plain < self.plain_every_s:
+            return
+        self._last_plain = time.monotonic()
+        for row in self.rows():
+            if row["progress"]:
+                self.console.print(f"progress  {row['kind']:<8} {row['label']} step {fmt_step(row['progress'])} "
+                                   f"loss {row['progress']['loss'] or float('nan'):.4g} "
+                                   f"{fmt_rate(row['progress']['tokens_per_s'])} tok/s "
+                                   f"ETA {fmt_duration(row['progress']['eta_s']) or '?'}",
+                                   markup=False, highlight=False, soft_wrap=True)
+        self.console.print(self.summary_line(), markup=False, highlight=False, soft_wrap=True)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per running stage: node fields, axis values, elapsed seconds and progress."""
+        now = time.monotonic()
+        with self._lock:
+            running = dict(self.running)
+        out = []
+        for h, (began, out_dir) in running.items():
+            node = self.dag.nodes[h]
+            cell = next(c for c in self.dag.cells if c.key == node.members[0][0])
+            out.append({"hash": h, "kind": node.kind, "name": node.name, "label": node.label,
+                        "axes": dict(cell.axes), "more_cells": len(node.members) - 1, "elapsed_s": now - began,
+                        "progress": read_progress(out_dir, total_steps(node.config))})
+        return out
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            states = list(self.states.values())
+        return {s: states.count(s) for s in set(states)}
+
+    def eta_s(self, rows: list[dict[str, Any]]) -> float | None:
+        """The grid's remaining time: the running stages' own ETAs plus, for each stage still
+        waiting, the mean duration of this run's finished stages of its kind, over the stages
+        running at once (at least one). None until some duration is known."""
+        with self._lock:
+            waiting = [self.dag.nodes[h].kind for h, s in self.states.items() if s in ("PLANNED", "READY")]
+            means = {k: sum(v) / len(v) for k, v in self.durations.items()}
+        work = 0.0
+        for r in rows:
+            p = r["progress"]
+            if p and p["eta_s"] is not None:
+                work += p["eta_s"]
+            elif r["kind"] in means:
+                work += max(0.0, means[r["kind"]] - r["elapsed_s"])
+        if waiting and not means:
+            return None
+        overall = sum(means.values()) / len(means) if means else 0.0
+        work += sum(means.get(k, overall) for k in waiting)
+        return work / max(1, len(rows))
+
+    def summary_line(self) -> str:
+        counts, total = self.counts(), len(self.dag.nodes)
+        done = counts.get("SUCCEEDED", 0)
+        eta = self.eta_s(self.rows())
+        parts = [f"{self.dag.spec.grid}: {done}/{total} stages done", f"{counts.get('RUNNING', 0)} running"]
+        if counts.get("FAILED"):
+            parts.append(f"{counts['FAILED']} failed")
+        parts.append(f"elapsed {fmt_duration(time.monotonic() - self.started)}")
+        if eta is not None:
+            parts.append(f"ETA ~{fmt_duration(eta)}")
+        return ", ".join(parts)
+
+    def renderable(self) -> Any:
+        from rich.console import Group
+        from rich.markup import escape
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        rows = self.rows()
+        table = Table(title=f"{escape(self.dag.spec.grid)}: running stages", title_justify="left", expand=False)
+        for col in ("stage", *self.axes, "step", "loss", "tok/s", "elapsed", "ETA"):
+            table.add_column(col, justify="right" if col in ("step", "loss", "tok/s", "elapsed", "ETA") else "left",
+                             no_wrap=True)
+        for r in rows:
+            p = r["progress"] or {}
+            name = r["name"] + (f" (+{r['more_cells']} cells)" if r["more_cells"] else "")
+            table.add_row(escape(name), *(escape(str(r["axes"].get(a, ""))) for a in self.axes), fmt_step(p or None),
+                          "" if p.get("loss") is None else f"{p['loss']:.4f}", fmt_rate(p.get("tokens_per_s")),
+                          fmt_duration(r["elapsed_s"]), fmt_duration(p.get("eta_s")))
+        counts = self.counts()
+        bar = ProgressBar(total=max(1, len(self.dag.nodes)), completed=counts.get("SUCCEEDED", 0), width=50)
+        bar_row = Table.grid(padding=(0, 1))
+        bar_row.add_row(bar, escape(self.summary_line()))
+        return Group(table, bar_row)
+
+
+def failure_rows(dag: Any, summary: Any) -> list[dict[str, Any]]:
+    """Every stage of ``dag`` that did not succeed (``summary``: the controller's Summary): state,
+    failure class and reason."""
+    return [{"hash": h, "kind": dag.nodes[h].kind, "name": dag.nodes[h].name, "label": dag.nodes[h].label,
+             "state": summary.states.get(h, ""), "class": cls, "message": msg}
+            for h, (cls, msg) in summary.failed.items()]
+
+
+def watch_run(controller: Any, view: RunView, notifier: Any, *, live: bool) -> Any:
+    """``controller.run()`` shown by ``view`` (when ``live``), then the grid-done notification;
+    returns the controller's Summary."""
+    if live:
+        rows = controller.store.stages_for_grid(controller.grid_id)
+        view.start({r.stage_hash: r.state for r in rows if r.stage_hash in controller.dag.nodes}, controller.runs_root)
+    try:
+        summary = controller.run()
+    finally:
+        view.stop()
+    notifier.grid_done(summary.ok, summary.counts(), failure_rows(controller.dag, summary), summary.seconds)
+    notifier.close()
+    return summary
