@@ -72,7 +72,7 @@ def stage_tracker(store: CatalogStore, stage_hash: str, *, tracking_uri: str, sp
         cell_key=cell["cell_key"], axes=cell["axes"], stage_hash=stage_hash, stage_kind=stage.kind,
         upstream=upstream, attn_backend=attn_backend or stage.backend, git_commit=git_commit,
         parent_run_id=parent_run_id or cell["mlflow_run_id"], run_id=stage.mlflow_run_id,
-        run_name=stage.name, artifact_root=artifact_root, spool_dir=spool_dir, rank=rank)
+        stage_name=stage.name, artifact_root=artifact_root, spool_dir=spool_dir, rank=rank)
 
 
 def _walk(store: CatalogStore, stage_hash: str, *, up: bool) -> list[tuple[str, str, int]]:

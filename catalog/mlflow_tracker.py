@@ -1,10 +1,16 @@
 """``MlflowTracker``: the Tracker interface backed by MLflow (DESIGN §3.4, §5.5).
 
-Layout: one experiment per grid, a parent run per grid cell, a child run per stage linked by the
-``mlflow.parentRunId`` tag, so a stage running in any Ray worker attaches to its cell without
-MLflow's process-local nesting (ray-project/ray#19978). Tags on a stage run:
-``phaselab.stage_hash``, ``phaselab.grid_id``, ``phaselab.cell_id``, ``phaselab.stage_kind``,
-``phaselab.upstream``, ``phaselab.attn.backend`` and ``mlflow.source.git.commit``.
+Layout: one experiment per grid (its description from the grid), a parent run per grid cell
+(:mod:`mlflow_cells`), a child run per stage linked by the ``mlflow.parentRunId`` tag, so a stage
+running in any Ray worker attaches to its cell without MLflow's process-local nesting
+(ray-project/ray#19978). A stage run is named ``<stage> <axis>=<value> ...`` and carries the
+axis values as ``axis.*`` params and tags (:mod:`mlflow_common`: names, params, metric keys);
+tags ``phaselab.stage_hash``, ``phaselab.grid_id``, ``phaselab.cell_id``, ``phaselab.stage_kind``,
+``phaselab.stage``, ``phaselab.upstream``, ``phaselab.attn.backend`` (and the param
+``attn.backend``), ``phaselab.device``, ``mlflow.source.git.commit`` with ``phaselab.git.dirty``,
+and ``phaselab.checkpoint`` (relative to the runs root). Outputs: ``config/resolved.yaml``,
+``env/fingerprint.json``, ``outputs.json`` (every committed artifact by relative path and
+digest), copies of the small ones, and ``figures/`` drawn from the run's records.
 
 Rules this module enforces:
 
@@ -15,9 +21,10 @@ Rules this module enforces:
 - **Resume reattaches** to the stored ``run_id`` (or the run tagged with the stage hash) and never
   re-logs a param with a new value: MLflow refuses that (ray-project/ray#20473). Conflicting keys
   are skipped, logged as a warning and listed in the ``phaselab.param_conflicts`` tag.
-- **Metric names**: :func:`metric_key` = ``MetricRecord.key()`` with ``=`` written as ``_``
-  (``ppl/ctx_4096``, ``niah_acc/ctx_65536/depth_0.5``): MLflow accepts only ``[/\\w.\\- :]`` in
-  names and refuses ``:`` on Windows clients.
+- **Metric names** (:func:`metric_points`): name first, ``=`` never (MLflow refuses it, and ``:``
+  on Windows clients): ``ppl/text/split_valid/ctx_4096``, plus the series
+  ``ppl/text/split_valid/by_ctx`` whose step is the context length, so MLflow plots ppl (and
+  NIAH accuracy) against length natively.
 - **Never raises into training, never holds it up.** A remote server is probed with a TCP
   connect of ``PROBE_TIMEOUT_S`` before it is first used and before each retry; while it is
   down, every call goes to a JSONL spool (``spool_path``) in call order with its original
@@ -36,130 +43,50 @@ mlflow is imported inside methods only (``import phaselab.catalog`` stays light)
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
-import re
 import shutil
-import socket
 import time
-import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from phaselab.catalog.mlflow_cells import (  # noqa: F401 (re-exported: the controller's entry points)
+    end_cell_runs,
+    ensure_cell_run,
+    experiment_id,
+    git_tags,
+    prepare_cell_runs,
+)
+from phaselab.catalog.mlflow_common import (  # noqa: F401 (re-exported)
+    MAX_PARAM_VALUE,
+    axis_params,
+    catalog_dir,
+    chunks,
+    default_artifact_root,
+    default_tracking_uri,
+    flatten_params,
+    http_defaults,
+    is_local_store,
+    locked,
+    metric_key,
+    metric_points,
+    reachable,
+    run_label,
+    sanitize_key,
+    server_said_no,
+    used_params,
+)
 from phaselab.catalog.tracking import MetricRecord
 
 log = logging.getLogger(__name__)
 
-MAX_PARAM_VALUE = 6000   # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
-MAX_KEY = 250            # mlflow.utils.validation.MAX_ENTITY_KEY_LENGTH
 TRUNCATION_MARK = "...[truncated: see the config/resolved.yaml artifact]"
-_NOT_ALLOWED = re.compile(r"[^/\w.\- ]")
-# An unreachable server must not stall training for minutes of MLflow's default HTTP retries.
-# Run links on stdout would break the CLI's --json output (and a closed stdout would fail the call).
-_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "5", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
-PROBE_TIMEOUT_S = 2.0
-
-
-def http_defaults() -> None:
-    """Bound MLflow's HTTP retries in this process unless the user chose other values."""
-    for key, value in _HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
-
-
-def reachable(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a remote tracking server accepts a TCP connection within ``timeout_s`` (a local
-    SQL store always counts as reachable: there is no server to wait for)."""
-    parsed = urllib.parse.urlsplit(tracking_uri)
-    if parsed.scheme not in ("http", "https"):
-        return True
-    try:
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        with socket.create_connection((parsed.hostname or "127.0.0.1", port), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
-def _server_said_no(exc: Exception) -> bool:
-    """An error the server answered with (a bad request): retrying the same call cannot help."""
-    from mlflow.exceptions import RestException
-
-    return isinstance(exc, RestException) and getattr(exc, "error_code", "") in (
-        "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST")
-
-
-@contextlib.contextmanager
-def _locked(path: Path, *, blocking: bool):
-    """An exclusive ``flock`` on ``<path>.lock``; yields False when not blocking and it is held."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def sanitize_key(key: str) -> str:
-    """A param/metric key MLflow accepts on every platform: ``=`` and other characters become
-    ``_``; at most 250 characters."""
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"MLflow key must be a non-empty string, got {key!r}")
-    return _NOT_ALLOWED.sub("_", key)[:MAX_KEY]
-
-
-def metric_key(record: MetricRecord) -> str:
-    """The MLflow metric name of a record, e.g. ``ppl/ctx_4096``."""
-    return sanitize_key(record.key())
-
-
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"model": {"pe": {"kind": "rope"}}}`` → ``{"model.pe.kind": "rope"}``; lists as JSON."""
-    flat: dict[str, str] = {}
-    for key, value in params.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_params(value, prefix=f"{dotted}."))
-        elif isinstance(value, (list, tuple, Mapping)):
-            flat[sanitize_key(dotted)] = json.dumps(value, sort_keys=True, default=str)
-        else:
-            flat[sanitize_key(dotted)] = str(value)
-    return flat
-
-
-def catalog_dir(catalog_url: str | None = None) -> Path:
-    """Folder of the SQLite catalog file (``<cwd>/.phaselab`` for a server catalog)."""
-    from phaselab.catalog import db
-
-    path = db.sqlite_path(db.normalize_url(db.default_url() if catalog_url is None else catalog_url))
-    return path.parent if path is not None else Path.cwd() / ".phaselab"
-
-
-def default_tracking_uri(catalog_url: str | None = None) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<catalog dir>/mlflow.db``."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{catalog_dir(catalog_url) / 'mlflow.db'}"
-
-
-def default_artifact_root(catalog_url: str | None = None) -> str:
-    return (catalog_dir(catalog_url) / "mlartifacts").resolve().as_uri()
-
-
-def _is_local_store(uri: str) -> bool:
-    return uri.split(":", 1)[0].split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql")
-
-
-def _chunks(items: list[Any], n: int) -> Iterable[list[Any]]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
+# Committed outputs up to this size are copied into MLflow (a tiny model, a figure); larger ones
+# are linked by their path relative to the runs root and their digest (a 7B checkpoint would
+# double the disk it uses). PHASELAB_MLFLOW_COPY_MB overrides it.
+COPY_MAX_MB = 64.0
 
 
 class MlflowTracker:
@@ -183,7 +110,7 @@ class MlflowTracker:
         elif self._offline:
             self.flush()
         location = None
-        if artifact_root is not None and _is_local_store(tracking_uri):
+        if artifact_root is not None and is_local_store(tracking_uri):
             location = f"{artifact_root.rstrip('/')}/{sanitize_key(experiment)}"
         self._submit({"op": "start", "experiment": experiment, "run_name": run_name, "run_id": run_id,
                       "tags": dict(tags or {}), "parent_run_id": parent_run_id,
@@ -198,6 +125,8 @@ class MlflowTracker:
         self.spool_path = Path(spool_path)
         self.retry_interval_s = retry_interval_s
         self._client_obj: Any = None
+        self._records: list[MetricRecord] = []        # for the figures end() draws
+        self.runs_root: Path | None = None
         self._logged_params: dict[str, str] = {}
         self._points: set[tuple[str, int]] = set()   # (metric, step) the run holds
         self._points_of: str | None = None            # the run whose points those are
@@ -217,36 +146,50 @@ class MlflowTracker:
                   stage_hash: str, stage_kind: str, spool_dir: Path, axes: Mapping[str, Any] | None = None,
                   upstream: Iterable[str] = (), attn_backend: str | None = None,
                   git_commit: str | None = None, parent_run_id: str | None = None,
-                  run_id: str | None = None, run_name: str | None = None,
+                  run_id: str | None = None, run_name: str | None = None, stage_name: str | None = None,
+                  stage_axes: Mapping[str, Any] | None = None, runs_root: Path | None = None,
                   artifact_root: str | None = None, rank: int | None = None) -> MlflowTracker:
         """The child run of one stage in its grid's experiment under its cell's parent run
-        (looked up or created by cell tags when ``parent_run_id`` is None)."""
+        (looked up or created by cell tags when ``parent_run_id`` is None). ``axes``: the cell's;
+        ``stage_axes``: those the stage stands for (default ``axes``; common_axes of its cells
+        when it serves several), which name the run and become its ``axis.*`` params and tags.
+        ``runs_root``: paths under it are logged relative to it."""
+        mine = dict(axes or {}) if stage_axes is None else dict(stage_axes)
         tags = {"phaselab.stage_hash": stage_hash, "phaselab.grid_id": str(grid_id),
                 "phaselab.cell_id": str(cell_id), "phaselab.stage_kind": stage_kind,
-                "phaselab.upstream": ",".join(upstream), "phaselab.run_level": "stage"}
+                "phaselab.stage": stage_name or stage_kind,
+                "phaselab.upstream": ",".join(upstream), "phaselab.run_level": "stage", **axis_params(mine)}
         if attn_backend:
             tags["phaselab.attn.backend"] = attn_backend
-        if git_commit:
-            tags["mlflow.source.git.commit"] = git_commit
+        tags |= {"mlflow.source.git.commit": git_commit} if git_commit else git_tags()
         parent_cell = None if parent_run_id else {"grid": grid, "grid_id": grid_id, "cell_id": cell_id,
                                                   "cell_key": cell_key, "axes": dict(axes or {})}
-        return cls(tracking_uri=tracking_uri, experiment=grid,
+        self = cls(tracking_uri=tracking_uri, experiment=grid,
                    spool_path=Path(spool_dir) / f"{stage_hash}.jsonl",
-                   run_name=run_name or f"{stage_kind}-{stage_hash[:12]}", tags=tags,
+                   run_name=run_name or run_label(stage_name or stage_kind, mine), tags=tags,
                    parent_run_id=parent_run_id, parent_cell=parent_cell, run_id=run_id,
                    artifact_root=artifact_root, rank=rank)
+        self.runs_root = None if runs_root is None else Path(runs_root).resolve()
+        self._submit({"op": "params", "params": axis_params(mine)})
+        return self
 
     # -- Tracker protocol ---------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
-        self._submit({"op": "params", "params": flatten_params(params)})
+        """Flattened; only the sections the config uses (mlflow_common.used_params); paths under
+        the runs root relative to it."""
+        flat = used_params(flatten_params(params))
+        self._submit({"op": "params", "params": {k: self._relative(v) for k, v in flat.items()}})
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
         self._submit({"op": "metrics", "metrics": [[sanitize_key(k), float(v), int(step)]
                                                    for k, v in metrics.items()]})
 
     def log_records(self, records: list[MetricRecord]) -> None:
-        self._submit({"op": "metrics", "metrics": [[metric_key(r), float(r.value), int(r.step or 0)]
-                                                   for r in records]})
+        """Each record as its scalar and, with a context length, its point of the length series
+        (mlflow_common.metric_points); kept for the figures :meth:`end` draws."""
+        if self.active:
+            self._records.extend(records)
+        self._submit({"op": "metrics", "metrics": metric_points(records)})
 
     def log_artifact(self, path: Path, *, name: str) -> None:
         self._submit({"op": "artifact", "path": str(path), "name": name})
@@ -260,14 +203,71 @@ class MlflowTracker:
         self._submit({"op": "text", "text": resolved_yaml, "file": "config/resolved.yaml"})
 
     def log_env(self, fingerprint: Mapping[str, Any]) -> None:
-        """The environment fingerprint (catalog.fingerprint), as ``env/fingerprint.json``."""
+        """The environment fingerprint (catalog.fingerprint) as ``env/fingerprint.json``, and
+        what ran as tags: the attention backend (also the param ``attn.backend``, DESIGN §3.2),
+        the device and the git commit with its dirty flag."""
         self._submit({"op": "text", "text": json.dumps(fingerprint, indent=2, sort_keys=True, default=str),
                       "file": "env/fingerprint.json"})
+        backend = fingerprint.get("attn_backend")
+        if isinstance(backend, Mapping):
+            backend = ",".join(sorted({str(b) for b in backend.values()}))
+        tags = {"phaselab.device": str(fingerprint.get("device") or "")}
+        if fingerprint.get("git_sha"):
+            tags |= git_tags(fingerprint["git_sha"], fingerprint.get("dirty_diff_hash"))
+        if backend:
+            tags["phaselab.attn.backend"] = str(backend)
+            self._submit({"op": "params", "params": {"attn.backend": str(backend)}})
+        self.set_tags(tags)
+
+    def log_outputs(self, artifacts: Iterable[Mapping[str, Any]]) -> None:
+        """A stage's committed artifacts (``name``, ``uri``, ``sha256``, ``bytes``): each linked
+        in ``outputs.json`` by its path relative to the runs root and its digest, and copied under
+        its name when a file of at most ``COPY_MAX_MB`` (figures, small checkpoints). The
+        checkpoint's relative path is also the tag ``phaselab.checkpoint``."""
+        limit = float(os.environ.get("PHASELAB_MLFLOW_COPY_MB", COPY_MAX_MB)) * 2**20
+        links = []
+        for a in artifacts:
+            path = Path(a["uri"])
+            copied = path.is_file() and a.get("bytes", path.stat().st_size) <= limit
+            links.append({"name": a["name"], "path": self._relative(str(path)), "sha256": a.get("sha256"),
+                          "bytes": a.get("bytes"), "copied": f"{a['name']}/{path.name}" if copied else None})
+            if copied:
+                self.log_artifact(path, name=a["name"])
+            if a["name"] == "checkpoint":
+                self.set_tags({"phaselab.checkpoint": self._relative(str(path))})
+        if links:
+            self._submit({"op": "text", "text": json.dumps(links, indent=1), "file": "outputs.json"})
 
     def end(self, status: str = "FINISHED") -> None:
+        """End the run; a FINISHED run first gets the figures of its records (run_figures:
+        a metric against context length, per-task bars) under ``figures/``."""
         if status not in ("FINISHED", "FAILED", "KILLED"):
             raise ValueError(f"run status must be FINISHED, FAILED or KILLED, got {status!r}")
+        if status == "FINISHED" and self.active and self._records:
+            self._log_figures()
         self._submit({"op": "end", "status": status})
+
+    def _log_figures(self) -> None:
+        import tempfile
+
+        from phaselab.catalog.run_figures import run_figures
+
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="phaselab-figures-"))
+            for path in run_figures(self._records, folder):
+                self.log_artifact(path, name="figures")
+        except Exception as exc:  # noqa: BLE001 - a figure must never fail a finished stage
+            log.warning("could not draw the run's figures: %s", exc)
+
+    def _relative(self, value: str) -> str:
+        """``value`` relative to the runs root when it is a path under it."""
+        root = getattr(self, "runs_root", None)
+        if root is None or not value.startswith("/"):
+            return value
+        try:
+            return str(Path(value).resolve().relative_to(root))
+        except ValueError:
+            return value
 
     @property
     def pending(self) -> int:
@@ -286,7 +286,7 @@ class MlflowTracker:
         self._last_try = time.monotonic()
         if not reachable(self.tracking_uri):
             return False
-        with _locked(self.spool_path, blocking=False) as mine:
+        with locked(self.spool_path, blocking=False) as mine:
             if not mine:   # another process is replaying this spool
                 return False
             return self._replay()
@@ -300,7 +300,7 @@ class MlflowTracker:
             try:
                 self._apply(op)
             except Exception as exc:  # noqa: BLE001 (any tracker failure: keep the call spooled)
-                if self.run_id is not None and _server_said_no(exc):
+                if self.run_id is not None and server_said_no(exc):
                     log.warning("MLflow refused spooled %s call (%s); dropped", op.get("op"), exc)
                     continue
                 log.warning("MLflow still unreachable (%s); %d calls stay spooled", exc, len(ops) - i)
@@ -349,7 +349,7 @@ class MlflowTracker:
                 copy = files / f"{op['ts']}-{len(list(files.iterdir()))}-{Path(op['path']).name}"
                 shutil.copy2(op["path"], copy)
                 op = {**op, "path": str(copy), "basename": Path(op["path"]).name}
-            with _locked(self.spool_path, blocking=True), self.spool_path.open("a") as f:
+            with locked(self.spool_path, blocking=True), self.spool_path.open("a") as f:
                 f.write(json.dumps(op, default=str) + "\n")
         except Exception as exc:  # noqa: BLE001 (a full disk must not kill training either)
             log.error("could not spool MLflow call %s: %s", op.get("op"), exc)
@@ -411,7 +411,7 @@ class MlflowTracker:
             if (k, int(step)) not in self._points and (k, int(step)) not in keys:
                 batch.append(Metric(k, v, ts, int(step)))
                 keys.append((k, int(step)))
-        for chunk in _chunks(batch, 1000):
+        for chunk in chunks(batch, 1000):
             self._client().log_batch(self.run_id, metrics=chunk)
         self._points.update(keys)
 
@@ -419,7 +419,7 @@ class MlflowTracker:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, v) for k, v in tags.items()]
-        for chunk in _chunks(items, 100):
+        for chunk in chunks(items, 100):
             self._client().log_batch(self.run_id, tags=chunk)
 
     def _log_params(self, params: Mapping[str, str]) -> None:
@@ -436,7 +436,7 @@ class MlflowTracker:
                 self._logged_params[key] = value
             elif old != value:
                 conflicts.append(key)
-        for chunk in _chunks(new, 100):
+        for chunk in chunks(new, 100):
             self._client().log_batch(self.run_id, params=chunk)
         extra = {}
         if truncated:
@@ -450,7 +450,7 @@ class MlflowTracker:
 
     def _start(self, op: dict[str, Any]) -> None:
         client = self._client()
-        exp_id = self._experiment_id(op["experiment"], op.get("artifact_location"))
+        exp_id = experiment_id(client, op["experiment"], op.get("artifact_location"))
         run_id = self.run_id or op.get("run_id")
         stage_hash = op["tags"].get("phaselab.stage_hash")
         if run_id is None and stage_hash:
@@ -476,40 +476,6 @@ class MlflowTracker:
         self._logged_params = {}
         self._points, self._points_of = set(), self.run_id
 
-    def _experiment_id(self, name: str, artifact_location: str | None) -> str:
-        client = self._client()
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location)
-        except Exception:  # another process created it first
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
-
-
-def ensure_cell_run(client: Any, experiment_id: str, *, grid: str, grid_id: int, cell_id: int,
-                    cell_key: str, axes: Mapping[str, Any]) -> str:
-    """The parent run of a cell: found by its tags, else created with the axes as params (so the
-    compare view lines cells up by encoding, size and seed). Returns its run id."""
-    from mlflow.entities import Param
-
-    found = client.search_runs(
-        [experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
-        filter_string=(f"tags.`phaselab.run_level` = 'cell' and tags.`phaselab.grid_id` = '{grid_id}' "
-                       f"and tags.`phaselab.cell_id` = '{cell_id}'"))
-    if found:
-        return found[0].info.run_id
-    tags = {"phaselab.run_level": "cell", "phaselab.grid": grid, "phaselab.grid_id": str(grid_id),
-            "phaselab.cell_id": str(cell_id), "phaselab.cell_key": cell_key[:5000]}
-    run = client.create_run(experiment_id, tags=tags, run_name=cell_key[:250])
-    params = [Param(k, v[:MAX_PARAM_VALUE]) for k, v in flatten_params(dict(axes), prefix="axis.").items()]
-    for chunk in _chunks(params, 100):
-        client.log_batch(run.info.run_id, params=chunk)
-    return run.info.run_id
-
 
 def replay_spools(spool_dir: Path, tracking_uri: str) -> dict[str, int]:
     """Replay every stage spool under ``spool_dir`` into ``tracking_uri``; returns
@@ -530,50 +496,3 @@ def replay_spools(spool_dir: Path, tracking_uri: str) -> dict[str, int]:
             log.warning("cannot replay %s: %s", path, exc)
         out[path.name] = tracker.pending
     return out
-
-
-def prepare_cell_runs(tracking_uri: str, experiment: str, cells: Iterable[Mapping[str, Any]], *,
-                      artifact_root: str | None = None) -> dict[str, str | None]:
-    """The parent run of each cell (``cells``: ``cell_key``, ``cell_id``, ``grid_id``, ``axes``
-    and the stored ``run_id`` or None), created where missing. Never raises and never waits
-    longer than one probe when the server is down: the cells without a run then map to None,
-    and their stages' trackers create the parent when their spools are replayed."""
-    cells = list(cells)
-    known = {c["cell_key"]: c.get("run_id") for c in cells}
-    if not reachable(tracking_uri):
-        log.warning("MLflow at %s unreachable; tracking is spooled until it is back", tracking_uri)
-        return known
-    http_defaults()
-    try:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
-        location = f"{artifact_root.rstrip('/')}/{experiment}" if artifact_root else None
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
-            experiment, artifact_location=location)
-        for c in cells:
-            if known[c["cell_key"]] is None:
-                known[c["cell_key"]] = ensure_cell_run(
-                    client, exp_id, grid=experiment, grid_id=c["grid_id"], cell_id=c["cell_id"],
-                    cell_key=c["cell_key"], axes=dict(c.get("axes") or {}))
-    except Exception as exc:  # noqa: BLE001 - the tracker is a view: training goes on without it
-        log.warning("MLflow at %s failed (%s); tracking is spooled", tracking_uri, exc)
-    return known
-
-
-def end_cell_runs(tracking_uri: str, statuses: Mapping[str, str]) -> None:
-    """End each cell's parent run (``{run_id: FINISHED | FAILED}``) once its stages are done, so
-    no parent stays RUNNING. Never raises; a dead server costs one probe (the parents are then
-    ended by the next run that reaches it)."""
-    if not statuses or not reachable(tracking_uri):
-        return
-    http_defaults()
-    try:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(tracking_uri=tracking_uri)
-        for run_id, status in statuses.items():
-            client.set_terminated(run_id, status=status)
-    except Exception as exc:  # noqa: BLE001 - the tracker is a view: the catalog has the states
-        log.warning("MLflow at %s failed ending cell runs (%s)", tracking_uri, exc)

@@ -350,6 +350,8 @@ class Controller:
         """Arguments of ``MlflowTracker.for_stage`` for the node's first cell (DESIGN §5.5)."""
         if not self.mlflow:
             return None
+        from phaselab.catalog.mlflow_common import common_axes
+
         cell_key = node.members[0][0]
         cell_id, parent = self._cell_runs[cell_key]
         row = self.store.get_stage(node.hash)
@@ -359,7 +361,8 @@ class Controller:
                 "axes": dict(next(c.axes for c in self.dag.cells if c.key == cell_key)),
                 "upstream": list(node.upstream.values()), "parent_run_id": parent,
                 "run_id": row.mlflow_run_id if row is not None else None,
-                "run_name": f"{node.name}-{node.hash[:12]}"}
+                "stage_name": node.name, "runs_root": str(self.runs_root),
+                "stage_axes": common_axes(c.axes for c in self.dag.cells if c.key in {k for k, _ in node.members})}
 
     def prepare_mlflow(self) -> None:
         """Replay earlier runs' spooled tracker calls, then create the grid's experiment and one
@@ -377,7 +380,7 @@ class Controller:
         runs = prepare_cell_runs(uri, self.dag.spec.grid, [
             {"cell_key": c.key, "cell_id": cells[c.key]["id"], "grid_id": self.grid_id,
              "axes": dict(c.axes), "run_id": cells[c.key].get("mlflow_run_id")} for c in self.dag.cells],
-            artifact_root=self.mlflow.get("artifact_root"))
+            artifact_root=self.mlflow.get("artifact_root"), description=self.dag.spec.description)
         for cell in self.dag.cells:
             cid, run_id = cells[cell.key]["id"], runs.get(cell.key)
             self._cell_runs[cell.key] = (cid, self.store.set_cell_mlflow_run(cid, run_id) if run_id else None)

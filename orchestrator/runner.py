@@ -194,6 +194,7 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
         _log_attempt(out_dir, payload, recording, time.monotonic() - start, "succeeded")
         if ml is not None:
             ml.log_env(env)
+            ml.log_outputs(artifacts)
             ml.end("FINISHED")
         seconds = time.monotonic() - start
         res = payload["resources"]

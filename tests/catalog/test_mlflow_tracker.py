@@ -50,6 +50,7 @@ def test_metric_key_and_flatten() -> None:
     assert metric_key(MetricRecord(name="ppl", value=1.0, context_len=4096)) == "ppl/ctx_4096"
     assert metric_key(MetricRecord(name="niah_acc", value=1.0, context_len=65536, depth=0.5)) == \
         "niah_acc/ctx_65536/depth_0.5"
+    assert metric_key(MetricRecord(name="acc", value=0.5, task="blimp_anaphor")) == "acc/blimp_anaphor"
     assert flatten_params({"model": {"pe": {"kind": "rope", "base": 1e4}, "layers": [1, 2]}, "lr": 3e-4}) == \
         {"model.pe.kind": "rope", "model.pe.base": "10000.0", "model.layers": "[1, 2]", "lr": "0.0003"}
 
@@ -59,12 +60,14 @@ def test_nested_runs_params_metrics_artifacts(tracking: tuple[str, str], tmp_pat
 
     uri, root = tracking
     t = _stage_tracker(uri, root, tmp_path)
-    t.log_params({"model": {"pe": {"kind": "pope"}, "n_layer": 12}, "blob": "x" * 7000})
+    t.log_params({"model": {"pe": {"kind": "pope", "pope": {"delta": True}, "rope": {"base": 1e4}}, "n_layer": 12},
+                  "blob": "x" * 7000})
     t.log_metrics({"train/loss": 2.5}, step=10)
     t.log_metrics({"train/loss": 2.25}, step=20)
     t.log_records([MetricRecord(name="ppl", value=21.33, context_len=4096, split="valid")])
     t.log_config("model:\n  pe: pope\n")
-    t.log_env({"git_sha": "f" * 40, "world_size": 1})
+    t.log_env({"git_sha": "f" * 40, "dirty_diff_hash": None, "world_size": 1, "device": "cpu",
+               "attn_backend": {"layers.0": "sdpa", "layers.1": "sdpa"}})
     t.end()
     second = _stage_tracker(uri, root, tmp_path, stage_hash="ef" * 32)
     second.end()
@@ -77,6 +80,7 @@ def test_nested_runs_params_metrics_artifacts(tracking: tuple[str, str], tmp_pat
     assert len(parents) == 1                                 # both stages share the cell's run
     parent = parents[0]
     assert parent.data.params == {"axis.pe": "pope", "axis.size": "124M", "axis.seed": "1"}
+    assert parent.info.run_name == "pe=pope size=124M seed=1"
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     assert {c.info.run_id for c in children} == {t.run_id, second.run_id}
     run = client.get_run(t.run_id)
@@ -84,10 +88,20 @@ def test_nested_runs_params_metrics_artifacts(tracking: tuple[str, str], tmp_pat
     assert (tags["phaselab.stage_hash"], tags["phaselab.grid_id"], tags["phaselab.cell_id"],
             tags["phaselab.stage_kind"], tags["phaselab.upstream"], tags["phaselab.attn.backend"],
             tags["mlflow.source.git.commit"]) == (STAGE, "3", "7", "eval", "cd" * 32, "sdpa", "f" * 40)
+    assert run.info.run_name == "eval pe=pope size=124M seed=1"   # stage, then its axis values
     assert run.data.params["model.pe.kind"] == "pope" and run.data.params["model.n_layer"] == "12"
+    assert run.data.params["model.pe.pope.delta"] == "True" and "model.pe.rope.base" not in run.data.params
+    assert {k: v for k, v in run.data.params.items() if k.startswith("axis.")} == \
+        {"axis.pe": "pope", "axis.size": "124M", "axis.seed": "1"}
+    assert (tags["axis.pe"], tags["axis.seed"], tags["phaselab.git.dirty"], tags["phaselab.device"]) == \
+        ("pope", "1", "false", "cpu")
+    assert run.data.params["attn.backend"] == "sdpa"
     assert len(run.data.params["blob"]) == 6000 and run.data.params["blob"].endswith("artifact]")
     assert tags["phaselab.truncated_params"] == "blob"
-    assert run.data.metrics == {"train/loss": 2.25, "ppl/split_valid/ctx_4096": 21.33}
+    assert run.data.metrics == {"train/loss": 2.25, "ppl/split_valid/ctx_4096": 21.33,
+                                "ppl/split_valid/by_ctx": 21.33}   # the length series: step = context length
+    assert [(m.step, m.value) for m in client.get_metric_history(t.run_id, "ppl/split_valid/by_ctx")] == \
+        [(4096, 21.33)]
     assert [(m.step, m.value) for m in client.get_metric_history(t.run_id, "train/loss")] == \
         [(10, 2.5), (20, 2.25)]
     arts = {a.path for a in client.list_artifacts(t.run_id, "config")} | \
@@ -115,7 +129,8 @@ def test_resume_reattaches_and_never_relogs_params(tracking: tuple[str, str], tm
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(first.run_id)
-    assert run.data.params == {"optim.lr": "0.0006", "resume_count": "1"}
+    assert run.data.params == {"optim.lr": "0.0006", "resume_count": "1", "axis.pe": "pope", "axis.seed": "1",
+                               "axis.size": "124M"}
     assert run.data.tags["phaselab.param_conflicts"] == "optim.lr"
     assert run.info.status == "RUNNING"
     assert [m.value for m in client.get_metric_history(first.run_id, "loss")] == [3.0, 2.0]
@@ -161,8 +176,8 @@ def test_unreachable_server_spools_then_flush_backfills(mlflow_template: Path, t
     t.log_records([MetricRecord(name="ppl", value=20.5, context_len=1024)])
     t.end()
     assert time.monotonic() - started < 30                  # training was not held up
-    assert t.run_id is None and t.pending == 8
-    assert t.flush() is False and t.pending == 8            # still down: nothing lost
+    assert t.run_id is None and t.pending == 9              # start, axis params, 7 calls
+    assert t.flush() is False and t.pending == 9            # still down: nothing lost
 
     backend = tmp_path / "server.db"
     shutil.copy(mlflow_template, backend)
@@ -173,7 +188,7 @@ def test_unreachable_server_spools_then_flush_backfills(mlflow_template: Path, t
         assert t.flush() is True and t.pending == 0
         client = MlflowClient(tracking_uri=uri)
         run = client.get_run(t.run_id)
-        assert run.data.params == {"optim.lr": "0.0006"}
+        assert run.data.params == {"optim.lr": "0.0006", "axis.pe": "pope", "axis.seed": "1", "axis.size": "124M"}
         assert [m.value for m in client.get_metric_history(t.run_id, "loss")] == [3.0, 2.0, 1.0]
         assert run.data.metrics["ppl/ctx_1024"] == 20.5 and run.info.status == "FINISHED"
         assert [a.path for a in client.list_artifacts(t.run_id, "notes")] == ["notes/note.txt"]
@@ -238,9 +253,9 @@ def test_dead_tracker_at_start_costs_no_waiting(tmp_path: Path) -> None:
     for step in range(200):
         t.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)
     t.end("FINISHED")
-    assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 202}
+    assert replay_spools(tmp_path / "spool", uri) == {f"{STAGE}.jsonl": 203}
     assert time.monotonic() - started < 3.0
-    assert t.run_id is None and t.pending == 202
+    assert t.run_id is None and t.pending == 203   # start, axis params, 200 points, end
 
 
 def _server(port: int, backend: Path, tmp_path: Path):

@@ -57,6 +57,6 @@ def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path:
     assert len(stages) == 8 and len(cells) == 3
     assert {r.info.status for r in stages} == {"FINISHED"}
     assert {r.data.tags["mlflow.parentRunId"] for r in stages} == cells
-    pretrain = next(r for r in stages if r.info.run_name.startswith("pretrain-"))
-    loss = next(k for k in pretrain.data.metrics if "/loss/split_valid" in k)
+    pretrain = next(r for r in stages if r.info.run_name.startswith("pretrain "))
+    loss = next(k for k in pretrain.data.metrics if k.startswith("loss/") and "/split_valid" in k)
     assert len(client.get_metric_history(pretrain.info.run_id, loss)) == 1   # the final eval, once
