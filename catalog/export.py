@@ -44,7 +44,7 @@ _STAGE_FIELDS = [
     ("created_at", "timestamp"), ("started_at", "timestamp"), ("finished_at", "timestamp"),
     ("gpu_seconds", "float64"), ("backend", "string"), ("mlflow_run_id", "string"),
     ("ray_run_name", "string"), ("storage_uri", "string"), ("config_json", "string"),
-    ("cache_key_parts_json", "string"),
+    ("cache_key_parts_json", "string"), ("node_id", "string"),   # Ray node of the latest attempt
 ]
 
 

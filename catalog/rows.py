@@ -80,6 +80,7 @@ class StageRow:
     storage_uri: str | None
     mlflow_run_id: str | None
     backend: str | None
+    node_id: str | None = None   # Ray node of the latest attempt
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> StageRow:

@@ -13,7 +13,8 @@ cell_stage     (cell, stage) membership with the grid version that last linked i
 stage_edge     (upstream, downstream, relation): init_from | finetunes | evaluates | uses
 metric         (stage, identity of a MetricRecord): long format, see ``catalog.tracking``
 artifact       (producing stage, artifact name): uri, sha256, bytes, kind
-attempt        (stage, attempt number): the environment fingerprint of that attempt (DESIGN §4)
+attempt        (stage, attempt number): the Ray node it ran on and its environment fingerprint
+               (DESIGN §4; the node is written when the attempt starts, the env when it succeeds)
 eval_meta      (stage, task): lm-eval task version and config (EXPERIMENTS §2.5)
 table_build    one rendering of a paper table: the inputs it read, for ``--check-stale``
 =============  ==============================================================================
@@ -163,6 +164,8 @@ class Stage(Base):
     storage_uri: Mapped[str | None] = mapped_column(Text)
     mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
     backend: Mapped[str | None] = mapped_column(String(64))
+    # Ray node id (hex) of the latest attempt (0003); every attempt's node is in ``attempt``.
+    node_id: Mapped[str | None] = mapped_column(String(64))
 
 
 class CellStage(Base):
@@ -242,8 +245,12 @@ class Attempt(Base):
     seeds: Mapped[Any] = mapped_column(JSONType, nullable=True)
     attn_backend: Mapped[str | None] = mapped_column(String(200))
     packages: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
-    env: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    env: Mapped[dict[str, Any]] = mapped_column(JSONType)   # {} until the attempt succeeds
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Where and when the attempt started (0003): written by the stage's worker when it begins,
+    # so an attempt lost with its node still says which node that was.
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class EvalMeta(Base):

@@ -26,11 +26,12 @@ Methods (the orchestrator's contract, then additions):
 ``heartbeat / stale_running``           liveness of RUNNING stages
 ``finalize_success(...)``               one transaction; re-finalising does not duplicate rows
 ``record_failure / record_attempt``     FAILED with a class; env fingerprint per attempt
+``record_attempt_start(hash, n, node)``  the Ray node attempt ``n`` runs on (written by its worker)
 ``metrics_frame(grid=)``                long-format dict rows joined with cell axes
 ``claim_ready(owner, limit=, ...)``     claim up to ``limit`` READY stages (batch form of claim)
 ``update_stage_info(hash, ...)``        ray run name, storage URI, MLflow run id, GPU-seconds
 ``get_grid / get_cell / cells_for_grid / cells_for_stage / edges``  read helpers (plan, status, lineage)
-``metrics_for_stage / artifacts_for_stage / attempts_for_stage``
+``metrics_for_stage / artifacts_for_stage / attempts_for_stage / attempt_nodes``
 ``record_eval_meta(hash, task, ...)``   lm-eval task version + config (EXPERIMENTS §2.5)
 ``set_cell_mlflow_run(cell, run_id)``   first writer wins; returns the stored parent run id
 ``record_table_build / latest_table_build``  for ``phaselab tables --check-stale``
@@ -273,7 +274,8 @@ class CatalogStore(StoreReads):
                 res = conn.execute(update(Stage).where(Stage.stage_hash == h, Stage.state == "READY")
                                    .values(state="RUNNING", attempts=Stage.attempts + 1, owner=owner,
                                            started_at=now, heartbeat_at=now, updated_at=now,
-                                           finished_at=None, failure_class=None, message=None))
+                                           finished_at=None, failure_class=None, message=None,
+                                           node_id=None))   # the new attempt's worker sets it
                 if res.rowcount == 1:
                     won.append(h)
         return won
@@ -320,11 +322,13 @@ class CatalogStore(StoreReads):
     def finalize_success(self, stage_hash: str, *, metrics: list[MetricRecord],
                          artifacts: list[ArtifactSpec], env: Mapping[str, Any], backend: str | None,
                          mlflow_run_id: str | None, gpu_seconds: float | None = None,
-                         eval_meta: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+                         eval_meta: Mapping[str, Mapping[str, Any]] | None = None,
+                         node_id: str | None = None) -> None:
         """Commit metrics, artifacts, the attempt's env fingerprint and SUCCEEDED in ONE
         transaction. Re-finalising upserts the same rows (no duplicates; latest values win).
-        ``eval_meta``: task -> {"version": ..., "config": {...}}. Raises StateError unless the
-        stage is RUNNING, SUCCEEDED or FAILED, KeyError if it does not exist."""
+        ``eval_meta``: task -> {"version": ..., "config": {...}}; ``node_id``: the Ray node the
+        attempt ran on (kept from ``record_attempt_start`` when None). Raises StateError unless
+        the stage is RUNNING, SUCCEEDED or FAILED, KeyError if it does not exist."""
         for m in metrics:
             if not isinstance(m, MetricRecord):
                 raise TypeError(f"metrics must be MetricRecord, got {type(m).__name__}")
@@ -344,13 +348,13 @@ class CatalogStore(StoreReads):
                                  f"{sorted(FINALIZABLE)}")
             self._upsert_metrics(conn, stage_hash, metrics)
             self._upsert_artifacts(conn, stage_hash, artifacts, now)
-            self._upsert_attempt(conn, stage_hash, row.attempts, env, now)
+            self._upsert_attempt(conn, stage_hash, row.attempts, env, now, node_id=node_id)
             for task, meta in (eval_meta or {}).items():
                 self._upsert_eval_meta(conn, stage_hash, task, meta.get("version"), meta.get("config"))
             values: dict[str, Any] = {"state": "SUCCEEDED", "env": dict(env), "finished_at": now, "updated_at": now,
                                           "failure_class": None, "message": None}
             for key, val in (("backend", backend), ("mlflow_run_id", mlflow_run_id),
-                             ("gpu_seconds", gpu_seconds)):
+                             ("gpu_seconds", gpu_seconds), ("node_id", node_id)):
                 if val is not None:
                     values[key] = val
             conn.execute(update(Stage).where(Stage.stage_hash == stage_hash).values(**values))
@@ -383,7 +387,7 @@ class CatalogStore(StoreReads):
         conn.execute(stmt, list(rows.values()))
 
     def _upsert_attempt(self, conn: Connection, stage_hash: str, attempt_no: int,
-                        env: Mapping[str, Any], now: datetime) -> None:
+                        env: Mapping[str, Any], now: datetime, *, node_id: str | None = None) -> None:
         backend = env.get("attn_backend")
         if isinstance(backend, Mapping):  # per-layer record of the backends that ran
             backend = ",".join(sorted(set(map(str, backend.values()))))
@@ -391,6 +395,8 @@ class CatalogStore(StoreReads):
                       "dirty_diff_hash": env.get("dirty_diff_hash"), "device": env.get("device"),
                       "world_size": env.get("world_size"), "seeds": env.get("seeds"), "attn_backend": backend,
                       "packages": env.get("packages"), "env": dict(env), "recorded_at": now}
+        if node_id is not None:   # else the node its worker recorded at the start stays
+            values["node_id"] = node_id
         stmt = self._insert(Attempt)
         stmt = stmt.on_conflict_do_update(
             index_elements=["stage_hash", "attempt_no"],
@@ -414,6 +420,27 @@ class CatalogStore(StoreReads):
                 raise KeyError(f"no stage {stage_hash!r}")
             self._upsert_attempt(conn, stage_hash, attempts, env, utcnow())
             conn.execute(update(Stage).where(Stage.stage_hash == stage_hash).values(env=dict(env)))
+
+    def record_attempt_start(self, stage_hash: str, attempt_no: int, node_id: str | None) -> bool:
+        """Record that attempt ``attempt_no`` of a RUNNING stage started on Ray node ``node_id``
+        (the ``attempt`` row, env ``{}`` until it succeeds, and ``stage.node_id``), idempotently.
+        False, writing nothing, when the stage is not RUNNING that attempt any more (a stale
+        worker of an earlier attempt)."""
+        if isinstance(attempt_no, bool) or not isinstance(attempt_no, int) or attempt_no < 1:
+            raise ValueError(f"attempt_no must be an int >= 1, got {attempt_no!r}")
+        if node_id is not None and (not isinstance(node_id, str) or not 0 < len(node_id) <= 64):
+            raise ValueError(f"node_id must be a 1..64 character string or None, got {node_id!r}")
+        now = utcnow()
+        with self._tx() as conn:
+            res = conn.execute(update(Stage).where(Stage.stage_hash == stage_hash, Stage.state == "RUNNING",
+                                                   Stage.attempts == attempt_no).values(node_id=node_id))
+            if res.rowcount != 1:
+                return False
+            stmt = self._insert(Attempt).values(stage_hash=stage_hash, attempt_no=attempt_no, env={},
+                                                recorded_at=now, node_id=node_id, started_at=now)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["stage_hash", "attempt_no"],
+                                                    set_={"node_id": stmt.excluded.node_id}))
+        return True
 
     def record_eval_meta(self, stage_hash: str, task: str, *, version: Any = None,
                          config: Mapping[str, Any] | None = None) -> None:

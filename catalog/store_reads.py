@@ -121,6 +121,19 @@ class StoreReads:
             return [dict(m) for m in conn.execute(select(Attempt.__table__).where(
                 Attempt.stage_hash == stage_hash).order_by(Attempt.attempt_no)).mappings()]
 
+    def attempt_nodes(self, stage_hashes: list[str]) -> dict[str, list[tuple[int, str | None]]]:
+        """stage hash -> [(attempt number, Ray node id or None)] in attempt order, for the
+        given stages (those without attempt rows are left out)."""
+        out: dict[str, list[tuple[int, str | None]]] = {}
+        if not stage_hashes:
+            return out
+        q = (select(Attempt.stage_hash, Attempt.attempt_no, Attempt.node_id)
+             .where(Attempt.stage_hash.in_(list(stage_hashes))).order_by(Attempt.stage_hash, Attempt.attempt_no))
+        with self._tx() as conn:
+            for h, n, node in conn.execute(q):
+                out.setdefault(h, []).append((n, node))
+        return out
+
     def metrics_frame(self, *, grid: str | None = None, succeeded_only: bool = True,
                       current_only: bool = True) -> list[dict[str, Any]]:
         """Long-format rows, one per (metric, cell the stage belongs to), with the cell's axes

@@ -46,7 +46,7 @@ def test_export_round_trip(store: CatalogStore, tmp_path: Path, fmt: str) -> Non
                      for d in ("metrics", "stages") for k in ("eval", "finetune", "pretrain")
                      if not (d == "metrics" and k == "finetune")]
     assert summary["metric_rows"] == 5 and summary["stage_rows"] == 4
-    assert summary["phaselab.alembic_revision"] == "0002" and summary["phaselab.grid_version"] == "1"
+    assert summary["phaselab.alembic_revision"] == "0003" and summary["phaselab.grid_version"] == "1"
     assert summary["phaselab.export_time"] == NOW.isoformat()
     assert json.loads((out / "_export_demo.json").read_text())["phaselab.grid_hash"] == "g" * 64
 
@@ -61,7 +61,7 @@ def test_export_round_trip(store: CatalogStore, tmp_path: Path, fmt: str) -> Non
     if fmt == "parquet":
         part = next(out.glob("metrics/grid=demo/stage_kind=eval/*.parquet"))
         meta = pq.read_schema(part).metadata
-        assert meta[b"phaselab.grid_hash"] == b"g" * 64 and meta[b"phaselab.alembic_revision"] == b"0002"
+        assert meta[b"phaselab.grid_hash"] == b"g" * 64 and meta[b"phaselab.alembic_revision"] == b"0003"
         assert meta[b"phaselab.export_time"] == NOW.isoformat().encode()
         assert pq.read_schema(part).field("value").type == "double"
 

@@ -48,7 +48,7 @@ def test_migrations_upgrade_downgrade_match_models(catalog_url: str) -> None:
     store = CatalogStore(catalog_url)
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == db.head_revision() == "0002"
+    assert store.revision() == db.head_revision() == "0003"
     assert CATALOG_TABLES <= set(sa.inspect(store.engine).get_table_names())
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
@@ -59,7 +59,7 @@ def test_migrations_upgrade_downgrade_match_models(catalog_url: str) -> None:
     db.downgrade(store.engine, "base")
     assert set(sa.inspect(store.engine).get_table_names()) & CATALOG_TABLES == set()
     store.upgrade()  # and back up from empty
-    assert store.revision() == "0002"
+    assert store.revision() == "0003"
     store.dispose()
 
 
