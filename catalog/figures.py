@@ -72,6 +72,8 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
                        zorder=3)
     if train_len is not None:
         ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+    finite = [s.mean for rk in t.row_keys for s in (t.cells.get((rk, x)) for x in xs) if s is not None and s.mean > 0]
+    logy = logy and bool(finite) and max(finite) / min(finite) >= 10   # a log axis within a decade has no labels
     if logy:
         ax.set_yscale("log")
     if logx:

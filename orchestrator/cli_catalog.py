@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from phaselab.orchestrator.cli_common import CATALOG, JSON, emit, fail, make_console, open_store
+from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
 
 FORMAT = typer.Option("parquet", "--format", help="parquet | csv")
 OUT = typer.Option(Path(".phaselab/export"), "--out", help="Output folder (hive-partitioned by grid, stage kind).")
-TABLE_NAMES = typer.Argument(None, help="Table names (default: every table whose grid is in the catalog).")
+TABLE_NAMES = typer.Argument(None, help="Table names (default: every table whose grid is in the catalog); "
+                             "with --metric, the one grid to pivot.")
+METRIC = typer.Option(None, "--metric", help="Pivot this metric of GRID (e.g. ppl) instead of the paper tables.")
+ROWS = typer.Option("", "--rows", help="Row fields, comma-separated: axes of the grid (pe, lr) or metric fields "
+                    "(context_len, depth, task, split, role = stage name, stage_kind).")
+COLS = typer.Option("", "--cols", help="Column fields, comma-separated (as --rows).")
+WHERE = typer.Option(None, "--where", help="Keep metric rows with FIELD=VALUE (repeatable), e.g. split=test.")
+SEED_AXIS = typer.Option("seed", "--seed-axis", help="The axis averaged over (mean ± std; missing seeds flagged).")
+BETTER = typer.Option(None, "--better", help="min | max: which mean is bold (default: min for loss-like metrics).")
+DECIMALS = typer.Option(2, "--decimals", help="Digits after the point.")
+FIG_OUT = typer.Option(Path("figures"), "--out", help="Folder for <grid>_<kind>.png/.pdf.")
 TABLE_FORMAT = typer.Option("md", "--format", help="md | latex | csv")
 TABLE_OUT = typer.Option(None, "--out", help="Also write <name>.<ext> files here.")
 CHECK_STALE = typer.Option(False, "--check-stale", help="Fail if an input stage re-ran or changed since the last build.")
@@ -37,40 +49,70 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def tables(names: list[str] = TABLE_NAMES, fmt: str = TABLE_FORMAT, out: Path = TABLE_OUT,
-               check_stale: bool = CHECK_STALE, catalog: str = CATALOG, as_json: bool = JSON) -> None:
-        """Regenerate paper tables from the catalog (mean ± std over seeds, holes shown)."""
-        from phaselab.catalog import tables as tbl
+               check_stale: bool = CHECK_STALE, metric: str = METRIC, rows: str = ROWS, cols: str = COLS,
+               where: list[str] = WHERE, seed_axis: str = SEED_AXIS, better: str = BETTER,
+               decimals: int = DECIMALS, catalog: str = CATALOG, as_json: bool = JSON) -> None:
+        """Regenerate paper tables from the catalog, or pivot any metric of a grid over any axes
+        (`phaselab tables GRID --metric ppl --rows pe --cols context_len`): mean ± std over
+        seeds, holes shown."""
 
         store = open_store(catalog, create=False)
         if store is None:
             fail(as_json, "the catalog does not exist yet")
         try:
-            if check_stale:
-                report = tbl.check_stale(store, names or None)
-                stale = {k: v for k, v in report.items() if v}
-                emit(as_json, {"ok": not stale, "stale": stale, "checked": sorted(report)})
-                if not as_json:
-                    for name, reasons in report.items():
-                        make_console().print(f"{name}: " + ("[red]stale[/]\n  " + "\n  ".join(reasons)
-                                                        if reasons else "[green]up to date[/]"))
-                raise typer.Exit(1 if stale else 0)
-            rendered = tbl.render_all(store, fmt, out_dir=out, names=names or None)
-            figures = []
-            if out is not None:  # the papers' curves (ppl vs context) beside the tables
-                from phaselab.catalog.figures import CURVE_TABLES, render_figures
-                wanted = [n for n in CURVE_TABLES if not names or n in names]
-                figures = render_figures(store, out, names=wanted)
+            if metric is not None:
+                rendered, figures = [_pivot(store, names, metric, rows, cols, where, seed_axis, better,
+                                            decimals, fmt, out)], []
+            elif check_stale:
+                _check_stale(store, names, as_json)
+            else:
+                rendered, figures = _paper_tables(store, names, fmt, out)
         except ValueError as err:
             fail(as_json, str(err))
         emit(as_json, {"ok": True, "tables": [{"name": r.name, "text": r.text, "skipped": r.skipped,
                                                "path": str(r.path) if r.path else None} for r in rendered],
                         "figures": [str(p) for p in figures]})
         if not as_json:
-            for r in rendered:
-                make_console().print(r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})",
-                                 markup=False)
+            for r in rendered:   # plain stdout: a console would wrap CSV lines at 80 columns when piped
+                text = r.text if r.text is not None else f"{r.name}: skipped ({r.skipped})"
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
             for path in figures:
-                make_console().print(f"figure: {path}", markup=False)
+                sys.stdout.write(f"figure: {path}\n")
+
+    @app.command()
+    def figures(grid: str = typer.Argument(..., help="Grid name in the catalog."),
+                kind: str = typer.Option("length", "--kind", help="length (a metric vs context length) | "
+                                         "curves (learning curves) | niah (NIAH heat maps)"),
+                metric: str = typer.Option(None, "--metric", help="Default: ppl (length), niah_acc (niah)."),
+                rows: str = typer.Option("pe", "--rows", help="One line (panel) per value of these fields."),
+                where: list[str] = WHERE, seed_axis: str = SEED_AXIS,
+                train_len: int = typer.Option(None, "--train-len", help="Mark this training length "
+                                              "(default: read from the trained upstream's config)."),
+                out: Path = FIG_OUT,
+                runs_root: Path = RUNS, catalog: str = CATALOG, as_json: bool = JSON) -> None:
+        """Publication figures of any grid: ppl vs context length, learning curves, NIAH heat maps."""
+        from phaselab.catalog import grid_figures as gf
+        from phaselab.orchestrator.controller import default_runs_root
+
+        store = open_store(catalog, create=False)
+        if store is None:
+            fail(as_json, "the catalog does not exist yet")
+        base = out / f"{grid}_{kind}"
+        try:
+            if kind == "curves":
+                paths = gf.learning_curves(store, grid, runs_root or default_runs_root(), base)
+            elif kind in ("length", "niah"):
+                pivot = tbl_pivot(grid, metric or ("ppl" if kind == "length" else "niah_acc"), rows, where, seed_axis)
+                paths = (gf.length_curves(store, pivot, base, train_len=train_len) if kind == "length"
+                         else gf.niah_heatmaps(store, pivot, base))
+            else:
+                raise ValueError(f"--kind must be length, curves or niah, got {kind!r}")
+        except ValueError as err:
+            fail(as_json, str(err))
+        emit(as_json, {"ok": True, "figures": [str(p) for p in paths]})
+        if not as_json:
+            for path in paths:
+                sys.stdout.write(f"figure: {path}\n")
 
     @app.command()
     def verify(stage: str = typer.Argument(..., help="Hash (prefix) of a SUCCEEDED training stage."),
@@ -110,3 +152,70 @@ def register(app: typer.Typer) -> None:
         except ValueError as err:
             fail(as_json, str(err))
         raise typer.Exit(0 if code == 0 else 1)
+
+
+def _fields(text: str, flag: str) -> tuple[str, ...]:
+    out = tuple(f.strip() for f in text.split(",") if f.strip())
+    if not out:
+        raise ValueError(f"{flag} needs at least one field (an axis such as pe, or context_len, task, role)")
+    return out
+
+
+def _where(items: list[str] | None) -> dict[str, Any]:
+    import yaml
+
+    filters = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--where takes FIELD=VALUE, got {item!r}")
+        filters[key.strip()] = yaml.safe_load(value)   # 64 -> int, 0.5 -> float, test -> str
+    return filters
+
+
+def tbl_pivot(grid: str, metric: str, rows: str, where: list[str] | None, seed_axis: str) -> Any:
+    """The Pivot of a figure (its columns are set by the figure)."""
+    from phaselab.catalog import tables as tbl
+
+    return tbl.Pivot(grid=grid, metric=metric, rows=_fields(rows, "--rows"), cols=("context_len",),
+                     where=_where(where), seed_axis=seed_axis)
+
+
+def _pivot(store: Any, names: list[str] | None, metric: str, rows: str, cols: str, where: list[str] | None,
+           seed_axis: str, better: str | None, decimals: int, fmt: str, out: Path | None) -> Any:
+    from phaselab.catalog import tables as tbl
+
+    if not names or len(names) != 1:
+        raise ValueError(f"--metric pivots one grid: give its name (got {names or 'none'})")
+    if better not in (None, "min", "max"):
+        raise ValueError(f"--better must be min or max, got {better!r}")
+    filters = _where(where)
+    pivot = tbl.Pivot(grid=names[0], metric=metric, rows=_fields(rows, "--rows"), cols=_fields(cols, "--cols"),
+                      where=filters, seed_axis=seed_axis, better=better, decimals=decimals)
+    return tbl.render_pivot(store, pivot, fmt, out_dir=out)
+
+
+def _check_stale(store: Any, names: list[str] | None, as_json: bool) -> None:
+    from phaselab.catalog import tables as tbl
+
+    report = tbl.check_stale(store, names or None)
+    stale = {k: v for k, v in report.items() if v}
+    emit(as_json, {"ok": not stale, "stale": stale, "checked": sorted(report)})
+    if not as_json:
+        for name, reasons in report.items():
+            make_console().print(f"{name}: " + ("[red]stale[/]\n  " + "\n  ".join(reasons)
+                                              if reasons else "[green]up to date[/]"))
+    raise typer.Exit(1 if stale else 0)
+
+
+def _paper_tables(store: Any, names: list[str] | None, fmt: str, out: Path | None) -> tuple[list, list]:
+    from phaselab.catalog import tables as tbl
+
+    rendered = tbl.render_all(store, fmt, out_dir=out, names=names or None)
+    figures = []
+    if out is not None:  # the papers' curves (ppl vs context) beside the tables
+        from phaselab.catalog.figures import CURVE_TABLES, render_figures
+
+        wanted = [n for n in CURVE_TABLES if not names or n in names]
+        figures = render_figures(store, out, names=wanted)
+    return rendered, figures

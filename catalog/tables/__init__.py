@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from phaselab.catalog.tables.pivot import Pivot, pivot_spec
 from phaselab.catalog.tables.spec import TableSpec, build, render
 
 if TYPE_CHECKING:
@@ -55,15 +56,15 @@ class Rendered:
 
 
 def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Path | None = None,
-                 now: datetime | None = None, record: bool = True) -> Rendered:
-    """Build and render one table from the catalog; write ``out_dir/<name>.<ext>`` if given and
-    record the build for ``--check-stale``."""
+                 now: datetime | None = None, record: bool = True, rows: list[dict] | None = None) -> Rendered:
+    """Build and render one table from the catalog (or from ``rows``, metrics-frame rows already
+    read); write ``out_dir/<name>.<ext>`` if given and record the build for ``--check-stale``."""
     if fmt not in EXTENSIONS:
         raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
     present = [g for g in (store.get_grid(name) for name in spec.grids) if g is not None]
     if not present:
         return Rendered(spec.name, None, skipped=f"grid {' / '.join(spec.grids)} not in the catalog")
-    built = build(spec, _frame(store, spec), grid_hash="+".join(g["grid_hash"][:12] for g in present),
+    built = build(spec, _frame(store, spec) if rows is None else rows, grid_hash="+".join(g["grid_hash"][:12] for g in present),
                   revision=store.revision() or "")
     text = render(built, fmt, now or datetime.now(UTC))
     path = None
@@ -76,6 +77,19 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
                                  inputs=built.inputs,
                                  output_sha256=hashlib.sha256(text.encode()).hexdigest())
     return Rendered(spec.name, text, path=path)
+
+
+def render_pivot(store: CatalogStore, pivot: Pivot, fmt: str, *, out_dir: Path | None = None,
+                 now: datetime | None = None) -> Rendered:
+    """A generic table of any grid (:mod:`.pivot`), rendered like the paper tables."""
+    grid = store.get_grid(pivot.grid)
+    if grid is None:
+        raise ValueError(f"grid {pivot.grid!r} is not in the catalog")
+    spec, rows = pivot_spec(pivot, store.metrics_frame(grid=pivot.grid), store.cells_for_grid(grid["id"]))
+    try:
+        return render_table(store, spec, fmt, out_dir=out_dir, now=now, rows=rows)
+    except ValueError as err:   # two values per cell: the pivot needs another row field or a filter
+        raise ValueError(f"{err} (or add a row field such as 'role', or --where role=<stage>)") from None
 
 
 def _frame(store: CatalogStore, spec: TableSpec) -> list[dict]:

@@ -47,6 +47,9 @@ class Dim:
     values: tuple[Any, ...]
     labels: Mapping[Any, str] = field(default_factory=dict)
     title: str = ""
+    # the fields a tuple value combines (a generic table's several column fields): CSV writes one
+    # column per part
+    parts: tuple[str, ...] = ()
 
     def label(self, value: Any) -> str:
         return self.labels.get(value, str(value))
@@ -413,12 +416,13 @@ def render_csv(t: BuiltTable) -> str:
 
     spec, best, buf = t.spec, t.best(), io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    parts = spec.cols.parts
     w.writerow([d.field for d in spec.rows]
-               + [spec.cols.field, "mean", "std", "n", "expected", "best", "stages"])
+               + [*(parts or [spec.cols.field]), "mean", "std", "n", "expected", "best", "stages"])
     for rk in t.row_keys:
         for col in spec.cols.values:
             s = t.cells.get((rk, col))
-            w.writerow([*rk, col, "" if s is None else repr(s.mean),
+            w.writerow([*rk, *(col if parts else [col]), "" if s is None else repr(s.mean),
                         "" if s is None or s.std is None else repr(s.std),
                         0 if s is None else s.n, len(spec.seeds), int((rk, col) in best),
                         "" if s is None else " ".join(s.stages)])

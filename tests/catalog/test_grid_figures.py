@@ -1,0 +1,44 @@
+"""Figures of any grid from the catalog: ppl vs context length with the training length read
+from the trained upstream, NIAH heat maps, TrueType fonts in the PDFs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from catalog_testlib import add_stage, cell, h, run_stage
+from test_pivot import _grid
+
+from phaselab.catalog import grid_figures as gf
+from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.tables import Pivot
+from phaselab.catalog.tracking import MetricRecord
+
+
+def _truetype_only(pdf: Path) -> bool:
+    data = pdf.read_bytes()
+    return b"/FontFile2" in data and b"/Type3" not in data
+
+
+def test_length_curves_mark_the_training_length(sqlite_store: CatalogStore, tmp_path: Path) -> None:
+    _grid(sqlite_store)
+    evals = [r["stage_hash"] for r in sqlite_store.metrics_frame(grid="lr_sweep")]
+    assert gf.train_lengths(sqlite_store, evals) == []            # no trained upstream recorded
+    cid = sqlite_store.cells_for_stage(evals[0])[0]["cell_id"]
+    pre = add_stage(sqlite_store, cid, "pretrain-64", kind="pretrain", config={"model": {"block_size": 64}})
+    sqlite_store.add_edge(pre, evals[0], "evaluates")
+    assert gf.train_lengths(sqlite_store, evals[:1]) == [64]
+    paths = gf.length_curves(sqlite_store, Pivot(grid="lr_sweep", metric="ppl", rows=("lr", "pe"), cols=()),
+                             tmp_path / "ppl")
+    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 5000 for p in paths)
+    assert _truetype_only(paths[1])
+
+
+def test_niah_heatmaps_one_panel_per_row(sqlite_store: CatalogStore, tmp_path: Path) -> None:
+    gid = sqlite_store.upsert_grid(name="niah", grid_hash=h("niah"), yaml_submitted="", yaml_resolved="")
+    for pe in ("rope", "tapa"):
+        sid = add_stage(sqlite_store, cell(sqlite_store, gid, {"pe": pe, "seed": 0}), f"niah-{pe}")
+        run_stage(sqlite_store, sid, [MetricRecord(name="niah_acc", value=1.0 - d * (pe == "rope"), context_len=L,
+                                                   depth=d) for L in (64, 128) for d in (0.0, 0.5, 1.0)])
+    paths = gf.niah_heatmaps(sqlite_store, Pivot(grid="niah", metric="niah_acc", rows=("pe",), cols=()),
+                             tmp_path / "niah")
+    assert len(paths) == 2 and _truetype_only(paths[1])
