@@ -153,8 +153,13 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
                             fixed_cluster=not (address or os.environ.get("RAY_ADDRESS")))
     controller.submit(requeue=requeue)
     if controller.pending():   # everything cached: no Ray cluster, no MLflow, done in seconds
-        url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars,
-                       log_to_driver=not as_json)
+        from phaselab.orchestrator.ray_local import ClusterAccessError
+
+        try:
+            url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars,
+                           log_to_driver=not as_json)
+        except ClusterAccessError as err:
+            fail(as_json, str(err))
         if url and not as_json:
             console.print(f"Ray dashboard: http://{url}")
     return store, watch_run(controller, view, notifier, live=not as_json)
@@ -249,7 +254,12 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
                            "stages": len(dag.nodes)}
     if address:
-        out["job"] = _submit_job(address, dag, store.url, runs_root, version)
+        from phaselab.orchestrator.ray_local import ClusterAccessError
+
+        try:
+            out["job"] = _submit_job(address, dag, store.url, runs_root, version)
+        except ClusterAccessError as err:
+            fail(as_json, str(err))
     emit(as_json, out)
     if not as_json:
         make_console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
@@ -261,17 +271,16 @@ def _ray_auth_headers() -> dict[str, str] | None:
     """Ray 2.60 dashboards require token auth by default (STACK.md); the client sends the token
     only with RAY_AUTH_MODE=token, so pass the user's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
     ~/.ray/auth_token) explicitly when there is one."""
-    token = os.environ.get("RAY_AUTH_TOKEN")
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
-    if not token and path.is_file():
-        token = path.read_text().strip()
+    from phaselab.orchestrator.ray_local import find_token
+
+    token = find_token()[0]
     return {"Authorization": f"Bearer {token}"} if token else None
 
 
 # Settings a submitted controller needs; they travel in the job's environment (runtime_env),
 # never in its entrypoint, which the Jobs API, the job log and the process list show.
 JOB_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES",
-           "RAY_AUTH_TOKEN")
+           "PHASELAB_RESOURCE_WAIT_S", "RAY_AUTH_TOKEN")
 
 
 def job_request(address: str, grid: str, catalog_url: str, runs_root: Path | None,
@@ -298,7 +307,25 @@ def job_request(address: str, grid: str, catalog_url: str, runs_root: Path | Non
 def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
                 version: int | None = None) -> dict[str, Any]:
     """Launch (or attach to) the grid's controller as a Ray job with a deterministic id
-    (DESIGN §5.2); see :func:`job_request`."""
+    (DESIGN §5.2); see :func:`job_request`. ClusterAccessError when the Jobs API cannot be
+    reached or refuses the token."""
+    from ray.exceptions import AuthenticationError
+
+    from phaselab.orchestrator.ray_local import TOKEN_HELP, ClusterAccessError, find_token
+
+    try:
+        return _submit_job_to(address, dag, catalog_url, runs_root, version)
+    except AuthenticationError:
+        token, where = find_token()
+        why = f"rejected the token from {where}" if token else f"requires a token and none was found in {where}"
+        raise ClusterAccessError(f"the Ray Jobs API at {address} {why}: {TOKEN_HELP}") from None
+    except ConnectionError as err:
+        raise ClusterAccessError(f"cannot reach the Ray Jobs API at {address} (the head's dashboard, "
+                                 f"default port 8265): {err}") from None
+
+
+def _submit_job_to(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
+                   version: int | None) -> dict[str, Any]:
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(address, headers=_ray_auth_headers())

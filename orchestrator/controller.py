@@ -36,6 +36,8 @@ from typing import Any
 
 from phaselab.orchestrator.dag import Dag, StageNode
 from phaselab.orchestrator.failures import classify, message_of, policy_of, should_retry
+from phaselab.orchestrator.placement import RESOURCE_WAIT_ENV, live_nodes, resource_wait, unschedulable
+from phaselab.orchestrator.ray_local import init_ray  # noqa: F401  (the CLI and tests import it from here)
 from phaselab.orchestrator.runner import worker_catalog_url
 from phaselab.orchestrator.stages import STAGES, Stage, registered
 
@@ -88,33 +90,6 @@ def owner_is_dead(owner: str | None) -> bool:
     return False
 
 
-def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,
-             env_vars: Mapping[str, str] | None = None, log_to_driver: bool = True) -> str | None:
-    """Connect to ``address`` / RAY_ADDRESS, or start a local cluster with every component
-    (GCS, raylet, workers, agents, metrics endpoints, dashboard) listening on 127.0.0.1 only
-    and Ray's token file readable by its owner only. Returns the dashboard URL when one runs.
-    Reuses an initialised Ray (tests, notebooks). ``log_to_driver=False`` keeps worker output
-    off stdout (``--json``)."""
-    import ray
-
-    if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
-        if address:
-            ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver)
-        else:
-            from phaselab.orchestrator.ray_local import loopback_only, private_token, start_reaper
-
-            loopback_only()
-            private_token()
-            start_reaper()   # the cluster's helpers go when this process goes, however it ends
-            ctx = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                           _node_ip_address="127.0.0.1", runtime_env=runtime_env, log_to_driver=log_to_driver)
-            private_token()
-        return getattr(ctx, "dashboard_url", None) or None
-    return None
-
-
 @dataclass
 class Summary:
     grid: str
@@ -141,7 +116,7 @@ class Controller:
                  heartbeat_s: float = 5.0, stale_after_s: float = 60.0, poll_s: float = 0.25,
                  env_vars: Mapping[str, str] | None = None, mlflow: Mapping[str, Any] | None = None,
                  on_event: Callable[[str, StageNode, str], None] | None = None,
-                 fixed_cluster: bool | None = None) -> None:
+                 fixed_cluster: bool | None = None, resource_wait_s: float | None = None) -> None:
         self.store, self.dag = store, dag
         self.runs_root = Path(runs_root or default_runs_root()).resolve()
         self.owner = owner or new_owner()
@@ -156,6 +131,10 @@ class Controller:
         # A local cluster has fixed resources: a stage it can never fit fails at once (class
         # config) instead of waiting forever; a remote (possibly autoscaling) one may grow.
         self.fixed_cluster = not os.environ.get("RAY_ADDRESS") if fixed_cluster is None else fixed_cluster
+        # On a remote cluster, how long a stage waits for resources no node has (an autoscaler
+        # may be adding the node) before it fails; its reason is the stage's message meanwhile.
+        self.resource_wait_s = resource_wait(resource_wait_s)
+        self._waiting: dict[str, float] = {}   # stage hash -> when it first could not be placed
         self.grid_id: int | None = None
         self._inflight: dict[Any, str] = {}
         self._not_before: dict[str, float] = {}
@@ -289,18 +268,19 @@ class Controller:
         else:
             self._empty_since = None
         free_cpu, free_gpu = self._capacity()
+        nodes = None
         for h, node in self.dag.nodes.items():
             if rows[h].state != "READY" or h in self._inflight.values():
                 continue
             if self._not_before.get(h, 0.0) > time.monotonic():
                 continue
             cpu, gpu = self._demand(node)
-            why = self._unschedulable(node, total)
+            nodes = live_nodes() if nodes is None else nodes
+            why = unschedulable(node, total, nodes)
             if why is not None:
-                if self.fixed_cluster:   # a fixed local cluster can never fit it: say so now
-                    self.store.record_failure(h, failure_class="config", message=why)
-                    self.on_event("failed", node, why)
-                continue   # an autoscaling cluster may still add the resources
+                self._wait_for_resources(node, rows[h], why)
+                continue
+            self._waiting.pop(h, None)
             if cpu > free_cpu + 1e-9 or gpu > free_gpu + 1e-9:
                 continue
             if not self.store.claim(h, self.owner):
@@ -313,17 +293,23 @@ class Controller:
             self.on_event("started", node, f"attempt {rows[h].attempts + 1}")
         return launched
 
-    def _unschedulable(self, node: StageNode, total: Mapping[str, float]) -> str | None:
-        cpu, gpu = self._demand(node)
-        r = node.resources
-        if cpu > total.get("CPU", 0.0) or gpu > total.get("GPU", 0.0):
-            return (f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
-                    f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}")
-        if STAGES[node.kind].ray_options(r, node.launcher).get("memory", 0) > total.get("memory", 0.0):
-            return f"asks for {r.memory_gb:g} GB of memory; the cluster has {total.get('memory', 0) / 2**30:.1f}"
-        if r.accelerator and f"accelerator_type:{r.accelerator}" not in total:
-            return f"asks for accelerator {r.accelerator!r}, which no node of the cluster has"
-        return None
+    def _wait_for_resources(self, node: StageNode, row: Any, why: str) -> None:
+        """A READY stage no node can run: on a fixed local cluster it fails at once (class
+        config); on a remote one it stays READY with ``why`` as its message (``phaselab status``)
+        for ``resource_wait_s``, then fails naming what it waited for."""
+        now = time.monotonic()
+        first = self._waiting.setdefault(node.hash, now)
+        if self.fixed_cluster or now - first >= self.resource_wait_s:
+            msg = why if self.fixed_cluster else (
+                f"{why} (waited {now - first:.0f} s; {RESOURCE_WAIT_ENV}={self.resource_wait_s:g})")
+            self._waiting.pop(node.hash, None)
+            if self.store.record_failure(node.hash, failure_class="config", message=msg):
+                self.on_event("failed", node, msg)
+        elif first == now:
+            msg = f"waiting for resources: {why}; fails after {self.resource_wait_s:g} s unless a node with them joins"
+            self.store.transition(node.hash, "READY", expected={"READY"}, failure_class=row.failure_class,
+                                  message=msg)
+            self.on_event("waiting", node, msg)
 
     def _options(self, node: StageNode) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_retries": 0, "name": f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"}
@@ -443,7 +429,7 @@ class Controller:
             self.store.finalize_success(h, metrics=records, artifacts=[ArtifactSpec(**a) for a in out["artifacts"]],
                                         env=out["env"], backend=out.get("backend"),
                                         mlflow_run_id=out.get("mlflow_run_id"),
-                                        gpu_seconds=out.get("gpu_seconds"))
+                                        gpu_seconds=out.get("gpu_seconds"), node_id=out.get("node_id"))
         except StateError as err:   # cancelled while running: the outputs stay, the state too
             self.on_event("skipped", node, str(err))
             return None

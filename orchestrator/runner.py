@@ -5,7 +5,9 @@ catalog's results (a stage is SUCCEEDED only through ``CatalogStore.finalize_suc
 The one catalog write a worker makes is its liveness: while the stage runs, a daemon thread of
 the task's process refreshes the stage row's ``heartbeat_at`` (:class:`WorkerHeartbeat`). A hung
 or vanished worker therefore stops beating and the controller's stale-stage check sees it; a
-heartbeat written by the controller would only prove that the controller is alive.
+heartbeat written by the controller would only prove that the controller is alive. With its first
+beat the thread also records the Ray node the attempt runs on (``attempt.node_id``): only the
+worker knows it, and an attempt lost with its node must still say where it ran.
 
 Workload errors are classified here, where their types live (``failures.classify``); a worker
 that dies (kill -9, OOM killer, lost node) never returns and is classified by the controller from
@@ -38,11 +40,13 @@ class WorkerHeartbeat:
     ``beats`` counts the refreshes that were written.
     """
 
-    def __init__(self, catalog_url: str, stage_hash: str, *, interval_s: float, attempt: int | None = None) -> None:
+    def __init__(self, catalog_url: str, stage_hash: str, *, interval_s: float, attempt: int | None = None,
+                 node_id: str | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"heartbeat interval_s must be > 0, got {interval_s!r}")
         self.catalog_url, self.stage_hash, self.interval_s = catalog_url, stage_hash, interval_s
-        self.attempt = attempt
+        self.attempt, self.node_id = attempt, node_id
+        self._placed = attempt is None   # the attempt's node is recorded (or there is no attempt)
         self.beats = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"phaselab-heartbeat-{stage_hash[:12]}",
@@ -79,7 +83,23 @@ class WorkerHeartbeat:
             row = store.get_stage(self.stage_hash)
             if row is None or row.state != "RUNNING" or row.attempts != self.attempt:
                 return False
-        return store.heartbeat(self.stage_hash)
+        if not store.heartbeat(self.stage_hash):
+            return False
+        if not self._placed:
+            self._placed = store.record_attempt_start(self.stage_hash, self.attempt, self.node_id)
+        return True
+
+
+def ray_node_id() -> str | None:
+    """The id (hex) of the Ray node this process runs on; None outside a connected Ray process
+    (a stage run by ``phaselab train`` or a test without Ray)."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def worker_catalog_url(url: str) -> str:
@@ -101,7 +121,8 @@ def _heartbeat(payload: Mapping[str, Any]) -> Any:
     if not payload.get("catalog_url"):
         return contextlib.nullcontext()
     return WorkerHeartbeat(payload["catalog_url"], payload["stage_hash"],
-                           interval_s=float(payload.get("heartbeat_s") or 5.0), attempt=payload.get("attempt"))
+                           interval_s=float(payload.get("heartbeat_s") or 5.0), attempt=payload.get("attempt"),
+                           node_id=ray_node_id())
 
 
 def file_sha256(path: Path) -> str:
@@ -200,6 +221,7 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
         res = payload["resources"]
         return {"ok": True, "records": [r.to_dict() for r in result.records], "artifacts": artifacts,
                 "env": env, "backend": _backend(env), "children": children, "mlflow_run_id": getattr(ml, "run_id", None),
+                "node_id": ray_node_id(),
                 "seconds": seconds, "gpu_seconds": seconds * res.get("gpus", 0) * res.get("num_workers", 1)}
     except BaseException as exc:
         if isinstance(exc, (SystemExit, KeyboardInterrupt)):
