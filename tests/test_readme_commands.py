@@ -1,0 +1,226 @@
+"""Every command of README.md and docs/TUTORIAL.md, run in a fresh project folder, in the order
+the documents give them, so the documents cannot rot.
+
+The documents' ```bash blocks are the commands (one per line, ``\\`` continues a line, a
+``# comment`` after the command is dropped); a ```yaml block whose first line is
+``# file: NAME`` is written to NAME; a ```python block runs with this interpreter. The quickstart
+runs for real, with ``phaselab status quickstart --watch`` following it from a second process
+(the tutorial's "second terminal"). A command that would run for hours, or that only makes sense
+outside a test, has an entry in QUICK saying what runs instead and why; an entry whose command
+left the documents fails the test, so the table stays honest.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/TUTORIAL.md")
+BIN = Path(sys.executable).parent
+SKIP = None
+
+# command as written -> (what runs instead, why). SKIP: nothing runs.
+QUICK: dict[str, tuple[str | None, str]] = {
+    "make install": (SKIP, "the environment this test runs in is that install"),
+    "make test": (SKIP, "the CPU suite, which runs this test"),
+    "make demo": ("phaselab run quickstart", "the Makefile's demo target after the install (checked below)"),
+    "phaselab run experiments/pope_jsb.yaml seeds=[0,1,2] train.steps=3000": (
+        "phaselab plan experiments/pope_jsb.yaml seeds=[0,1,2] train.steps=3000",
+        "six JSB trainings of 3000 steps take hours on a CPU; plan checks the grid and its overrides"),
+    "python -m phaselab.workloads.demo": ("python -m phaselab.workloads.demo --steps 5",
+                                          "1200 steps per encoding take ~5 min on 2 cores"),
+    "phaselab eval CHECKPOINT --suite ppl-by-length": (
+        "phaselab eval CHECKPOINT --suite ppl-by-length ppl.max_tokens=4096",
+        "the default lengths on part of the validation split instead of all of it"),
+    "phaselab eval CHECKPOINT --suite ppl-by-length ppl.lengths=[1024,4096]": (
+        "phaselab eval CHECKPOINT --suite ppl-by-length ppl.lengths=[1024,4096] ppl.max_tokens=4096",
+        "one window per length instead of the whole validation split"),
+    "phaselab eval CHECKPOINT --suite ppl-by-length ppl.lengths=[8192,65536] extend.rule=yarn "
+    "extend.factor=8 extend.original_max_seq_len=8192": (
+        ("phaselab eval CHECKPOINT --suite ppl-by-length ppl.lengths=[128,512] extend.rule=yarn "
+         "extend.factor=8 extend.original_max_seq_len=64 ppl.max_tokens=1024"),
+        "a 65536-token window does not fit a CPU test; the same extension of the quickstart's 64-token model"),
+}
+
+
+def _blocks(doc: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block of ``doc``, in order."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", (ROOT / doc).read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+
+
+def _commands(body: str) -> list[str]:
+    out, cur = [], ""
+    for line in body.splitlines():
+        line = re.sub(r"\s{2,}#.*$", "", line).strip() if not line.lstrip().startswith("#") else ""
+        cur = f"{cur} {line}".strip() if cur else line
+        if cur.endswith("\\"):
+            cur = cur[:-1].strip()
+            continue
+        if cur:
+            out.append(" ".join(cur.split()))
+        cur = ""
+    return out
+
+
+def steps() -> list[tuple[str, str, str]]:
+    """(document, kind, text): kind is ``bash`` (one command), ``file`` (NAME\\nbody) or ``python``."""
+    out = []
+    for doc in DOCS:
+        for lang, body in _blocks(doc):
+            if lang == "bash":
+                out += [(doc, "bash", c) for c in _commands(body)]
+            elif lang == "yaml" and body.startswith("# file: "):
+                name, _, rest = body.partition("\n")
+                out.append((doc, "file", name.removeprefix("# file: ").strip() + "\n" + rest))
+            elif lang == "python":
+                out.append((doc, "python", body))
+    return out
+
+
+def test_every_quick_entry_is_still_in_the_documents() -> None:
+    written = {text for _, kind, text in steps() if kind == "bash"}
+    assert set(QUICK) <= written, sorted(set(QUICK) - written)
+    make = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo: install\n\t\$\(VENV\)/bin/phaselab run quickstart\n", make, re.MULTILINE)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Project:
+    """A fresh project folder with the repository's grids and examples, and phaselab on PATH."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        (path / "experiments").symlink_to(ROOT / "experiments")
+        (path / "docs").mkdir()
+        (path / "docs" / "examples").symlink_to(ROOT / "docs" / "examples")
+        drop = ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PHASELAB_CATALOG_URL", "PHASELAB_RUNS_ROOT",
+                "PHASELAB_NOTIFY_CMD", "PHASELAB_NOTIFY_URL")
+        self.env = {k: v for k, v in os.environ.items() if k not in drop}
+        self.env["PATH"] = f"{BIN}{os.pathsep}{self.env.get('PATH', '')}"
+        self.log: list[str] = []
+
+    def sh(self, command: str, timeout: float = 240.0) -> str:
+        t0 = time.monotonic()
+        res = subprocess.run(["bash", "-c", command], cwd=self.path, env=self.env, capture_output=True,
+                             text=True, timeout=timeout, check=False)
+        self.log.append(f"{time.monotonic() - t0:6.1f} s  {command}")
+        assert res.returncode == 0, f"`{command}` exited {res.returncode}:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+        return res.stdout
+
+    def rope_pretrain(self) -> str:
+        import json
+
+        out = json.loads(self.sh("phaselab status quickstart --json"))
+        return next(s["hash"] for s in out["stages"] if s["name"] == "pretrain" and s["axes"]["pe"] == "rope")
+
+
+def _quickstart_watched(project: Project, command: str) -> str:
+    """``command`` (the quickstart run) with ``status --watch`` following it from another process:
+    the watcher must see stages running, and end when the grid is done."""
+    t0 = time.monotonic()
+    run = subprocess.Popen(["bash", "-c", command], cwd=project.path, env=project.env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        watch = ""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None:
+            res = subprocess.run(["bash", "-c", "phaselab status quickstart --watch"], cwd=project.path,
+                                 env=project.env, capture_output=True, text=True, timeout=300, check=False)
+            if res.returncode == 0:
+                watch = res.stdout
+                break
+            time.sleep(1.0)   # not registered in the catalog yet
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    project.log.append(f"{time.monotonic() - t0:6.1f} s  {command}  (watched)")
+    assert run.returncode == 0, out[-6000:]
+    assert "RUNNING" in watch, watch[-3000:]          # it saw the grid while it ran
+    assert watch.rstrip().splitlines()[-1].startswith("━") and "8 succeeded" in watch.splitlines()[-1]
+    return out
+
+
+def _mlflow(project: Project, command: str) -> None:
+    """``phaselab mlflow`` serves until stopped: it must answer HTTP, then stop on Ctrl-C."""
+    port = _free_port()
+    proc = subprocess.Popen(["bash", "-c", f"exec {command} --port {port}"], cwd=project.path, env=project.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, f"`{command}` exited {proc.returncode}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
+                    assert resp.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"`{command}` did not answer on port {port}"
+                time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)   # the group this test started: the CLI and its server
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    project.log.append(f"{time.monotonic() - t0:6.1f} s  {command}  (served, then stopped)")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_readme_and_tutorial_commands_run(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    ran_quickstart = served = False
+    done: set[str] = set()
+    for doc, kind, text in steps():
+        if kind == "file":
+            name, _, body = text.partition("\n")
+            (tmp_path / name).write_text(body)
+            continue
+        if kind == "python":
+            project.sh(f"{sys.executable} - <<'PY'\n{text}PY")
+            continue
+        command, _why = QUICK.get(text, (text, ""))
+        if command is None:
+            continue
+        if "CHECKPOINT" in command:
+            command = command.replace("CHECKPOINT", f".phaselab/runs/{project.rope_pretrain()}")
+        if "<stage-hash>" in command:
+            command = command.replace("<stage-hash>", project.rope_pretrain()[:12])
+        if command == "phaselab mlflow":
+            if not served:   # the README's and the tutorial's are the same server
+                _mlflow(project, command)
+            served = True
+        elif command == "phaselab run quickstart" and not ran_quickstart:
+            out = _quickstart_watched(project, command)
+            assert "{'SUCCEEDED': 8}" in out and "launched 8 stage(s)" in out
+            ran_quickstart = True
+        elif command in done and command.split()[:2] != ["phaselab", "run"]:
+            continue   # a read-only command both documents give: it would show the same again
+        else:
+            out = project.sh(command)
+            if command == "phaselab run quickstart":   # the second time: all cache hits
+                assert "launched 0 stage(s)" in out, out[-3000:]
+            if command == "phaselab run my_grid.yaml":   # the tutorial: its pretrains are the quickstart's
+                assert "launched 2 stage(s)" in out, out[-3000:]
+        done.add(command)
+    assert ran_quickstart
+    print("\n".join(project.log))
