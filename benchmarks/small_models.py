@@ -51,7 +51,8 @@ BACKEND = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}
 # mode -> overrides of the recipe's sections; graphs-thread builds batches in the trainer's own
 # background thread (data.num_workers 0) instead of worker processes, to show what they buy
 MODES = {"eager": {}, "compiled": {"train": {"compile": True}}, "graphs": {"train": {"cuda_graphs": True}},
-         "graphs-thread": {"train": {"cuda_graphs": True}, "data": {"num_workers": 0}}}
+         "graphs-thread": {"train": {"cuda_graphs": True}, "data": {"num_workers": 0}},
+         "graphs-compiled": {"train": {"cuda_graphs": True, "compile": True}}}
 
 
 class BusySampler:
