@@ -125,22 +125,25 @@ def test_unsupported_combinations_are_named():
 
 
 # ---- GPU: the captured graph against the eager step (H200) ---------------------------------------
-def _gpu_spec(pe: str, backend: str, *, graphs: bool, steps: int = 30) -> dict:
+def _gpu_spec(pe: str, backend: str, *, graphs: bool, steps: int = 30, compile: bool = False) -> dict:
     model = preset("tiny", n_layer=2, d_model=64, n_head=4, block_size=48, dropout=0.0,
                    pe={"kind": pe}, attention={"backend": backend})
     return {"model": to_dict(model),
             "data": {"kind": "indirect_indexing", "ii": {"n_valid": 256, "n_test": 256}},
             "train": {"steps": steps, "batch_size": 32, "lr": 1e-3, "min_lr": 1e-4, "warmup": 5,
                       "eval_every": 10, "eval_batches": 2, "final_eval_batches": 2, "ckpt_every": 10,
-                      "log_every": 1, "cuda_graphs": graphs, "device": "cuda"}}
+                      "log_every": 1, "cuda_graphs": graphs, "compile": compile, "device": "cuda"}}
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "graphs-compiled"])
 @pytest.mark.parametrize("pe,backend", [("rope", "sdpa"), ("pope", "triton"), ("tapa", "triton")])
-def test_gpu_graph_step_matches_eager(tmp_path, pe, backend):
+def test_gpu_graph_step_matches_eager(tmp_path, pe, backend, compile):
+    """The captured step (and with ``train.compile``, the compiled model inside it) against the
+    plain eager step."""
     eager, fast = RecordingTracker(), RecordingTracker()
     run_training(_gpu_spec(pe, backend, graphs=False), out_dir=tmp_path / "eager", tracker=eager)
-    run_training(_gpu_spec(pe, backend, graphs=True), out_dir=tmp_path / "fast", tracker=fast)
+    run_training(_gpu_spec(pe, backend, graphs=True, compile=compile), out_dir=tmp_path / "fast", tracker=fast)
     ref, got = _curves(eager, "train/loss"), _curves(fast, "train/loss")
     assert sorted(got) == sorted(ref) == list(range(1, 31))
     for step in ref:   # bf16 autocast: the same kernels, AdamW's capturable path rounds differently
