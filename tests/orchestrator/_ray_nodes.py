@@ -22,6 +22,8 @@ NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-liste
               "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port")
 HEAD_PORTS = ("port", "dashboard-port", "ray-client-server-port")
 WORKER_PORTS = 20   # --min-worker-port .. --max-worker-port
+OWN_OPTIONS = {f"--{p}" for p in (*NODE_PORTS, *HEAD_PORTS, "min-worker-port", "max-worker-port",
+                                  "temp-dir", "address")}
 
 
 def _free(port: int) -> bool:
@@ -45,10 +47,11 @@ def free_port_block(n: int) -> list[int]:
 class RayNode:
     """One Ray node of a loopback cluster (see the module docstring)."""
 
-    def __init__(self, temp_dir: Path, env: dict[str, str], *, head_address: str | None = None,
-                 cpus: int = 1, resources: str | None = None) -> None:
+    def __init__(self, temp_dir: Path, env: dict[str, str], argv: list[str], *, head_address: str | None = None) -> None:
+        """``argv``: the options of a documented ``ray_local start`` command (docs/CLUSTER.md);
+        its temp dir, head address and ports are replaced by this node's."""
         self.temp_dir, self.env, self.head_address = Path(temp_dir), env, head_address
-        self.cpus, self.resources = cpus, resources
+        self.documented = [a for a in argv if a.split("=", 1)[0] not in OWN_OPTIONS]
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
         self.node_id: str | None = None
@@ -65,15 +68,10 @@ class RayNode:
         names = NODE_PORTS + (HEAD_PORTS if self.head_address is None else ())
         block = free_port_block(len(names) + WORKER_PORTS)
         self.ports = dict(zip(names, block, strict=False))
-        argv = [f"--{k}={v}" for k, v in self.ports.items()]
-        argv += [f"--min-worker-port={block[len(names)]}", f"--max-worker-port={block[-1]}",
-                 "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.cpus}",
-                 "--num-gpus=0", "--disable-usage-stats", "--block"]
-        if self.resources:
-            argv.append(f"--resources={self.resources}")
-        if self.head_address is None:
-            return ["--head", "--dashboard-host=127.0.0.1", *argv]
-        return [f"--address={self.head_address}", *argv]
+        argv = [*self.documented, *(f"--{k}={v}" for k, v in self.ports.items()),
+                f"--min-worker-port={block[len(names)]}", f"--max-worker-port={block[-1]}",
+                f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+        return argv if self.head_address is None else [*argv, f"--address={self.head_address}"]
 
     def start(self, timeout_s: float = 90.0) -> RayNode:
         """Start the node and wait until its raylet runs; sets ``node_id``."""

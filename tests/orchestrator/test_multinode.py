@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -24,27 +26,34 @@ from _ray_nodes import RayNode
 
 pytestmark = [pytest.mark.ray, pytest.mark.postgres]
 
-ACCEL = "simgpu"   # the worker declares it: --resources '{"accelerator_type:simgpu": 1}'
-GRID = """\
-grid: multinode
-seeds: [0]
-axes:
-  product:
-    pe: [rope]
-defaults:
-  model: {preset: tiny, block_size: 32, n_layer: 1, n_head: 2, d_model: 32, pe: {kind: "${pe}"}}
-  data: {kind: text, block_size: 32}
-  train: {steps: 6, batch_size: 4, warmup: 2, eval_every: 0, final_eval_batches: 2, ckpt_every: 5,
-          log_every: 1, device: cpu}
-  resources: {cpus: 1, memory_gb: 1}
-  launcher: ray_task
-stages:
-  anywhere: {kind: pretrain}
-  on_accel:
-    kind: pretrain
-    train: {steps: 300}
-    resources: {cpus: 1, memory_gb: 1, accelerator: ACCEL}
-"""
+ACCEL = "simgpu"   # the documented worker declares it: --resources '{"accelerator_type:simgpu": 1}'
+DOC = Path(__file__).resolve().parents[2] / "docs" / "CLUSTER.md"
+
+
+def documented_example() -> tuple[str, list[list[str]]]:
+    """The grid and the commands of "Try it on one machine" in docs/CLUSTER.md: the test runs
+    them (with its own ports, folders, token and catalog)."""
+    text = DOC.read_text().split("## Try it on one machine", 1)[1].split("\n## ", 1)[0]
+    grid = re.search(r"```yaml\n(.*?)```", text, flags=re.DOTALL).group(1)
+    bash = re.search(r"```bash\n(.*?)```", text, flags=re.DOTALL).group(1)
+    commands = [shlex.split(line, comments=True) for line in bash.splitlines()]
+    return grid, [c[:-1] if c and c[-1] == "&" else c for c in commands if c]
+
+
+GRID, COMMANDS = documented_example()
+
+
+def _command(prefix: list[str]) -> list[str]:
+    (found,) = [c for c in COMMANDS if c[:len(prefix)] == prefix]
+    return found
+
+
+def _node_options(head: bool) -> list[str]:
+    (argv,) = [c[4:] for c in COMMANDS if c[:4] == ["python", "-m", "phaselab.orchestrator.ray_local", "start"]
+               and ("--head" in c) == head]
+    return argv
+
+
 PHASELAB = str(Path(sys.executable).parent / "phaselab")
 
 
@@ -80,9 +89,10 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
     env = {**os.environ, "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_AUTH_MODE", None)   # the wrapper turns token auth on because a token exists
     env.pop("RAY_ADDRESS", None)
-    head = RayNode(ray_tmp / "head", env).start()
-    worker = RayNode(ray_tmp / "worker", env, head_address=head.gcs_address,
-                     resources=json.dumps({f"accelerator_type:{ACCEL}": 1}))
+    assert [c[1].split("=")[0] for c in COMMANDS if c[0] == "export"] == ["RAY_AUTH_TOKEN_PATH", "PHASELAB_CATALOG_URL"]
+    head = RayNode(ray_tmp / "head", env, _node_options(head=True)).start()
+    worker = RayNode(ray_tmp / "worker", env, _node_options(head=False), head_address=head.gcs_address)
+    assert f"--resources={json.dumps({f'accelerator_type:{ACCEL}': 1})}" in worker.documented
     try:
         worker.start()
         yield {"root": root, "env": env, "head": head, "worker": worker, "token": token}
@@ -120,13 +130,15 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
 
     head, worker = cluster["head"], cluster["worker"]
     grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID.replace("ACCEL", ACCEL))
+    grid.write_text(GRID)
     spec, marks, submitted, resolved = load_grid(grid)
     dag = build_dag(spec, marks, yaml_submitted=submitted, yaml_resolved=resolved)
     hashes = {n.name: h for h, n in dag.nodes.items()}
     runs = cluster["root"] / "shared-runs"      # a folder both nodes see (one machine)
-    proc = _phaselab(["run", str(grid), "--address", head.gcs_address, "--catalog", pg_url,
-                      "--runs-root", str(runs), "--no-mlflow", "--json"], cluster["env"])
+    run = _command(["phaselab", "run"])   # the documented command, with this cluster's address and folders
+    run = [{"grid.yaml": str(grid), "127.0.0.1:6380": head.gcs_address, "/tmp/phaselab-runs": str(runs)}.get(a, a)
+           for a in run[1:]]
+    proc = _phaselab([*run, "--catalog", pg_url, "--no-mlflow", "--json"], cluster["env"])
     store = CatalogStore(pg_url)
     accel = hashes["on_accel"]
     try:
@@ -168,6 +180,11 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     assert final[("step", None)].value == 300 and final[("loss", "valid")].step == 300
     started = {a["attempt_no"]: a["started_at"] for a in store.attempts_for_stage(accel)}
     assert started[1] < killed_at < started[2] < rows[accel].finished_at
+    status = subprocess.run([PHASELAB, *_command(["phaselab", "status"])[1:], "--catalog", pg_url], env=cluster["env"],
+                            capture_output=True, text=True, check=False, timeout=60)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert {s["name"]: s["state"] for s in json.loads(status.stdout)["stages"]} == \
+        {"anywhere": "SUCCEEDED", "on_accel": "SUCCEEDED"}
     print(f"\nmulti-node: attempt nodes {json.dumps(nodes)}; head {head.node_id}; lost worker {lost}; after the "
           f"kill: replacement node up {rejoined_s:.1f} s, attempt 2 started "
           f"{(started[2] - killed_at).total_seconds():.1f} s, stage SUCCEEDED "
@@ -180,7 +197,8 @@ def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_p
 
     grid = tmp_path / "grid.yaml"
     # resources are not part of a stage's key: another step count keeps it from being a cache hit
-    text = GRID.replace("grid: multinode", "grid: nonode").replace("ACCEL", "H200").replace("steps: 300", "steps: 7")
+    text = GRID.replace("grid: multinode", "grid: nonode").replace(f"accelerator: {ACCEL}", "accelerator: H200")
+    text = text.replace("steps: 300", "steps: 7")
     grid.write_text(text.replace("  anywhere: {kind: pretrain}\n", ""))
     env = {**cluster["env"], "PHASELAB_RESOURCE_WAIT_S": "4"}
     proc = _phaselab(["run", str(grid), "--address", cluster["head"].gcs_address, "--catalog", pg_url,
@@ -211,7 +229,7 @@ def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_p
 
 def test_a_missing_or_wrong_token_is_a_clear_error(cluster, tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
-    grid.write_text(GRID.replace("ACCEL", ACCEL))
+    grid.write_text(GRID)
     bad = tmp_path / "wrong_token"
     bad.write_text(secrets.token_hex(32))
     home = tmp_path / "home"   # no ~/.ray/auth_token there
