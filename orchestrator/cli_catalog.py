@@ -26,6 +26,8 @@ FIG_OUT = typer.Option(Path("figures"), "--out", help="Folder for <grid>_<kind>.
 TABLE_FORMAT = typer.Option("md", "--format", help="md | latex | csv")
 TABLE_OUT = typer.Option(None, "--out", help="Also write <name>.<ext> files here.")
 CHECK_STALE = typer.Option(False, "--check-stale", help="Fail if an input stage re-ran or changed since the last build.")
+FROM_EXPORT = typer.Option(None, "--from-export", help="Render the named paper tables from a Parquet export "
+                           "folder (`phaselab export`, e.g. docs/results/<grid>/export) instead of a catalog.")
 
 
 def register(app: typer.Typer) -> None:
@@ -51,16 +53,19 @@ def register(app: typer.Typer) -> None:
     def tables(names: list[str] = TABLE_NAMES, fmt: str = TABLE_FORMAT, out: Path = TABLE_OUT,
                check_stale: bool = CHECK_STALE, metric: str = METRIC, rows: str = ROWS, cols: str = COLS,
                where: list[str] = WHERE, seed_axis: str = SEED_AXIS, better: str = BETTER,
-               decimals: int = DECIMALS, catalog: str = CATALOG, as_json: bool = JSON) -> None:
-        """Regenerate paper tables from the catalog, or pivot any metric of a grid over any axes
-        (`phaselab tables GRID --metric ppl --rows pe --cols context_len`): mean ± std over
-        seeds, holes shown."""
+               decimals: int = DECIMALS, catalog: str = CATALOG, from_export: Path = FROM_EXPORT,
+               as_json: bool = JSON) -> None:
+        """Regenerate paper tables from the catalog (or from a committed export), or pivot any
+        metric of a grid over any axes (`phaselab tables GRID --metric ppl --rows pe --cols
+        context_len`): mean ± std over seeds, holes shown."""
 
-        store = open_store(catalog, create=False)
-        if store is None:
+        store = None if from_export is not None else open_store(catalog, create=False)
+        if store is None and from_export is None:
             fail(as_json, "the catalog does not exist yet")
         try:
-            if metric is not None:
+            if from_export is not None:
+                rendered, figures = _export_tables(names, from_export, fmt, out), []
+            elif metric is not None:
                 rendered, figures = [_pivot(store, names, metric, rows, cols, where, seed_axis, better,
                                             decimals, fmt, out)], []
             elif check_stale:
@@ -78,6 +83,15 @@ def register(app: typer.Typer) -> None:
                 sys.stdout.write(text if text.endswith("\n") else text + "\n")
             for path in figures:
                 sys.stdout.write(f"figure: {path}\n")
+
+    def _export_tables(names: list[str] | None, export_dir: Path, fmt: str, out: Path | None) -> list[Any]:
+        from phaselab.catalog.tables import get_spec, render_from_export
+
+        if not names:
+            raise ValueError("--from-export needs the table names to render (e.g. pope_indirect_indexing)")
+        if not export_dir.is_dir():
+            raise ValueError(f"--from-export: no folder {export_dir}")
+        return [render_from_export(get_spec(n), export_dir, fmt, out_dir=out) for n in names]
 
     @app.command()
     def figures(grid: str = typer.Argument(..., help="Grid name in the catalog."),

@@ -92,6 +92,36 @@ def render_pivot(store: CatalogStore, pivot: Pivot, fmt: str, *, out_dir: Path |
         raise ValueError(f"{err} (or add a row field such as 'role', or --where role=<stage>)") from None
 
 
+def render_from_export(spec: TableSpec, export_dir: Path, fmt: str, *, out_dir: Path | None = None,
+                       now: datetime | None = None) -> Rendered:
+    """A table from a Parquet export (``phaselab export``, as committed under ``docs/results/``)
+    instead of a catalog: an export holds the metrics-frame rows of its grid's current version,
+    SUCCEEDED stages only, and its provenance file names the grid hash and Alembic revision."""
+    import json
+
+    from phaselab.catalog.export import read_metrics
+
+    if fmt not in EXTENSIONS:
+        raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
+    export_dir = Path(export_dir)
+    meta = {g: json.loads(f.read_text()) for g in spec.grids if (f := export_dir / f"_export_{g}.json").is_file()}
+    if not meta:
+        return Rendered(spec.name, None, skipped=f"no export of grid {' / '.join(spec.grids)} in {export_dir}")
+    rows = []
+    for r in read_metrics(export_dir).to_pylist():
+        if r["grid"] in meta:
+            rows.append({**r, "axes": json.loads(r.pop("axes_json")), "state": "SUCCEEDED"})
+    built = build(spec, rows, grid_hash="+".join(m["phaselab.grid_hash"][:12] for m in meta.values()),
+                  revision=next(iter(meta.values())).get("phaselab.alembic_revision", ""))
+    text = render(built, fmt, now or datetime.now(UTC))
+    path = None
+    if out_dir is not None:
+        path = Path(out_dir) / f"{spec.name}.{EXTENSIONS[fmt]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return Rendered(spec.name, text, path=path)
+
+
 def _frame(store: CatalogStore, spec: TableSpec) -> list[dict]:
     return [row for grid in spec.grids for row in store.metrics_frame(grid=grid)]
 
