@@ -21,14 +21,24 @@ from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced
 FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
 
 
+# fp32 holds every integer of magnitude <= 2**24 exactly, so the difference of two such values is
+# the correctly rounded |m - n| (exact below 2**24)
+_EXACT_F32 = tl.constexpr(2**24)
+
+
 @triton.jit
-def _dist_pow(pq, pk, alpha, FAST: tl.constexpr):
+def _dist_pow(pq, pk, pq_i, pk_i, fits, alpha, FAST: tl.constexpr):
     """|m - n|^alpha [BM, BN] in fp32 by exp2(alpha log2 d), 0 on the diagonal (0^alpha = 0).
 
-    pq, pk are fp32 positions (exact below 2**24, as in every phaselab angle), so the difference
-    of two exact integers is exact.
+    pq_i, pk_i are int64 positions relative to the tile's base, pq, pk the same in fp32. Where the
+    tile `fits` (every relative position within 2**24, exact in fp32) the distance is one fp32
+    subtraction; otherwise it is subtracted in int64 and converted once, so |m - n| is always the
+    correctly rounded distance, as in the reference's int64 subtraction (MATH §7.2, §7.5).
     """
-    d = tl.abs(pq[:, None] - pk[None, :])
+    if fits:
+        d = tl.abs(pq[:, None] - pk[None, :])
+    else:
+        d = tl.abs(pq_i[:, None] - pk_i[None, :]).to(tl.float32)
     pw = tl.exp2(alpha * _log2(tl.maximum(d, 1.0), FAST))
     return tl.where(d > 0.0, pw, 0.0)
 
@@ -38,29 +48,37 @@ def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2
                 MASKED: tl.constexpr, SERIES: tl.constexpr, FAST: tl.constexpr):
     """W [BM, BN] = k_turn |m - n|^alpha: the phase weight in turns (cycles) per unit of <q_P, k_P>.
 
+    Positions (int64 [BM], [BN]) and the tile's position ranges [q_lo, q_hi], [k_lo, k_hi] (int64
+    scalars: block ends of sorted positions, or a once-per-program reduction: a reduction per tile
+    costs a barrier, measured slower on the H200) are taken relative to the key block's first
+    position k_lo in int64 before any conversion, so absolute positions of any size (beyond 2**24,
+    where fp32 stops holding every integer) give exact distances. The ranges bound every relative
+    position when they are the extremes; callers pass u_max < 0 when they may not be (unsorted
+    positions), and such tiles, like tiles spanning more than 2**24 positions, subtract in int64.
+
     Unmasked tiles try the series: write m - n = R_i + e_j with R_i = m_i - n_c and e_j = n_c - n_j
-    about the tile's key centre n_c. The tile's position ranges [q_lo, q_hi], [k_lo, k_hi] come in
-    as fp32 scalars (block ends of sorted positions, or a once-per-program reduction: a reduction
-    per tile costs a barrier, measured slower on the H200); callers pass u_max < 0 when the ends
-    are not the extremes (unsorted positions). If every |e_j| <= u_max |R_i| (one sign of R),
+    about the tile's key centre n_c. If every |e_j| <= u_max |R_i| (one sign of R),
     |m - n|^alpha = |R_i|^alpha (1 + u)^alpha with u = e_j / R_i, and the binomial series to u^5
     (c_k = binom(alpha, k), host-chosen u_max keeps the tail < 1.4e-7 relative, `_taylor`) costs
     6 FMA-pipe ops per score instead of lg2 + ex2 on the special-function unit, this kernel's
     busiest pipe (42 % in the forward at 16k, Nsight Compute, benchmarks/results/ncu/tapa-16k.csv).
     Per-row |R_i|^alpha stays exact. Other tiles (near the diagonal, a key block that spans too
-    many positions, padding rows read as position 0) take the exact path.
+    many positions, masked tiles) take the exact path.
     """
-    pq = b_pq.to(tl.float32)
-    pk = b_pk.to(tl.float32)
+    pq_i = b_pq - k_lo
+    pk_i = b_pk - k_lo
+    pq = pq_i.to(tl.float32)
+    pk = pk_i.to(tl.float32)
+    fits = (u_max >= 0.0) & (tl.maximum(q_hi, k_hi) - k_lo <= _EXACT_F32) & (k_lo - q_lo <= _EXACT_F32)
     if MASKED:
-        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+        w = k_turn * _dist_pow(pq, pk, pq_i, pk_i, fits, alpha, FAST)
     elif SERIES:
-        n_c = 0.5 * (k_lo + k_hi)  # a half-integer: exact in fp32
+        n_c = 0.5 * (k_hi - k_lo).to(tl.float32)  # a half-integer below 2**23 where the tile fits: exact
         r = pq - n_c
-        r_lo = q_lo - n_c
-        r_hi = q_hi - n_c
-        one_sign = ((r_lo > 0.0) | (r_hi < 0.0)) & (u_max >= 0.0)  # u_max < 0: ends may be unordered
-        if one_sign & (0.5 * (k_hi - k_lo) <= u_max * tl.minimum(tl.abs(r_lo), tl.abs(r_hi))):
+        r_lo = (q_lo - k_lo).to(tl.float32) - n_c
+        r_hi = (q_hi - k_lo).to(tl.float32) - n_c
+        one_sign = ((r_lo > 0.0) | (r_hi < 0.0)) & fits  # fits needs u_max >= 0: ends are extremes
+        if one_sign & (n_c <= u_max * tl.minimum(tl.abs(r_lo), tl.abs(r_hi))):
             f = k_turn * tl.exp2(alpha * _log2(tl.abs(r), FAST))  # [BM]
             # [BN] x [BM] -> [BM, BN]
             u = (n_c - pk)[None, :] * (1.0 / r)[:, None]
@@ -71,30 +89,37 @@ def _tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u_max, c1, c2
             p = p * u + 1.0
             w = f[:, None] * p
         else:
-            w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+            w = k_turn * _dist_pow(pq, pk, pq_i, pk_i, fits, alpha, FAST)
     else:
-        w = k_turn * _dist_pow(pq, pk, alpha, FAST)
+        w = k_turn * _dist_pow(pq, pk, pq_i, pk_i, fits, alpha, FAST)
     return w
 
 
 @triton.jit
-def _block_ends(p_pos, start, BLOCK: tl.constexpr, L):
-    """(pos[start], pos[start + BLOCK - 1]) as fp32 scalars (0 past the end, i.e. masked blocks,
-    which take the exact path anyway): the extremes of a block of sorted positions."""
-    lo = tl.load(p_pos + start, mask=start < L, other=0)
-    hi = tl.load(p_pos + start + BLOCK - 1, mask=start + BLOCK - 1 < L, other=0)
-    return lo.to(tl.float32), hi.to(tl.float32)
+def _block_pos(p_pos, start, BLOCK: tl.constexpr, L, MASKED: tl.constexpr):
+    """(pos [BLOCK], lo, hi) of positions p_pos[start : start + BLOCK], int64: lo, hi are the first
+    and the last valid position (the extremes when positions are sorted). In masked blocks the
+    rows past L read lo, so their distances are those of a valid row: a padding position far from
+    the tile could overflow W to inf, and 0 * inf would put NaN into a masked gradient."""
+    o = start + tl.arange(0, BLOCK)
+    m = o < L
+    lo = tl.load(p_pos + start)
+    hi = tl.load(p_pos + tl.minimum(start + BLOCK - 1, L - 1))
+    pos = tl.load(p_pos + o, mask=m, other=0)
+    if MASKED:
+        pos = tl.where(m, pos, lo)
+    return pos, lo, hi
 
 
 @triton.jit
 def _row_range(b_pos, m_r, srt, u_max):
     """(lo, hi, u, pos) of a program's own block of positions, once per program: masked rows take
-    the block's smallest valid position; u = u_max where the other side's positions are sorted,
-    else -1 (block ends are then not extremes: the series is never taken)."""
+    the block's smallest valid position; lo, hi int64; u = u_max where the other side's positions
+    are sorted, else -1 (block ends are then not extremes: the series is never taken and
+    distances are subtracted in int64)."""
     lowest = tl.min(tl.where(m_r, b_pos, 2**62), 0)
     pos = tl.where(m_r, b_pos, lowest)
-    return (tl.min(pos, 0).to(tl.float32), tl.max(pos, 0).to(tl.float32), tl.where(srt, u_max, -1.0),
-            pos)
+    return tl.min(pos, 0), tl.max(pos, 0), tl.where(srt, u_max, -1.0), pos
 
 
 def _taylor(alpha: float) -> tuple[float, ...]:

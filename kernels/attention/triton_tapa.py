@@ -9,6 +9,8 @@ Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(the
     A   = <q_A, k_A> / sqrt(D_A)
     Phi = <q_P, k_P> / sqrt(D_P)              (quadratic)  |  (sum q_P + sum k_P) / sqrt(D_P) (linear)
     w   = phase_scale * |m - n|^alpha          fp32, exp2(alpha log2 d) with d = 0 -> 0 (MATH §7.5)
+d is formed from int64 positions taken relative to each tile's first key before any conversion
+(tapa_phase._tapa_turns), so it is the correctly rounded distance at any absolute position.
     logit = scale * A * cos(w Phi)                                                   (MATH §4.2)
 w Phi is unbounded. The kernels carry it in turns, t = w Phi / (2 pi), reduce t - rint(t) in fp32
 (exact) and take the cosine of 2 pi times that (MATH §7.4). Away from the diagonal |m - n|^alpha
@@ -35,7 +37,7 @@ import triton.language as tl
 
 from phaselab.kernels.attention.tapa_phase import (
     FWD_SERIES,
-    _block_ends,
+    _block_pos,
     _row_range,
     _tapa_grads,
     _tapa_score,
@@ -104,9 +106,8 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         if MASKED:
             m_v = m_v & m_n[:, None]
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
-        b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
+        b_pk, k_lo, k_hi = _block_pos(p_posk, i_n * BLOCK_N, BLOCK_N, S, MASKED)
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        k_lo, k_hi = _block_ends(p_posk, i_n * BLOCK_N, BLOCK_N, S)
         b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                      alpha, k_turn, u_max,
                                      c1, c2, c3, c4, c5, LINEAR, MASKED, FWD_SERIES, FAST, DOT_PREC)
@@ -204,14 +205,13 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_h
         if MASKED:
             m_do = m_do & m_m[:, None]
         b_do = tl.load(p_dobase + o_m.to(tl.int64)[:, None] * s_dot + o_v[None, :], mask=m_do, other=0.0)
-        b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+        b_pq, q_lo, q_hi = _block_pos(p_posq, i_m * BLOCK_M, BLOCK_M, T, MASKED)
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
         vis = m_m[:, None] & m_n[None, :]
         if CAUSAL:
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sq = tl.sum(b_qp.to(tl.float32), 1)
-        q_lo, q_hi = _block_ends(p_posq, i_m * BLOCK_M, BLOCK_M, T)
         b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk,
                                     q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
@@ -343,12 +343,11 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
         if MASKED:
             m_v = m_v & m_n[:, None]
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_v[None, :], mask=m_v, other=0.0)
-        b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
+        b_pk, k_lo, k_hi = _block_pos(p_posk, i_n * BLOCK_N, BLOCK_N, S, MASKED)
         vis = m_m[:, None] & m_n[None, :]
         if CAUSAL:
             vis = vis & (b_pk[None, :] <= b_pq[:, None])
         sk = tl.sum(b_kp.to(tl.float32), 1)
-        k_lo, k_hi = _block_ends(p_posk, i_n * BLOCK_N, BLOCK_N, S)
         _b_p, g_a, g_p = _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk,
                                      q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,

@@ -82,8 +82,8 @@ def test_tapa_interpreter_matches_float64_reference(B, H, G, T, S, D, causal, pa
 def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr):
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
-    b_pq, b_pk = tl.load(pq + o_m), tl.load(pk + o_n)
-    k_lo, k_hi = tapa_phase._block_ends(pk, 0, BN, BN)
+    b_pq = tl.load(pq + o_m)
+    b_pk, k_lo, k_hi = tapa_phase._block_pos(pk, 0, BN, BN, MASKED)
     q_lo, q_hi, u, _ = tapa_phase._row_range(b_pq, o_m < BM, True, u_max)
     w = tapa_phase._tapa_turns(b_pq, b_pk, q_lo, q_hi, k_lo, k_hi, alpha, k_turn, u, c1, c2, c3, c4, c5,
                                 MASKED, True, False)
@@ -93,7 +93,8 @@ def _turns_probe(pq, pk, out, alpha, k_turn, u_max, c1, c2, c3, c4, c5, MASKED: 
 @needs_interpreter
 @pytest.mark.parametrize("alpha", [0.1, 0.5, 1.5, 2.0, 3.7])
 @pytest.mark.parametrize("q0,k0,masked", [(1000, 0, False), (5, 200, False), (2**17, 2**17 - 300, False),
-                                          (20, 0, False), (1000, 0, True)])
+                                          (20, 0, False), (1000, 0, True), (2**40 + 1000, 2**40, False),
+                                          (2**24 + 7, 2**24 + 20, True)])
 def test_tapa_phase_weight_series_matches_float64(alpha, q0, k0, masked):
     """W = k_turn |m - n|^alpha from `_tapa_turns` against float64, whether the tile takes the
     binomial series (far from the diagonal, either sign of m - n) or the exact path (q0=20: too
@@ -172,6 +173,45 @@ def test_tapa_interpreter_large_phase_and_empty_rows():
     for name, r, o in zip(NAMES, ref, out):
         assert_close(f"tapa-bigphase-{name}", r, o, 1e-4)
     assert torch.equal(out[0][0, :, :2], torch.zeros_like(out[0][0, :, :2]))
+
+
+# Absolute positions where fp32 no longer holds every integer (2**24 + 7), near the int32 limit and
+# far beyond it: the reference subtracts in int64, so |m - n| is exact there and the kernels must
+# match it as at small positions (the distance is subtracted in integers before any conversion).
+BIG_OFFSETS = [2**24 + 7, 2**31 - 100, 2**50 + 3]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("offset", BIG_OFFSETS)
+@pytest.mark.parametrize("case", [CPU_CASES[0], CPU_CASES[1], CPU_CASES[4]], ids=["causal", "Lq<Lk-linear", "series"])
+def test_tapa_interpreter_large_absolute_positions(offset, case):
+    B, H, G, T, S, D, causal, params = case
+    params = params | {"alpha": 0.5}  # a steep weight: a distance off by one moves the phase visibly
+    q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, torch.float32, "cpu", offset=offset)
+    do = seeded_like(q)
+    ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
+    out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, deterministic=offset != 2**31 - 100)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"tapa-offset{offset}-{name}", r, o, 2e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("causal", [True, False])
+def test_tapa_interpreter_tiles_spanning_beyond_fp32_integers(causal):
+    """Positions jump by 2**25 inside a block (and sit at 2**33 in row 1): a tile whose positions
+    span more than 2**24 cannot hold them exactly in fp32 even relative to its first key, so it
+    subtracts in int64; distances within each side of the jump stay exact, those across it are
+    rounded once to fp32 (relative 6e-8, alpha = 0.1 keeps that far below the tolerance)."""
+    q, k, v, _, _ = make_inputs(2, 2, 1, 37, 37, 32, torch.float32, "cpu")
+    pos = torch.arange(37).repeat(2, 1)
+    pos[:, 20:] += 2**25
+    pos[1] += 2**33
+    do = seeded_like(q)
+    params = {"alpha": 0.1}
+    ref = run(q, k, v, pos, pos, do, causal=causal, params=params, dtype=torch.float64)
+    out = run(q, k, v, pos, pos, do, causal=causal, params=params)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"tapa-span-{name}", r, o, 2e-5)
 
 
 @needs_interpreter
@@ -271,6 +311,24 @@ def test_tapa_gpu_every_bwd_config(cfg):
         out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
     for name, r, lo, o in zip(NAMES, ref, low, out):
         calibrated_close(f"tapa-{cfg}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", BIG_OFFSETS)
+@pytest.mark.parametrize("case", [GPU_CASES[0], GPU_CASES[3]], ids=["causal", "Lq<Lk"])
+def test_tapa_gpu_large_absolute_positions(offset, case):
+    """Positions offset beyond 2**24 on the compiled kernels (the series and the exact path, both
+    backward modes) under the 2x rule; `torch_same_dtype` subtracts positions in int64."""
+    B, H, G, T, S, D, causal, params, dtype = case
+    q, k, v, pos_q, pos_k = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=offset)
+    do = torch.randn(B, H, T, D, generator=generator(7, "cuda"), device="cuda").to(dtype)
+    ref = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, dtype=torch.float64)
+    low = torch_same_dtype(q, k, v, pos_q, pos_k, do, causal=causal, params=params)
+    for deterministic in (True, False):
+        out = run(q, k, v, pos_q, pos_k, do, causal=causal, params=params, deterministic=deterministic)
+        for name, r, lo, o in zip(NAMES, ref, low, out):
+            calibrated_close(f"tapa-offset{offset}-{name}", r, o, lo, factor=2.0,
+                             atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
