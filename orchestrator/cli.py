@@ -322,6 +322,8 @@ def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None
     except ConnectionError as err:
         raise ClusterAccessError(f"cannot reach the Ray Jobs API at {address} (the head's dashboard, "
                                  f"default port 8265): {err}") from None
+    except RuntimeError as err:   # the Jobs API answered with an error (e.g. its agent is not up yet)
+        raise ClusterAccessError(f"the Ray Jobs API at {address} refused the job: {err}") from None
 
 
 def _submit_job_to(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
