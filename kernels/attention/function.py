@@ -5,8 +5,10 @@ Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MAT
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
 bottom-right when T < S, MATH §7.6). By default their backward uses no atomics, so it is
 deterministic (MATH §7.8); for TAPA, `deterministic=False` opts into one backward kernel that adds
-dQ with fp32 atomics. Positions enter the kernels as fp32
-(angles, TAPA distances), exact for |pos| < 2**24, as in the reference (MATH §7.2). Loop bounds
+dQ with fp32 atomics. Positions stay int64 inside the kernels until a relative position is
+formed (MATH §7.2): PoPE's angles use pos - pos_k[b, 0] (the logit depends on m - n only), TAPA's
+|m - n| is subtracted in integers, so absolute positions beyond 2**24 lose nothing (|pos| < 2**62,
+where every difference fits int64, as in the reference). Loop bounds
 skip fully masked blocks when positions are non-decreasing (checked on the device, no sync);
 other position orders stay exact but visit every block.
 

@@ -54,19 +54,27 @@ def _amplitude_grad(x, AMP: tl.constexpr):
 
 @triton.jit
 def _phase_cos_sin(pos, theta, bias, FAST: tl.constexpr):
-    """(cos, sin)(pos theta - bias) [R, BD], the angle formed in fp32 from integer positions."""
+    """(cos, sin)(pos theta - bias) [R, BD], the angle formed in fp32 from integer positions.
+
+    The kernels pass positions relative to the batch row's first key position p0, subtracted in
+    int64: the logit depends on positions only through (m - n) theta_c (MATH §3.1), so one origin
+    for the queries and keys of a row leaves it unchanged, and the fp32 angle then carries the
+    error of the relative position (README, "Numerical notes"), not of the absolute one: beyond
+    2**24 fp32 no longer holds every integer (MATH §7.2, §7.4).
+    """
     c, s = _cos_sin(pos.to(tl.float32)[:, None] * theta[None, :] - bias[None, :], FAST)
     return c, s
 
 
 @triton.jit
-def _reload_phase(p_x, m_x, p_pos, m_pos, theta, bias, FAST: tl.constexpr):
+def _reload_phase(p_x, m_x, p_pos, m_pos, p0, theta, bias, FAST: tl.constexpr):
     """(raw x fp32, cos, sin) [R, BD] read again for a backward kernel's epilogue. The loads are
     volatile so that the compiler cannot reuse the tiles computed before the block loop: kept live
-    through it, three fp32 [R, BD] tiles made the dK/dV and dQ kernels spill (kernel_sass.py)."""
+    through it, three fp32 [R, BD] tiles made the dK/dV and dQ kernels spill (kernel_sass.py).
+    p0: the batch row's phase origin (`_phase_cos_sin`)."""
     x = tl.load(p_x, mask=m_x, other=0.0, volatile=True).to(tl.float32)
     pos = tl.load(p_pos, mask=m_pos, other=0, volatile=True)
-    c, s = _phase_cos_sin(pos, theta, bias, FAST)
+    c, s = _phase_cos_sin(pos - p0, theta, bias, FAST)
     return x, c, s
 
 

@@ -73,7 +73,7 @@ _TUNE = {"key": ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"],
 
 
 @triton.jit
-def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, theta,
+def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, p0, theta,
                     o_d, m_d, s_ks, s_vs, S, lo, hi,
                     AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
                     DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -86,7 +86,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, th
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
+        c, s = _phase_cos_sin(b_pk - p0, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         # [BM, BD] @ [BD, BN] -> [BM, BN], twice: the 2D-wide dot of MATH §3.3 (log2 units)
         b_s = tl.dot(b_qx, tl.trans(kx.to(b_qx.dtype)), input_precision=DOT_PREC)
@@ -128,6 +128,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
     p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     p_posq = pos_q + i_b.to(tl.int64) * s_pqb
     p_posk = pos_k + i_b.to(tl.int64) * s_pkb
+    p0 = tl.load(p_posk)  # phase origin of this batch row (pope_phase._phase_cos_sin)
 
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
     bias = theta * 0.0
@@ -135,7 +136,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
         bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
     b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
     b_q = tl.load(p_q + o_m.to(tl.int64)[:, None] * s_qt + o_d[None, :], mask=m_m[:, None] & m_d[None, :], other=0.0)
-    c, s = _phase_cos_sin(b_pq, theta, bias, FAST)
+    c, s = _phase_cos_sin(b_pq - p0, theta, bias, FAST)
     qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)  # scale * log2(e) folded into q (MATH §7.9)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
@@ -152,10 +153,10 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
     # fully visible key blocks first (no mask), then the diagonal / tail blocks (DESIGN §7 ex. 6)
-    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta,
+    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                     o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC,
                                     BLOCK_N)
-    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, theta,
+    acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                     o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC,
                                     BLOCK_N)
     empty = l_i == 0.0
@@ -172,7 +173,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
 
 @triton.jit
 def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-                         p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
+                         p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
                          AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                          FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
     for i_m in range(lo, hi):
@@ -186,7 +187,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
         b_lse = tl.load(p_lse + o_m, mask=m_m, other=float("inf"))
         b_dlt = tl.load(p_dlt + o_m, mask=m_m, other=0.0)
-        c, s = _phase_cos_sin(b_pq, theta, bias, FAST)
+        c, s = _phase_cos_sin(b_pq - p0, theta, bias, FAST)
         qx, qy, _ = _pope_expand(b_q.to(tl.float32), c, s, m_d, AMP, FAST)
         b_qx = (qx * qk_scale).to(b_kx.dtype)
         b_qy = (qy * qk_scale).to(b_kx.dtype)
@@ -234,10 +235,11 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
     p_v = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :]
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
     p_posk_n = pos_k + i_b.to(tl.int64) * s_pkb + o_n
+    p0 = tl.load(pos_k + i_b.to(tl.int64) * s_pkb)  # phase origin of this batch row (pope_phase._phase_cos_sin)
     b_pk = tl.load(p_posk_n, mask=m_n, other=0)
     b_k = tl.load(p_k, mask=m_kd, other=0.0).to(tl.float32)
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
-    c_k, s_k = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
+    c_k, s_k = _phase_cos_sin(b_pk - p0, theta, theta * 0.0, FAST)
     kx, ky, _ = _pope_expand(b_k, c_k, s_k, m_d, AMP, FAST)
     b_kx, b_ky = kx.to(k.dtype.element_ty), ky.to(k.dtype.element_ty)
 
@@ -265,22 +267,22 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
         # diagonal blocks (masked), fully visible blocks, then the ragged tail block (masked)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, mid, qk_scale, AMP, CAUSAL, True,
+            p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, mid, qk_scale, AMP, CAUSAL, True,
             FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, mid, n_full, qk_scale, AMP, CAUSAL, False,
+            p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, mid, n_full, qk_scale, AMP, CAUSAL, False,
             FAST, DOT_PREC, BLOCK_M)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
-            p_posq, theta, bias, o_d, m_d, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, qk_scale, AMP, CAUSAL, True,
+            p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, qk_scale, AMP, CAUSAL, True,
             FAST, DOT_PREC, BLOCK_M)
         if HAS_DELTA:
             # d(delta) from the key side: the logit depends on m theta - delta - n theta, so
             # d/d delta = d/d(key phase) = sum_n mu_k (dk_hat_y cos - dk_hat_x sin); this head's
             # share is the change of that sum over its loops (the accumulators span the group).
             # Rows past S: unmasked tiles leave garbage there (never stored), hence the where.
-            x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, theta, theta * 0.0, FAST)
+            x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, p0, theta, theta * 0.0, FAST)
             mu_k = _amplitude(x_k, AMP, FAST)
             dd = tl.sum(tl.where(m_kd, mu_k * (dky * c_k - dkx * s_k), 0.0), 0)
             tl.store(ddelta_part + ((i_b * H + i_h).to(tl.int64) * n_part_rows + i_n) * BLOCK_D + o_d,
@@ -289,7 +291,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
     # d logit / d k_hat = scale * q_hat = q_hat_scaled * ln 2 (q_hat carried scale * log2 e)
     dkx = dkx * 0.6931471805599453
     dky = dky * 0.6931471805599453
-    x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, theta, theta * 0.0, FAST)
+    x_k, c_k, s_k = _reload_phase(p_k, m_kd, p_posk_n, m_n, p0, theta, theta * 0.0, FAST)
     b_dk = _amplitude_grad(x_k, AMP) * (dkx * c_k + dky * s_k)
     o_dk = i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks + o_d[None, :]
     tl.store(dk + o_dk, b_dk.to(dk.dtype.element_ty), mask=m_kd)
@@ -300,7 +302,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
 
 
 @triton.jit
-def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
+def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                        o_d, m_d, s_ks, s_vs, S, lo, hi,
                        AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
                        DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -313,7 +315,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         b_k = tl.load(p_kbase + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :], mask=m_kd, other=0.0)
         b_v = tl.load(p_vbase + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :], mask=m_kd, other=0.0)
         b_pk = tl.load(p_posk + o_n, mask=m_n, other=0)
-        c, s = _phase_cos_sin(b_pk, theta, theta * 0.0, FAST)
+        c, s = _phase_cos_sin(b_pk - p0, theta, theta * 0.0, FAST)
         kx, ky, _ = _pope_expand(b_k.to(tl.float32), c, s, m_d, AMP, FAST)
         b_kx, b_ky = kx.to(b_qx.dtype), ky.to(b_qx.dtype)
         # [BM, BD] @ [BD, BN] -> [BM, BN]
@@ -353,6 +355,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
     m_qd = m_m[:, None] & m_d[None, :]
     p_posq = pos_q + i_b.to(tl.int64) * s_pqb
     p_posk = pos_k + i_b.to(tl.int64) * s_pkb
+    p0 = tl.load(p_posk)  # phase origin of this batch row (pope_phase._phase_cos_sin)
     p_kbase = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
     p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
@@ -366,7 +369,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
                    + o_d[None, :], mask=m_qd, other=0.0)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
-    c_q, s_q = _phase_cos_sin(b_pq, theta, bias, FAST)
+    c_q, s_q = _phase_cos_sin(b_pq - p0, theta, bias, FAST)
     qx, qy, _ = _pope_expand(b_q, c_q, s_q, m_d, AMP, FAST)
     b_qx = (qx * qk_scale).to(q.dtype.element_ty)
     b_qy = (qy * qk_scale).to(q.dtype.element_ty)
@@ -380,13 +383,13 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
         hi = n_blocks
     dqx = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dqy = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
+    dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                   o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_N)
-    dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, theta,
+    dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                   o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N)
     dqx = dqx * sm_scale  # d logit / d q_hat = scale * k_hat
     dqy = dqy * sm_scale
-    x_q, c_q, s_q = _reload_phase(p_qrows, m_qd, p_posq + o_m, m_m, theta, bias, FAST)
+    x_q, c_q, s_q = _reload_phase(p_qrows, m_qd, p_posq + o_m, m_m, p0, theta, bias, FAST)
     b_dq = _amplitude_grad(x_q, AMP) * (dqx * c_q + dqy * s_q)
     tl.store(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh + o_m.to(tl.int64)[:, None] * s_dqt
              + o_d[None, :], b_dq.to(dq.dtype.element_ty), mask=m_qd)

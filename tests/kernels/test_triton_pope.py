@@ -128,9 +128,12 @@ def test_pope_interpreter_decode_unsorted_and_empty_rows():
 
 @needs_interpreter
 def test_pope_interpreter_large_positions_range_reduction():
-    """Positions near 2**17 (MATH §7.4): fp32 angles reduced to [-pi, pi] before cos/sin."""
+    """Positions near 2**17 (MATH §7.4): fp32 angles reduced to [-pi, pi] before cos/sin. The
+    first key sits at 0, the kernels' phase origin, so the angles really reach ~1.3e5 rad."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 1, 1, 17, 17, 32, torch.float32, "cpu",
                                                          offset=2**17 - 17)
+    pos_k[:, 0] = 0
+    pos_q = pos_k.clone()
     mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
     out = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta)
     ref32 = reference.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=32**-0.5, score_mod=mod)
@@ -156,6 +159,23 @@ def test_pope_interpreter_offset_and_strided_rows():
     for name, r64, r32, o in zip(NAMES, ref64, ref32, out):
         err = assert_close(f"offset-{name}", r64, o, 1e-4)
         assert err <= 2 * reference_err(r64, r32) + 1e-6, (name, err, reference_err(r64, r32))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("offset", [2**24 + 7, 2**31 - 100])
+@pytest.mark.parametrize("case", [CPU_CASES[0], CPU_CASES[1]], ids=["causal", "Lq<Lk-gqa"])
+def test_pope_interpreter_large_absolute_positions(offset, case):
+    """Absolute positions where fp32 no longer holds every integer: the kernels form angles from
+    positions relative to the row's first key (subtracted in int64), and the logit depends only
+    on m - n, so they match float64 as tightly as at small positions (the fp32 reference, which
+    converts absolute positions, is off by ~1 rad per channel there)."""
+    B, H, G, T, S, D, causal = case
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, torch.float32, "cpu", offset=offset)
+    do = seeded_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    for name, r, o in zip(NAMES, ref, out):
+        assert_close(f"pope-offset{offset}-{name}", r, o, 1e-5)
 
 
 def reference_err(ref64, other):
@@ -278,10 +298,30 @@ def test_pope_gpu_every_bwd_config(cfg):
 
 @pytest.mark.gpu
 def test_pope_gpu_large_positions():
-    """Positions near 2**17 (MATH §7.4) through the GPU's range reduction + approximate cos/sin."""
+    """Positions near 2**17 (MATH §7.4) through the GPU's range reduction + approximate cos/sin;
+    the first key at 0 (the kernels' phase origin) keeps the angles at ~1.3e5 rad."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 300, 300, 64, torch.bfloat16, "cuda",
                                                          offset=2**17 - 300)
+    pos_k[:, 0] = 0
+    pos_q = pos_k.clone()
     check_calibrated("pope-bigpos", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [2**24 + 7, 2**31 - 100])
+def test_pope_gpu_large_absolute_positions(offset):
+    """Positions offset beyond 2**24 against float64, under the 2x rule with PyTorch's own
+    low-precision error taken at the unshifted positions (the logit depends on m - n only; its
+    fp32 angles from absolute positions would be off by ~1 rad there)."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 100, 733, 64, torch.bfloat16, "cuda",
+                                                         offset=offset)
+    do = seeded_like(q)
+    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    low = torch_same_dtype(q, k, v, pos_q - offset, pos_k - offset, inv_freq, delta, do, causal=True)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True)
+    for name, r, lo, o in zip(NAMES, ref, low, out):
+        calibrated_close(f"pope-offset{offset}-{name}", r, o, lo, factor=2.0,
+                         atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
