@@ -31,16 +31,24 @@ def resource_wait(seconds: float | None = None) -> float:
     return value
 
 
-def task_demand(node: Any) -> dict[str, float]:
-    """Ray resources the stage's own task holds on one node (CPU, GPU, memory, accelerator)."""
+def demands(node: Any) -> list[dict[str, float]]:
+    """What must fit on one node: the stage's own task (CPU, GPU, memory, accelerator, from its
+    ``ray_options``) and, under Ray Train, each training worker (its ``cpus``/``gpus`` and
+    accelerator, as ``stages.pretrain.resources_per_worker`` asks Ray for them)."""
     from phaselab.orchestrator.stages import STAGES
 
     opts = STAGES[node.kind].ray_options(node.resources, node.launcher)
-    need = {"CPU": float(opts.get("num_cpus", 0) or 0), "GPU": float(opts.get("num_gpus", 0) or 0),
+    task = {"CPU": float(opts.get("num_cpus", 0) or 0), "GPU": float(opts.get("num_gpus", 0) or 0),
             "memory": float(opts.get("memory", 0) or 0)}
     if opts.get("accelerator_type"):
-        need[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
-    return need
+        task[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
+    if node.launcher != "ray_train":
+        return [task]
+    r = node.resources
+    worker = {"CPU": float(r.cpus), "GPU": float(r.gpus)}
+    if r.accelerator:
+        worker[f"accelerator_type:{r.accelerator}"] = 0.001
+    return [task, worker]
 
 
 def _fits(need: Mapping[str, float], have: Mapping[str, float]) -> bool:
@@ -61,15 +69,16 @@ def unschedulable(node: Any, total: Mapping[str, float], nodes: list[Mapping[str
     if cpu > total.get("CPU", 0.0) + 1e-9 or gpu > total.get("GPU", 0.0) + 1e-9:
         return (f"asks for {cpu:g} CPUs / {gpu:g} GPUs; the cluster has "
                 f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}")
-    need = task_demand(node)
-    if any(_fits(need, have) for have in nodes):
-        return None
     acc = node.resources.accelerator
     if acc and not any(f"accelerator_type:{acc}" in have for have in nodes):
         return (f"asks for accelerator {acc!r}, which no node of the cluster has (accelerators: "
                 f"{_accelerators(nodes)}; a node offers it as the resource accelerator_type:{acc})")
-    shown = ", ".join(f"{k} {v / 2**30:.1f} GB" if k == "memory" else f"{k} {v:g}" for k, v in need.items() if v > 0)
-    return f"asks for {shown} on one node; no node of the cluster ({len(nodes)} live) has that much"
+    for need in demands(node):
+        if not any(_fits(need, have) for have in nodes):
+            shown = ", ".join(f"{k} {v / 2**30:.1f} GB" if k == "memory" else f"{k} {v:g}"
+                              for k, v in need.items() if v > 0)
+            return f"asks for {shown} on one node; no node of the cluster ({len(nodes)} live) has that much"
+    return None
 
 
 def live_nodes() -> list[Mapping[str, float]]:
