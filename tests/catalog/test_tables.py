@@ -12,7 +12,14 @@ import pytest
 from catalog_testlib import add_stage, h, run_stage
 
 from phaselab.catalog.store import CatalogStore
-from phaselab.catalog.tables import TABLES, check_stale, get_spec, render_all, render_from_export, render_table
+from phaselab.catalog.tables import (
+    TABLES,
+    check_stale,
+    get_spec,
+    render_all,
+    render_from_export,
+    render_table,
+)
 from phaselab.catalog.tables.spec import Dim, TableSpec, build
 from phaselab.catalog.tracking import MetricRecord
 
