@@ -170,14 +170,15 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     assert nodes[anywhere] == [(1, head.node_id)] and rows[anywhere].attempts == 1   # the head had a free CPU
     attempts = [json.loads(line) for line in (runs / accel / "attempts.jsonl").read_text().splitlines()]
     assert attempts[-1]["outcome"] == "succeeded" and attempts[-1]["first_step"] > 1   # resumed from a checkpoint
-    assert attempts[-1]["last_step"] == 300
+    steps = dag.nodes[accel].config["train"]["steps"]
+    assert attempts[-1]["last_step"] == steps
     # no duplicate rows: one per stage, one attempt row per attempt, metrics unique per identity
     assert _count(store, "SELECT COUNT(*) FROM stage") == 2
     assert _count(store, "SELECT COUNT(*) FROM attempt") == 3
     assert _count(store, "SELECT COUNT(*) FROM metric") == \
         _count(store, "SELECT COUNT(*) FROM (SELECT DISTINCT stage_hash, ident FROM metric) AS d")
     final = {(m.name, m.split): m for m in store.metrics_for_stage(accel)}
-    assert final[("step", None)].value == 300 and final[("loss", "valid")].step == 300
+    assert final[("step", None)].value == steps and final[("loss", "valid")].step == steps
     started = {a["attempt_no"]: a["started_at"] for a in store.attempts_for_stage(accel)}
     assert started[1] < killed_at < started[2] < rows[accel].finished_at
     status = subprocess.run([PHASELAB, *_command(["phaselab", "status"])[1:], "--catalog", pg_url], env=cluster["env"],
@@ -198,7 +199,7 @@ def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_p
     grid = tmp_path / "grid.yaml"
     # resources are not part of a stage's key: another step count keeps it from being a cache hit
     text = GRID.replace("grid: multinode", "grid: nonode").replace(f"accelerator: {ACCEL}", "accelerator: H200")
-    text = text.replace("steps: 300", "steps: 7")
+    text = text.replace("steps: 500", "steps: 7")
     grid.write_text(text.replace("  anywhere: {kind: pretrain}\n", ""))
     env = {**cluster["env"], "PHASELAB_RESOURCE_WAIT_S": "4"}
     proc = _phaselab(["run", str(grid), "--address", cluster["head"].gcs_address, "--catalog", pg_url,
