@@ -285,7 +285,7 @@ def footnote(t: BuiltTable, built_at: datetime, *, code: str = "`") -> str:
              f"Alembic revision {t.revision or '?'}", f"built {built_at.isoformat(timespec='seconds')}",
              f"mean ± sample std over seeds {{{seeds}}}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
     if spec.reference:
-        parts.append(f"(paper) rows: {spec.reference_source}")
+        parts.append(f"(paper) rows: {spec.reference_source}; (gap to paper) = 100 (ours - paper) / paper")
     if t.selection:
         parts.append(_selection_note(t))
     parts.append(f"stages ({len(hashes)}): " + (", ".join(hashes) if hashes else "none"))
@@ -350,6 +350,26 @@ def _reference_cells(t: BuiltTable, *, pm: str, hole: str) -> list[list[str]]:
     return lines
 
 
+def _gap_cells(t: BuiltTable, *, hole: str, pct: str = "%") -> list[list[str]]:
+    """One "(gap to paper)" row per row that has paper numbers and a result of ours:
+    100 * (ours - paper) / paper for each column where both exist."""
+    spec, lines = t.spec, []
+    for rk in t.row_keys:
+        ref = spec.reference.get(rk)
+        if ref is None or not any((rk, c) in t.cells for c in spec.cols.values):
+            continue
+        labels = [d.label(v) for d, v in zip(spec.rows, rk, strict=True)]
+        labels[-1] += " (gap to paper)"
+        vals = []
+        for c in spec.cols.values:
+            paper, ours = ref.get(c), t.cells.get((rk, c))
+            paper = paper[0] if isinstance(paper, tuple) else paper
+            vals.append(hole if paper in (None, 0) or ours is None
+                        else f"{100 * (ours.mean - paper) / abs(paper):+.1f} {pct}")
+        lines.append(labels + vals + ([hole] if spec.summary_col else []))
+    return lines
+
+
 def _header(spec: TableSpec) -> list[str]:
     head = [d.title or d.field.removeprefix("axes.") for d in spec.rows]
     head += [spec.cols.label(c) for c in spec.cols.values]
@@ -366,7 +386,8 @@ def render_markdown(t: BuiltTable, built_at: datetime) -> str:
     out.append("|" + "|".join("---" for _ in range(n_labels)) + "|"
                + "|".join("---:" for _ in head[n_labels:]) + "|")
     for line in _table_cells(t, bold=("**", "**"), pm=" ± ", hole=HOLE_MD) + \
-            _also_cells(t, pm=" ± ", hole=HOLE_MD) + _reference_cells(t, pm=" ± ", hole=HOLE_MD):
+            _also_cells(t, pm=" ± ", hole=HOLE_MD) + _reference_cells(t, pm=" ± ", hole=HOLE_MD) + \
+            _gap_cells(t, hole=HOLE_MD):
         out.append("| " + " | ".join(line) + " |")
     out += ["", f"<sub>{footnote(t, built_at)}</sub>", ""]
     return "\n".join(out)
@@ -386,7 +407,7 @@ def render_latex(t: BuiltTable, built_at: datetime) -> str:
     head = _header(spec)
     ncols = len(head) - len(spec.rows)
     body = _table_cells(t, bold=("\\textbf{", "}"), pm=" $\\pm$ ", hole=HOLE_TEX, mark=r"$^\dagger$")
-    refs = _reference_cells(t, pm=" $\\pm$ ", hole=HOLE_TEX)
+    refs = _reference_cells(t, pm=" $\\pm$ ", hole=HOLE_TEX) + _gap_cells(t, hole=HOLE_TEX, pct=r"\%")
 
     def row(cells: list[str], n_label: int) -> str:
         return " & ".join([tex_escape(c) for c in cells[:n_label]] + cells[n_label:]) + r" \\"

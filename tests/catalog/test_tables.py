@@ -131,6 +131,17 @@ def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
     assert "| alibi | — |" in md
 
 
+def test_gap_to_paper_row_per_result_with_a_paper_number() -> None:
+    from phaselab.catalog.tables.spec import render_latex, render_markdown
+
+    spec = _ii_spec(reference={("rope",): {"ii": (10.0, 1.0)}, ("alibi",): {"ii": 20.0}})
+    t = build(spec, _rows({("rope", 0): 0.12, ("rope", 1): 0.12, ("rope", 2): 0.12, ("pope", 0): 0.9}))
+    md = render_markdown(t, NOW)
+    assert "| rope (gap to paper) | +20.0 % |" in md      # 100 (12 - 10) / 10
+    assert "alibi (gap to paper)" not in md and "PoPE (gap to paper)" not in md   # no result / no paper
+    assert r"rope (gap to paper) & +20.0 \% \\" in render_latex(t, NOW)
+
+
 def test_ambiguous_values_are_an_error() -> None:
     rows = _rows({("rope", 0): 0.1})
     rows.append({**rows[0], "stage_hash": h("other")})
