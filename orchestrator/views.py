@@ -145,6 +145,7 @@ def _elapsed(started: Any, finished: Any) -> float | None:
 def status_rows(rows: Iterable[Any], cells: Mapping[str, list[Mapping[str, Any]]] | None = None
                 ) -> list[dict[str, Any]]:
     """One dict per stage row, ordered by cell: state, attempts, seconds (elapsed while RUNNING),
+    the Ray node of its latest attempt,
     the cells it belongs to (``cells``: hash -> ``store.cells_for_stage`` rows of this grid) with
     the first one's axis values, training progress while it runs (``progress.read_progress``)
     and the first line of its message (the failure reason of FAILED / BLOCKED stages)."""
@@ -162,6 +163,7 @@ def status_rows(rows: Iterable[Any], cells: Mapping[str, list[Mapping[str, Any]]
                     "heartbeat_at": r.heartbeat_at.isoformat() if r.heartbeat_at else None,
                     "cells": [c["cell_key"] for c in member], "axes": dict(member[0]["axes"]) if member else {},
                     "progress": prog, "message": msg.splitlines()[0][:300] if msg else None,
+                    "node": getattr(r, "node_id", None),
                     "_order": (member[0]["cell_id"] if member else 1 << 62, i)})
     out.sort(key=lambda r: r.pop("_order"))
     return out
@@ -227,11 +229,15 @@ def status_renderable(grid: str, srows: list[dict[str, Any]]) -> Any:
         cells.append({"stage": escape(name), **{a: escape(str(r["axes"].get(a, ""))) for a in axes},
                       "state": f"[{style}]{escape(state)}[/]" if style else escape(state), "step": fmt_step(p or None),
                       "loss": "" if p.get("loss") is None else f"{p['loss']:.4f}", "time": fmt_duration(r["seconds"]),
-                      "ETA": fmt_duration(p.get("eta_s")), "hash": r["hash"][:12], "reason": escape(reason or "")})
+                      "ETA": fmt_duration(p.get("eta_s")), "node": (r.get("node") or "")[:12],
+                      "hash": r["hash"][:12], "reason": escape(reason or "")})
     table = Table(title=f"{escape(grid)}: {done}/{len(srows)} stages succeeded")
-    # columns nobody has a value for (no stage running, none failed) are left out
-    cols = [c for c in ("stage", *axes, "state", "step", "loss", "time", "ETA", "hash", "reason")
-            if c in ("stage", "state", "hash") or any(row[c] for row in cells)]
+    # columns nobody has a value for (no stage running, none failed) are left out, and the Ray
+    # node (of the latest attempt) unless the stages ran on more than one
+    multi_node = len({row["node"] for row in cells if row["node"]}) > 1
+    cols = [c for c in ("stage", *axes, "state", "step", "loss", "time", "ETA", "node", "hash", "reason")
+            if c in ("stage", "state", "hash") or (c == "node" and multi_node)
+            or (c != "node" and any(row[c] for row in cells))]
     for col in cols:
         table.add_column(col, justify="right" if col in ("step", "loss", "time", "ETA") else "left",
                          no_wrap=col != "reason", min_width=None if col == "reason" else

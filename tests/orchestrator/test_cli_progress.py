@@ -197,3 +197,24 @@ def test_a_notification_that_fails_never_fails_the_grid(tmp_path: Path, capsys: 
     n.close()
     err = capsys.readouterr().err
     assert "PHASELAB_NOTIFY_CMD exited 3" in err and "PHASELAB_NOTIFY_URL" in err
+
+
+def test_status_shows_the_node_column_only_when_stages_ran_on_several_nodes() -> None:
+    from rich.console import Console
+
+    from phaselab.orchestrator.views import status_renderable
+
+    def row(name: str, node: str | None) -> dict:
+        return {"hash": name * 12, "kind": "pretrain", "name": name, "state": "SUCCEEDED", "failure_class": None,
+                "attempts": 1, "seconds": 3.0, "cells": ["pe=rope"], "axes": {"pe": "rope"}, "progress": None,
+                "message": None, "node": node}
+
+    def text(rows: list[dict]) -> str:
+        console = Console(width=200, record=True)
+        console.print(status_renderable("g", rows))
+        return console.export_text()
+
+    one = text([row("a", "n" * 40), row("b", "n" * 40)])
+    two = text([row("a", "headnode0001xyz"), row("b", "worker000002xyz")])
+    assert " node " not in one and "nnnnnnnnnnnn" not in one
+    assert " node " in two and "headnode0001" in two and "worker000002" in two

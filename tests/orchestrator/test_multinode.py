@@ -184,8 +184,9 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     status = subprocess.run([PHASELAB, *_command(["phaselab", "status"])[1:], "--catalog", pg_url], env=cluster["env"],
                             capture_output=True, text=True, check=False, timeout=60)
     assert status.returncode == 0, status.stderr[-2000:]
-    assert {s["name"]: s["state"] for s in json.loads(status.stdout)["stages"]} == \
-        {"anywhere": "SUCCEEDED", "on_accel": "SUCCEEDED"}
+    shown = json.loads(status.stdout)["stages"]
+    assert {s["name"]: s["state"] for s in shown} == {"anywhere": "SUCCEEDED", "on_accel": "SUCCEEDED"}
+    assert {s["name"]: s["node"] for s in shown} == {"anywhere": head.node_id, "on_accel": worker.node_id}
     print(f"\nmulti-node: attempt nodes {json.dumps(nodes)}; head {head.node_id}; lost worker {lost}; after the "
           f"kill: replacement node up {rejoined_s:.1f} s, attempt 2 started "
           f"{(started[2] - killed_at).total_seconds():.1f} s, stage SUCCEEDED "
