@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-# KINDS.md: NVLink multicast must stay off on the lent multi-GPU machines (also in Ray workers).
+# NVLink multicast stays off on shared multi-GPU hosts: it can take the whole host down (also in Ray workers).
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # rope -> cuDNN/flash SDPA; pope/tapa -> the fused Triton kernels (kernels/attention). CPU: the reference.
 CUDA_BACKENDS = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}

