@@ -161,7 +161,10 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
         except ClusterAccessError as err:
             fail(as_json, str(err))
         if url and not as_json:
-            console.print(f"Ray dashboard: http://{url}")
+            from phaselab.orchestrator.ray_local import dashboard_banner
+
+            for line in dashboard_banner(url, local=not (address or os.environ.get("RAY_ADDRESS"))):
+                console.print(line, markup=False)
     return store, watch_run(controller, view, notifier, live=not as_json)
 
 
@@ -184,11 +187,19 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
         overrides: list[str] = OVERRIDES, catalog: str = CATALOG, runs_root: Path = RUNS,
         address: str = ADDRESS, num_cpus: int = typer.Option(None, help="CPUs of the local Ray cluster."),
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Track stages in MLflow."),
-        dashboard: bool = typer.Option(False, help="Start the Ray dashboard (127.0.0.1)."),
+        dashboard: bool = typer.Option(False, help="Start the local cluster's Ray dashboard on 127.0.0.1 and "
+                                       "print its URL and how to sign in (Ray's token authentication)."),
         max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
     """Plan, submit and execute a grid to completion (idempotent: finished stages are cache hits)."""
     start = time.monotonic()
     _max_cells(max_cells)
+    if dashboard and not (address or os.environ.get("RAY_ADDRESS")):   # before any planning or cluster
+        from phaselab.orchestrator.ray_local import DashboardUnavailable, require_dashboard
+
+        try:
+            require_dashboard()
+        except DashboardUnavailable as err:
+            fail(as_json, str(err))
     dag = _plan(grid, overrides, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
                               mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)

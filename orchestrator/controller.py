@@ -312,8 +312,13 @@ class Controller(MlflowRuns):
                                   message=msg)
             self.on_event("waiting", node, msg)
 
+    def _ray_name(self, node: StageNode) -> str:
+        """What the Ray dashboard calls the stage's task and its Ray Train run: grid, stage and
+        cell, then the hash that keeps it unique (``quickstart:pretrain[pe=rope,seed=0]:1a2b..``)."""
+        return f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"
+
     def _options(self, node: StageNode) -> dict[str, Any]:
-        opts: dict[str, Any] = {"max_retries": 0, "name": f"{self.dag.spec.grid}:{node.label}:{node.hash[:12]}"}
+        opts: dict[str, Any] = {"max_retries": 0, "name": self._ray_name(node)}
         opts.update(STAGES[node.kind].ray_options(node.resources, node.launcher))
         if self.env_vars:
             opts["runtime_env"] = {"env_vars": self.env_vars}
@@ -326,7 +331,8 @@ class Controller(MlflowRuns):
             upstream[name] = {"hash": h, "kind": rows[h].kind, "artifacts": arts}
         r = node.resources
         return {"stage_hash": node.hash, "kind": node.kind, "name": node.name, "config": dict(node.config),
-                "launcher": node.launcher, "out_dir": str(self.out_dir(node.hash)),
+                "launcher": node.launcher, "ray_name": self._ray_name(node),
+                "out_dir": str(self.out_dir(node.hash)),
                 "runs_root": str(self.runs_root), "upstream": upstream,
                 "catalog_url": worker_catalog_url(self.store.url), "heartbeat_s": self.heartbeat_s,
                 "resources": {"cpus": r.cpus, "gpus": r.gpus, "memory_gb": r.memory_gb,

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from phaselab.orchestrator.reaper import start_reaper
 
-__all__ = ["ClusterAccessError", "check_cluster", "enable_token_auth", "find_token", "init_ray",
-           "loopback_only", "private_token", "ray_token_path", "start_reaper"]
+__all__ = ["ClusterAccessError", "DashboardUnavailable", "check_cluster", "dashboard_banner", "dashboard_sign_in", "enable_token_auth",
+           "find_token", "init_ray", "loopback_only", "private_token", "ray_token_path", "require_dashboard",
+           "start_reaper"]
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_HELP = ("put the cluster's token (the head's ~/.ray/auth_token) in RAY_AUTH_TOKEN, in a file named by "
@@ -33,6 +34,41 @@ TOKEN_HELP = ("put the cluster's token (the head's ~/.ray/auth_token) in RAY_AUT
 class ClusterAccessError(ConnectionError):
     """The Ray cluster at an address cannot be reached, or it refused our token (the message
     says which, and what to do)."""
+
+
+class DashboardUnavailable(RuntimeError):
+    """The Ray dashboard cannot start here: a package of ``ray[default]`` does not import."""
+
+
+def require_dashboard() -> None:
+    """Raise :class:`DashboardUnavailable` naming the package that fails to import when the
+    dashboard's dependencies (``ray[default]``: aiohttp, aiohttp_cors, prometheus_client,
+    opencensus, ...) are incomplete. Ray itself would log the import error and raise a bare
+    "Cannot include dashboard with missing packages" only after starting the cluster's GCS."""
+    from ray._private.utils import get_dashboard_dependency_error
+
+    err = get_dashboard_dependency_error()
+    if err is not None:
+        raise DashboardUnavailable(
+            f"--dashboard needs the Ray dashboard's packages (ray[default]), and one is missing ({err}): "
+            f"`pip install -c constraints.txt 'ray[default]'` installs the pinned set (`make install` does too), "
+            f"or run without --dashboard")
+
+
+def dashboard_sign_in() -> str:
+    """How a browser gets past the dashboard's token check, without the token itself (the line
+    lands in terminals and CI logs). Ray 2.60's dashboard answers 401 to every API call without
+    a token: its page asks for one once, POSTs it to ``/api/authenticate`` as
+    ``Authorization: Bearer``, and gets it back as an HttpOnly cookie
+    (``ray-authentication-token``, 30 days); there is no token query parameter."""
+    if os.environ.get(AUTH_MODE_ENV, "").lower() == "disabled":
+        return "no sign-in: token authentication is off (RAY_AUTH_MODE=disabled)"
+    token, where = find_token()
+    if token is None:
+        return f"the dashboard asks for the cluster's token; none was found in {where}: {TOKEN_HELP}"
+    source = "the value of RAY_AUTH_TOKEN" if where == "RAY_AUTH_TOKEN" else f"the contents of {where}"
+    return (f"sign in: paste {source} into the page's token prompt once (the browser keeps it "
+            f"as a cookie); scripts send it as 'Authorization: Bearer <token>'")
 
 
 def loopback_only() -> None:
@@ -99,6 +135,14 @@ def private_token() -> None:
             path.chmod(0o600)
     except OSError:
         pass
+
+
+def dashboard_banner(url: str, *, local: bool) -> list[str]:
+    """What ``phaselab run`` prints for a running dashboard at ``url`` (``host:port``): its URL
+    and how a browser signs in. A remote cluster's URL is the head's address as the head sees it
+    (127.0.0.1 when bound to loopback), which another machine reaches through a tunnel."""
+    where = "" if local else " (the head's address: from another machine, open it through a tunnel)"
+    return [f"Ray dashboard: http://{url}{where}", f"  {dashboard_sign_in()}"]
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -174,12 +218,18 @@ def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboa
     address on loopback, :func:`loopback_only`), or start a local cluster with every component
     listening on 127.0.0.1 only and Ray's token file readable by its owner only. Returns the
     dashboard URL when one runs. Reuses an initialised Ray (tests, notebooks). Raises
-    :class:`ClusterAccessError` for an unreachable cluster or a missing or wrong token.
+    :class:`ClusterAccessError` for an unreachable cluster or a missing or wrong token, and
+    :class:`DashboardUnavailable` for ``dashboard`` without the dashboard's packages.
     ``log_to_driver=False`` keeps worker output off stdout (``--json``)."""
     import ray
 
     if ray.is_initialized():
         return None
+    if dashboard and not (address or os.environ.get("RAY_ADDRESS")):
+        require_dashboard()
+        # Ray Train reports runs to the dashboard's Train view only with state tracking on (off
+        # by default in 2.60); the cluster's processes inherit this environment.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     address = address or os.environ.get("RAY_ADDRESS") or None
     runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
     if not log_to_driver:

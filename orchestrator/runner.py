@@ -197,7 +197,10 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
                            out_dir=out_dir, runs_root=Path(payload["runs_root"]), tracker=tracker,
                            upstream=payload["upstream"], launcher=payload["launcher"],
                            resources=Resources(**payload["resources"]))
-        result = STAGES[payload["kind"]].run(ctx)
+        from phaselab.workloads.train.ray_entry import train_run_name
+
+        with train_run_name(payload.get("ray_name")):   # a Ray Train run reads as its task does
+            result = STAGES[payload["kind"]].run(ctx)
         artifacts = []
         for name, path in sorted(result.artifacts.items()):
             sha, size = path_digest(path)

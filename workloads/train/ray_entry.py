@@ -2,9 +2,11 @@
 
 DESIGN §5.3 / §7 example 12: the worker is a plain function that rebuilds the typed config from a
 JSON-safe dict, owns its setup and reports through Ray; cluster shape stays in ``fit``'s
-ScalingConfig. The run is named by the stage content hash (``run_name``), so re-running ``fit``
-with the same ``(storage_path, run_name)`` resumes from the run's latest reported checkpoint —
-Ray Train V2 has no ``resume_from_checkpoint`` (STACK.md).
+ScalingConfig. The run's folder is named by the stage content hash (``run_name``), so re-running
+``fit`` with the same ``(storage_path, run_name)`` resumes from the run's latest reported
+checkpoint — Ray Train V2 has no ``resume_from_checkpoint`` (STACK.md). What the Ray dashboard
+shows as the run's name may differ (``display_name`` / :func:`train_run_name`: grid, stage and
+cell), while the folder stays the hash.
 
 The worker is a thin adapter of ``session.TrainSession`` (the same run as ``api.run_training``):
 it takes rank and world from the Ray context, averages logged floats over ranks, and publishes
@@ -29,13 +31,59 @@ import logging
 import math
 import numbers
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 
 log = logging.getLogger(__name__)
+
+# The name the Ray dashboard shows for the Ray Train run of the stage running in this context;
+# the orchestrator's worker sets it around a stage (:func:`train_run_name`) so the stage code
+# between it and :func:`fit` need not carry it.
+_DISPLAY_NAME: ContextVar[str | None] = ContextVar("phaselab_train_run_name", default=None)
+
+
+@contextmanager
+def train_run_name(name: str | None) -> Iterator[None]:
+    """Within the block, :func:`fit` without ``display_name`` names its Ray Train run ``name``
+    (None: the run folder's name, the content hash)."""
+    token = _DISPLAY_NAME.set(name)
+    try:
+        yield
+    finally:
+        _DISPLAY_NAME.reset(token)
+
+
+def shown_name(name: str) -> str:
+    """``name`` as a Ray Train run name: printable, one line, no path separators (Ray uses a run
+    name as a folder name unless told otherwise), at most 200 characters with its end (the
+    hash that makes it unique) kept."""
+    clean = " ".join("".join(c if c.isprintable() and c not in "/\\" else " " for c in name).split())
+    return clean if len(clean) <= 200 else f"{clean[:100]}...{clean[-97:]}"
+
+
+def run_config(*, run_name: str, storage_path: Path, display_name: str | None = None, max_failures: int = 3):
+    """Ray Train's RunConfig: checkpoints in ``storage_path/run_name`` whatever the run is
+    called in the dashboard (``display_name``, cleaned by :func:`shown_name`; default the
+    context's :func:`train_run_name`, else ``run_name``). Ray derives the run folder from
+    ``RunConfig.name`` through its cached ``storage_context``; giving it the folder's context up
+    front keeps resume and ``phaselab gc`` keyed by the content hash."""
+    import ray.train
+
+    shown = shown_name(display_name or _DISPLAY_NAME.get() or run_name)
+    storage = str(Path(storage_path).resolve())
+    rc = ray.train.RunConfig(name=shown, storage_path=storage,
+                             failure_config=ray.train.FailureConfig(max_failures=max_failures))
+    if shown != run_name:
+        from ray.train.v2._internal.execution.storage import StorageContext
+
+        rc.__dict__["storage_context"] = StorageContext(storage_path=storage, experiment_dir_name=run_name,
+                                                        storage_filesystem=rc.storage_filesystem)
+    return rc
 
 
 class MetricsFileError(ValueError):
@@ -274,7 +322,8 @@ def scaling_config(*, num_workers: int, use_gpu: bool,
 def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: Path,
         num_workers: int = 1, use_gpu: bool = False, init_from: Path | None = None,
         debug_steps: int | None = None, max_failures: int = 3, stop_after: int | None = None,
-        resources_per_worker: Mapping[str, Any] | None = None, trace_batches: Path | None = None):
+        resources_per_worker: Mapping[str, Any] | None = None, trace_batches: Path | None = None,
+        display_name: str | None = None):
     """Run one training stage on Ray Train V2 and return a ``TrainOutcome``.
 
     Args:
@@ -282,6 +331,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         out_dir: shared folder for ``metrics.jsonl``, ``metrics.json`` and ``records.json``.
         run_name: the stage content hash; the same name under the same ``storage_path`` resumes.
         storage_path: Ray Train's run root (checkpoints live in ``storage_path/run_name``).
+        display_name: the run's name in the Ray dashboard (default: the context's
+            :func:`train_run_name`, else ``run_name``); never changes where checkpoints live.
         num_workers, use_gpu: data-parallel ranks and whether each gets a GPU.
         resources_per_worker: what each rank reserves, e.g. ``{"CPU": 2, "GPU": 1}`` (see
             :func:`scaling_config`; bad keys or values raise ValueError before Ray starts).
@@ -294,7 +345,6 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     Raises:
         TrainingDiverged / any worker error (re-raised from the Ray result).
     """
-    import ray.train
     from ray.train.torch import TorchTrainer
 
     from phaselab.workloads.train.api import TrainOutcome, best_folder, parse_spec
@@ -312,9 +362,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
         scaling_config=scaling,
-        run_config=ray.train.RunConfig(
-            name=run_name, storage_path=str(Path(storage_path).resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=max_failures)))
+        run_config=run_config(run_name=run_name, storage_path=storage_path, display_name=display_name,
+                              max_failures=max_failures))
     result = trainer.fit()
     if result.error is not None:
         raise result.error
