@@ -9,7 +9,6 @@ Every verb takes ``--json`` and exits 0 on success, 1 otherwise. Environment:
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -265,10 +264,11 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
                            "stages": len(dag.nodes)}
     if address:
+        from phaselab.orchestrator.jobs import submit_job
         from phaselab.orchestrator.ray_local import ClusterAccessError
 
         try:
-            out["job"] = _submit_job(address, dag, store.url, runs_root, version)
+            out["job"] = submit_job(address, dag, store.url, runs_root, version)
         except ClusterAccessError as err:
             fail(as_json, str(err))
     emit(as_json, out)
@@ -276,85 +276,6 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
         make_console().print(f"submitted {dag.spec.grid} v{version}: {len(dag.nodes)} stages"
                          + (f"; Ray job {out['job']['id']} ({out['job']['status']})" if address else
                             f"; run `phaselab resume {dag.spec.grid}` to execute"))
-
-
-def _ray_auth_headers() -> dict[str, str] | None:
-    """Ray 2.60 dashboards require token auth by default (STACK.md); the client sends the token
-    only with RAY_AUTH_MODE=token, so pass the user's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
-    ~/.ray/auth_token) explicitly when there is one."""
-    from phaselab.orchestrator.ray_local import find_token
-
-    token = find_token()[0]
-    return {"Authorization": f"Bearer {token}"} if token else None
-
-
-# Settings a submitted controller needs; they travel in the job's environment (runtime_env),
-# never in its entrypoint, which the Jobs API, the job log and the process list show.
-JOB_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES",
-           "PHASELAB_RESOURCE_WAIT_S", "RAY_AUTH_TOKEN")
-
-
-def job_request(address: str, grid: str, catalog_url: str, runs_root: Path | None,
-                version: int | None = None) -> dict[str, Any]:
-    """``entrypoint`` and ``runtime_env`` of the Ray job that runs ``phaselab resume GRID``
-    against this catalog and runs root: the catalog URL (which may hold a password) and tokens
-    only in ``runtime_env.env_vars``."""
-    import shlex
-
-    from phaselab.orchestrator.controller import default_runs_root
-
-    root = Path(runs_root or default_runs_root()).resolve()
-    # A local cluster runs jobs with this interpreter; a remote one with the image's `python`.
-    host = address.split("://", 1)[-1].split(":", 1)[0]
-    python = sys.executable if host in ("127.0.0.1", "localhost") else "python"
-    entry = " ".join(shlex.quote(a) for a in (python, "-m", "phaselab.orchestrator.cli", "resume", grid,
-                                              "--runs-root", str(root),
-                                              *(("--version", str(version)) if version else ())))
-    env = {k: v for k in JOB_ENV if (v := os.environ.get(k))}
-    env["PHASELAB_CATALOG_URL"] = catalog_url
-    return {"entrypoint": entry, "runtime_env": {"env_vars": env}}
-
-
-def _submit_job(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
-                version: int | None = None) -> dict[str, Any]:
-    """Launch (or attach to) the grid's controller as a Ray job with a deterministic id
-    (DESIGN §5.2); see :func:`job_request`. ClusterAccessError when the Jobs API cannot be
-    reached or refuses the token."""
-    from ray.exceptions import AuthenticationError
-
-    from phaselab.orchestrator.ray_local import TOKEN_HELP, ClusterAccessError, find_token
-
-    try:
-        return _submit_job_to(address, dag, catalog_url, runs_root, version)
-    except AuthenticationError:
-        token, where = find_token()
-        why = f"rejected the token from {where}" if token else f"requires a token and none was found in {where}"
-        raise ClusterAccessError(f"the Ray Jobs API at {address} {why}: {TOKEN_HELP}") from None
-    except ConnectionError as err:
-        raise ClusterAccessError(f"cannot reach the Ray Jobs API at {address} (the head's dashboard, "
-                                 f"default port 8265): {err}") from None
-    except RuntimeError as err:   # the Jobs API answered with an error (e.g. its agent is not up yet)
-        raise ClusterAccessError(f"the Ray Jobs API at {address} refused the job: {err}") from None
-
-
-def _submit_job_to(address: str, dag: Any, catalog_url: str, runs_root: Path | None,
-                   version: int | None) -> dict[str, Any]:
-    from ray.job_submission import JobSubmissionClient
-
-    client = JobSubmissionClient(address, headers=_ray_auth_headers())
-    k = 1
-    while True:   # phaselab-<grid hash>-v<k>: attach to a live or finished job, else the next k
-        job_id = f"phaselab-{dag.grid_hash[:16]}-v{k}"
-        try:
-            status = str(client.get_job_status(job_id))
-        except RuntimeError:   # no job with this id yet
-            break
-        if status.rsplit(".", 1)[-1] not in ("FAILED", "STOPPED"):
-            return {"id": job_id, "status": status, "attached": True}
-        k += 1
-    req = job_request(address, dag.spec.grid, catalog_url, runs_root, version)
-    client.submit_job(entrypoint=req["entrypoint"], submission_id=job_id, runtime_env=req["runtime_env"])
-    return {"id": job_id, "status": "SUBMITTED", "attached": False, "entrypoint": req["entrypoint"]}
 
 
 def _stored_dag(store: Any, name: str, as_json: bool, version: int | None = None) -> Any:

@@ -63,7 +63,7 @@ def test_running_quickstart_listens_on_loopback_only_and_keeps_its_token_private
 
 def test_submitted_job_carries_the_catalog_password_in_its_environment_only(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselab.orchestrator.cli import job_request
+    from phaselab.orchestrator.jobs import job_request
 
     url = "postgresql+psycopg://phaselab:s3cret-pw@db.internal:5432/catalog"
     for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES"):
