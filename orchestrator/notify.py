@@ -13,14 +13,17 @@ when the grid is done.
 =========================  ====================================================================
 
 A notification is a side channel: a command that fails or a URL that does not answer is reported
-on stderr and never changes the grid's outcome. Each is sent from its own thread (at most
-``timeout_s`` each); :meth:`Notifier.close` waits for those still running before the CLI exits.
+on stderr and never changes the grid's outcome. Events are delivered one at a time, in order, by
+one background thread (at most ``timeout_s`` each), so a hook never runs twice at once (two
+appends to one file cannot interleave); :meth:`Notifier.close` waits for those still queued
+before the CLI exits.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -38,7 +41,9 @@ class Notifier:
         if url and not url.startswith(("http://", "https://")):
             raise ValueError(f"{URL_ENV} must be an http:// or https:// URL, got {url!r}")
         self.grid, self.command, self.url, self.timeout_s = grid, command or None, url or None, timeout_s
-        self._threads: list[threading.Thread] = []
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._sent = 0
 
     @classmethod
     def from_env(cls, grid: str) -> Notifier:
@@ -67,15 +72,23 @@ class Notifier:
     def send(self, event: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        t = threading.Thread(target=self._deliver, args=(dict(event),), daemon=True, name="phaselab-notify")
-        t.start()
-        self._threads.append(t)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._worker, daemon=True, name="phaselab-notify")
+            self._thread.start()
+        self._queue.put(dict(event))
+        self._sent += 1
 
     def close(self) -> None:
-        """Wait for the notifications still on their way."""
-        for t in self._threads:
-            t.join(timeout=self.timeout_s + 1.0)
-        self._threads.clear()
+        """Wait for the notifications still on their way (each bounded by ``timeout_s``)."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout=self._sent * (2 * self.timeout_s + 1.0))
+        self._thread, self._sent = None, 0
+
+    def _worker(self) -> None:
+        while (event := self._queue.get()) is not None:
+            self._deliver(event)
 
     def _deliver(self, event: dict[str, Any]) -> None:
         body = json.dumps(event, default=str)

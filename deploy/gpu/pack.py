@@ -145,10 +145,12 @@ def jsonl_points(path: Path) -> list[dict[str, Any]]:
 
 
 def mlflow_points(db: Path, run_id: str) -> list[dict[str, Any]]:
-    """Metric history of one MLflow run, read from its SQLite store, one dict per step."""
+    """Metric history of one MLflow run, read from its SQLite store, one dict per training step.
+    Series logged against another axis (``.../by_ctx``: the step is a context length) are not
+    learning curves and are left out."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        rows = con.execute("SELECT step, key, value FROM metrics WHERE run_uuid = ? ORDER BY step, timestamp",
-                           (run_id,)).fetchall()
+        rows = con.execute("SELECT step, key, value FROM metrics WHERE run_uuid = ? AND key NOT LIKE ? "
+                           "ORDER BY step, timestamp", (run_id, "%/by_ctx")).fetchall()
     by_step: dict[int, dict[str, Any]] = {}
     for step, key, value in rows:
         by_step.setdefault(int(step), {"step": int(step)})[key] = value

@@ -41,8 +41,11 @@ def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path:
           f"({100 * (dead_s / base_s - 1):+.0f} %)")
     assert dead["counts"] == {"SUCCEEDED": 8} and base["counts"] == {"SUCCEEDED": 8}
     assert len(dead["launched"]) == 8
-    # A dead tracker costs at most one short probe per stage, not minutes of HTTP retries.
-    assert dead_s < 1.25 * base_s + 10, (dead_s, base_s)
+    # A dead tracker costs at most one short probe per stage, not minutes of HTTP retries (MLflow's
+    # client retries each call for minutes). The bound is coarse on purpose: the two runs are
+    # sequential, so other load on a shared 2-core machine lands on one of them only; the
+    # measured cost is in the printed line (and benchmarks/, never asserted).
+    assert dead_s < 2 * base_s + 30, (dead_s, base_s)
 
     spool = tmp_path / "dead" / "runs" / "_mlflow_spool"
     assert len(list(spool.glob("*.jsonl"))) == 8   # every stage's calls were kept
