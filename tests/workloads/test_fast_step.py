@@ -164,3 +164,25 @@ def test_gpu_graph_step_kill_and_resume(tmp_path):
     assert sorted(resumed) == list(range(11, 31))
     for step, loss in resumed.items():   # within bf16 noise of the uninterrupted run
         assert abs(loss - full[step]) <= 0.02 * abs(full[step]) + 1e-3, (step, loss, full[step])
+
+
+def test_memmapped_corpora_reach_batch_workers_by_file_name(tmp_path):
+    """A batch worker gets its own copy of the dataset; a memmapped corpus must travel as its file
+    name (a few hundred bytes), not as its contents, and give the same batches after the trip."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import numpy as np
+
+    from phaselab.workloads.data.text import StreamDataset
+
+    np.arange(1_000_000, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    tokens = np.memmap(tmp_path / "train.bin", dtype=np.uint16, mode="r")
+    ds = StreamDataset(name="m", tokens_by_split={"train": tokens}, vocab_size=65536, block_size=16, digest="d")
+    blob = bytes(ForkingPickler.dumps(ds))
+    assert len(blob) < 4096            # the array itself is 2 MB
+    back = ForkingPickler.loads(blob)
+    assert isinstance(back.tokens("train"), np.memmap)
+    a, b = ds.get_batch("train", 3, 4, seed=1), back.get_batch("train", 3, 4, seed=1)
+    assert torch.equal(a.x_BT, b.x_BT) and torch.equal(a.y_BT, b.y_BT)
+    view = tokens[10:20]               # a view is pickled by value, as numpy does
+    assert np.array_equal(ForkingPickler.loads(bytes(ForkingPickler.dumps(view))), np.arange(10, 20))

@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import multiprocessing
 import os
 import sys
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -386,6 +389,18 @@ def _build(dataset: Any, seed: int, shape: tuple[int, int, int], steps: range, x
 
 
 _WORKER: dict[str, Any] = {}   # a batch worker's dataset, training seed and batch shape
+
+
+def _reduce_memmap(arr: np.memmap) -> tuple[Any, ...]:
+    """A read-only file-backed array travels to a batch worker as its file name and is mapped
+    again there; numpy's own pickling would copy the whole corpus (GBs for OpenWebText shards)
+    into every worker. Views and writable maps are pickled as numpy does."""
+    if arr.filename is not None and arr.mode == "r" and isinstance(arr.base, mmap.mmap):
+        return np.memmap, (arr.filename, arr.dtype, "r", arr.offset, arr.shape)
+    return np.ndarray.__reduce__(arr)
+
+
+ForkingPickler.register(np.memmap, _reduce_memmap)   # the pickler of the workers' start arguments
 
 
 def _worker_init(dataset: Any, seed: int, shape: tuple[int, int, int]) -> None:
