@@ -1,5 +1,5 @@
 """Scaling study (benchmarks/scaling.py): efficiencies, loss-curve checks, the table and the results files
-(``OUT.json`` with every number, ``OUT.md`` for people), and the merge of several device calls.
+(``OUT.json`` with every number, ``OUT.md`` for people), and the merge of several runs.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def write_results(results: dict, out: Path, *, plots: bool) -> None:
 
 
 def merge(files: Sequence[Path], out: Path, *, plots: bool) -> dict:
-    """Several result files of one study (one per device call) -> one; later cases replace
+    """Several result files of one study (one per GPU run) -> one; later cases replace
     earlier ones with the same (preset, encoding, zero, world)."""
     docs = [json.loads(Path(f).read_text()) for f in files]
     merged = {k: v for k, v in docs[0].items() if k not in ("cases", "resume", "efficiency", "loss_curves")}
