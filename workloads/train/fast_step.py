@@ -10,7 +10,8 @@ and the end, reading the losses of earlier steps in batches a few steps late.
 
     window = steps from the current one to the next log / eval / checkpoint / end step
              (at most ``CHUNK_BYTES`` of batches)
-    host:   batches of the next window are built in a background thread into pinned memory
+    host:   batches of the next window are built ahead (worker processes, ``data.num_workers``,
+            or a background thread) into pinned memory
     device: chunk <- pinned batches; cursor <- 0; replay the graph once per step, which reads
             x, y, mask = chunk[cursor] and lr = lr_table[cursor], writes loss[cursor] and
             grad_norm[cursor], then cursor += 1
@@ -328,8 +329,10 @@ class _HostChunk:
 
 def choose_batch_workers(requested: int, *, cuda: bool) -> int:
     """Worker processes for the batch pipeline: ``requested`` when >= 0; for -1, up to 4 on CUDA
-    (one 64-example Indirect Indexing batch takes ~2 ms of Python, longer than the graph step it
-    feeds) and none on CPU, where the step itself is slower than building its batch."""
+    and none on CPU, where the step itself is slower than building its batch. A 64-example
+    Indirect Indexing batch is ~2 ms of Python; on the H200 4 workers and the trainer's thread
+    gave equal step rates (benchmarks/results/small-models-h200.md), so the workers keep that
+    Python off the trainer's GIL for datasets slower to build, at no cost to the fast ones."""
     if requested >= 0:
         return requested
     if not cuda:
