@@ -20,12 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ["docs/DESIGN.md", "docs/CONTRACTS.md", "README.md", "CONTRIBUTING.md", "kernels/attention/README.md",
+           "docs/GRID_REFERENCE.md",
            "docs/TUTORIAL.md", "docs/CLUSTER.md", "deploy/gpu/README.md"]
 NO_OUTSIDE = CHECKED + ["docs/EXPERIMENTS.md", "docs/MATH.md", "docs/STACK.md", "benchmarks/README.md"]
 # outputs created at run time (or by `make install`), named by the documents
 RUNTIME = (".phaselab", "runs", "mlruns", ".venv", ".whl", "out", "benchmarks/results/scaling-h200",
            "benchmarks/results/small-models-h200", "metrics.jsonl", "metrics.replayed.json", "model.pt",
-           "outputs.json",   # an MLflow run artifact
+           "outputs.json", "meta.json",   # an MLflow run artifact; a prepared shard folder's metadata
            "grid.yaml", "my_grid.yaml")   # the last two: grids the tutorial and cluster guide have a user write
 EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "txt", "sh", "json", "jsonl", "cfg", "ini", "csv", "png",
               "ipynb", "lock", "mako", "db", "parquet", "pt")
