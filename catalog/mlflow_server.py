@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -93,17 +94,28 @@ def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = N
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True)
     if block:
+        # SIGTERM (a service manager, `kill`) stops the server with us: it runs in its own
+        # process group, so without this it would outlive the command that started it
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
         try:
             return proc.wait()
         except KeyboardInterrupt:
             stop(proc)
             return 0
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
     try:
         wait_healthy(f"http://{host}:{port}", proc=proc, timeout_s=120)
     except Exception:
         stop(proc)
         raise
     return proc
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def stop(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:

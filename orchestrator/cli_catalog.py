@@ -156,12 +156,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def mlflow(host: str = typer.Option("127.0.0.1", help="Bind address (127.0.0.1 unless you mean it)."),
-               port: int = typer.Option(5000), catalog: str = CATALOG, as_json: bool = JSON) -> None:
-        """Serve the MLflow UI on the tracking store beside the catalog."""
+               port: int = typer.Option(5000), catalog: str = CATALOG,
+               allow_remote: bool = typer.Option(False, "--allow-remote", help="Allow a non-loopback "
+                                                 "--host: the MLflow UI has no authentication."),
+               as_json: bool = JSON) -> None:
+        """Serve the MLflow UI on the tracking store beside the catalog (stopped with the
+        command, by Ctrl-C or SIGTERM)."""
         from phaselab.catalog.mlflow_server import serve
 
         try:   # a non-loopback host or a bad port is refused before anything starts
-            code = serve(host=host, port=port, catalog_url=catalog, block=True,
+            code = serve(host=host, port=port, catalog_url=catalog, block=True, allow_remote=allow_remote,
                          on_start=lambda: emit(as_json, {"ok": True, "url": f"http://{host}:{port}"}))
         except ValueError as err:
             fail(as_json, str(err))
