@@ -102,14 +102,9 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    paths = []
-    for fmt in formats:
-        path = Path(f"{path_base}.{fmt}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    from phaselab.catalog.plotstyle import save
+
+    return save(fig, path_base, formats)
 
 
 def read_points(path: Path) -> list[dict[str, Any]]:

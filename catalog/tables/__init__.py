@@ -67,11 +67,7 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
     built = build(spec, _frame(store, spec) if rows is None else rows, grid_hash="+".join(g["grid_hash"][:12] for g in present),
                   revision=store.revision() or "")
     text = render(built, fmt, now or datetime.now(UTC))
-    path = None
-    if out_dir is not None:
-        path = Path(out_dir) / f"{spec.name}.{EXTENSIONS[fmt]}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    path = _write(spec, fmt, text, out_dir)
     if record:
         store.record_table_build(table_name=spec.name, grid="+".join(spec.grids), fmt=fmt,
                                  inputs=built.inputs,
@@ -114,12 +110,18 @@ def render_from_export(spec: TableSpec, export_dir: Path, fmt: str, *, out_dir: 
     built = build(spec, rows, grid_hash="+".join(m["phaselab.grid_hash"][:12] for m in meta.values()),
                   revision=next(iter(meta.values())).get("phaselab.alembic_revision", ""))
     text = render(built, fmt, now or datetime.now(UTC))
-    path = None
-    if out_dir is not None:
-        path = Path(out_dir) / f"{spec.name}.{EXTENSIONS[fmt]}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    path = _write(spec, fmt, text, out_dir)
     return Rendered(spec.name, text, path=path)
+
+
+def _write(spec: TableSpec, fmt: str, text: str, out_dir: Path | None) -> Path | None:
+    """``out_dir/<name>.<ext>`` when ``out_dir`` is given (folders created)."""
+    if out_dir is None:
+        return None
+    path = Path(out_dir) / f"{spec.name}.{EXTENSIONS[fmt]}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 def _frame(store: CatalogStore, spec: TableSpec) -> list[dict]:

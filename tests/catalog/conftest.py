@@ -3,21 +3,13 @@ PHASELAB_TEST_POSTGRES_URL is set, on PostgreSQL in a per-test schema (dropped a
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_schema import postgres_schema
 
 from phaselab.catalog.store import CatalogStore
-
-
-def _pg_url_with_schema(base: str, schema: str) -> str:
-    sep = "&" if "?" in base else "?"
-    # libpq "options" sets search_path for every pooled connection, so our tables and
-    # alembic_version live in the test's own schema.
-    return f"{base}{sep}options=-csearch_path%3D{schema}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -26,21 +18,8 @@ def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'catalog.db'}"
         return
-    from sqlalchemy import create_engine
-
-    from phaselab.catalog.db import normalize_url
-
-    base = normalize_url(os.environ["PHASELAB_TEST_POSTGRES_URL"])
-    schema = f"phaselab_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield _pg_url_with_schema(base, schema)
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    with postgres_schema("phaselab_test") as url:
+        yield url
 
 
 @pytest.fixture

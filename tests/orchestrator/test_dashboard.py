@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,9 +25,9 @@ from pathlib import Path
 
 import pytest
 from _quickstart import TINY
+from _screenshots import keep
 
 CHROMIUM = Path("/usr/bin/chromium")
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "images"
 URL_LINE = re.compile(r"^Ray dashboard: (http://127\.0\.0\.1:\d+)$")
 
 GRID = """\
@@ -206,10 +205,7 @@ def test_dashboard_jobs_and_tasks_views_in_chromium(tmp_path: Path) -> None:
     finally:
         cli.stop()
     assert all(p.stat().st_size > 20_000 for p in shots.values())
-    if os.environ.get("PHASELAB_UPDATE_SCREENSHOTS") == "1":
-        DOCS.mkdir(parents=True, exist_ok=True)
-        for path in shots.values():
-            shutil.copy(path, DOCS / path.name)
+    keep(shots)
 
 
 def _driver_job(url: str, token: str) -> str:

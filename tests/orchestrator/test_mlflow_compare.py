@@ -10,9 +10,7 @@ replace ``docs/images/mlflow_*.png``."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -20,12 +18,12 @@ from pathlib import Path
 
 import pytest
 from _quickstart import quickstart_cmd, quickstart_env
+from _screenshots import keep
 
 from phaselab.catalog import mlflow_server
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 CHROMIUM = Path("/usr/bin/chromium")
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "images"
 
 
 def _free_port() -> int:
@@ -146,7 +144,4 @@ def test_comparison_view_in_chromium(tracked: tuple[str, Path], tmp_path: Path) 
         page.screenshot(path=shots["charts"])
         browser.close()
     assert all(p.stat().st_size > 20_000 for p in shots.values())
-    if os.environ.get("PHASELAB_UPDATE_SCREENSHOTS") == "1":
-        DOCS.mkdir(parents=True, exist_ok=True)
-        for path in shots.values():
-            shutil.copy(path, DOCS / path.name)
+    keep(shots)

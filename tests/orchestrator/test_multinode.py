@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from _ray_nodes import RayNode
+from pg_schema import postgres_schema
 
 pytestmark = [pytest.mark.ray, pytest.mark.postgres]
 
@@ -60,21 +61,8 @@ PHASELAB = str(Path(sys.executable).parent / "phaselab")
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
     """The CI PostgreSQL in a schema of its own (dropped afterwards)."""
-    from sqlalchemy import create_engine
-
-    from phaselab.catalog.db import normalize_url
-
-    base = normalize_url(os.environ["PHASELAB_TEST_POSTGRES_URL"])
-    schema = f"phaselab_mn_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{base}{'&' if '?' in base else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.dispose()
+    with postgres_schema("phaselab_mn") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
