@@ -165,7 +165,8 @@ def packed(n: int, *, steps: int, work: Path) -> dict[str, Any]:
         r = [row["train/steps_per_s"] for row in rows if "train/steps_per_s" in row]
         if r:
             rates.append(statistics.median(r[1:-1] or r))
-    return {"stages": n, "steps": steps, "returncode": proc.returncode, "wall_s": wall,
+    return {"stages": n, "steps": steps, "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+            "returncode": proc.returncode, "wall_s": wall,
             "per_stage_steps_per_s": rates, "aggregate_steps_per_s": sum(rates) if rates else None,
             "tail": proc.stdout[-800:] + proc.stderr[-1500:] if proc.returncode else ""}
 
@@ -188,13 +189,14 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
     if packs:
         one = packs[0]["aggregate_steps_per_s"]
         lines += ["", "Packed on one GPU through `phaselab run` (ii-8l512, RoPE, graphs):", "",
-                  "| stages | gpus each | aggregate steps/s | x one | per stage | wall s |",
-                  "|---:|---:|---:|---:|---|---:|"]
+                  "| stages | MPS | gpus each | aggregate steps/s | x one | per stage | wall s |",
+                  "|---:|---|---:|---:|---:|---|---:|"]
         for p in packs:
             agg = p["aggregate_steps_per_s"]
             ratio = f"{agg / one:.2f}" if agg and one else ""
             per = ", ".join(f"{r:.0f}" for r in p["per_stage_steps_per_s"])
-            lines.append(f"| {p['stages']} | {1 / p['stages']:.2f} | {agg or 0:.1f} | {ratio} | {per} | "
+            mps = "yes" if p.get("mps") else "no"
+            lines.append(f"| {p['stages']} | {mps} | {1 / p['stages']:.2f} | {agg or 0:.1f} | {ratio} | {per} | "
                          f"{p['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 

@@ -193,6 +193,10 @@ class Controller(MlflowRuns):
 
             self.prepare_mlflow()
             self._remote = ray.remote(_execute_remote)
+            # Ray Train's helpers inside a stage (its placement-group cleaner) find the cluster
+            # by address "auto", which fails when a second local cluster runs on the machine
+            # (two `phaselab run`s on one GPU box); the stage's environment names this one.
+            self.env_vars.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
         while self._remote is not None:
             rows = self._rows()
             if self._promote(rows):

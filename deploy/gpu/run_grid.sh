@@ -12,6 +12,9 @@
 #   --no-mlflow      run without MLflow tracking (also chosen when mlflow does not import)
 #   --num-cpus N     CPUs of the local Ray cluster (default: Ray's own count)
 #   --budget S       stop `phaselab run` after S seconds, still packing what finished
+#   --mps            start an NVIDIA MPS control daemon for the run (stopped at exit), so stages
+#                    packed on one GPU (fractional resources.gpus) run their kernels concurrently
+#                    instead of time-sliced; see deploy/gpu/README.md for when it pays
 # Env: PHASELAB_GIT_COMMIT (recorded in run.json: the copied tree has no .git), PHASELAB_PYTHON.
 set -uo pipefail
 
@@ -24,6 +27,7 @@ INSTALL=auto
 MLFLOW=1
 NUM_CPUS=
 BUDGET=0
+MPS=0
 GRID=
 OVERRIDES=()
 while (($#)); do
@@ -34,7 +38,8 @@ while (($#)); do
     --no-mlflow) MLFLOW=0 ;;
     --num-cpus) NUM_CPUS=$2; shift ;;
     --budget) BUDGET=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --mps) MPS=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     --*) echo "unknown option: $1" >&2; exit 2 ;;
     *) if [[ -z $GRID ]]; then GRID=$1; else OVERRIDES+=("$1"); fi ;;
   esac
@@ -55,7 +60,11 @@ cd "$WORK"
 LOG=$WORK/run.log
 : > "$LOG"
 say() { echo "[run_grid] $*" | tee -a "$LOG"; }
-trap 'gzip -c "$LOG" > "$OUTDIR/log.txt.gz"' EXIT   # the log comes back even when a step fails
+on_exit() {
+  ((MPS)) && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1
+  gzip -c "$LOG" > "$OUTDIR/log.txt.gz"   # the log comes back even when a step fails
+}
+trap on_exit EXIT
 
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 MLFLOW_DISABLE_TELEMETRY=true
 # The VM's MemTotal grows as memory is used, so Ray's OOM monitor would act on a wrong total.
@@ -92,6 +101,15 @@ fi
 if ((MLFLOW)) && ! "$PY" -c "import mlflow" 2> /dev/null; then
   say "mlflow does not import: running with --no-mlflow (curves only from metrics.jsonl)"
   MLFLOW=0
+fi
+
+if ((MPS)); then
+  # The daemon's pipe and log folders live under WORK; Ray's raylet and its workers inherit the
+  # variables from this shell, so every stage's CUDA context becomes an MPS client.
+  export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { say "nvidia-cuda-mps-control -d failed"; exit 3; }
+  say "MPS control daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
 fi
 
 RUN=("$PY" -m phaselab.orchestrator.cli run "$GRID" "${OVERRIDES[@]}"

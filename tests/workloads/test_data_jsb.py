@@ -80,3 +80,22 @@ def test_batches_pure_and_eval_covers_split(ds):
     seen = [tuple(row[m > 0].tolist()) for i in range(23) for bb in [ds.get_batch("train", i, 10, seed=5)]
             for row, m in zip(bb.x_BT, bb.mask_BT, strict=True)]
     assert sorted(seen) == sorted(tuple(s[:-1].tolist()) for s in ds.sequences["train"])
+
+
+def test_packed_training_batches_are_step_aligned_windows_of_the_stream(ds):
+    packed = build_dataset(DataConfig(kind="jsb", block_size=64, jsb=JsbConfig(train_batches="packed")))
+    stream = np.concatenate(packed.sequences["train"])
+    b = packed.get_batch("train", 5, 3, seed=2)
+    assert b.x_BT.shape == (3, 64) and b.mask_BT.min().item() == 1.0   # every position scored
+    for x, y in zip(b.x_BT.numpy(), b.y_BT.numpy()):
+        hits = [s for s in range(0, len(stream) - 64, 4) if np.array_equal(stream[s : s + 64], x)]
+        assert hits, "a row is not a step-aligned window of the training stream"
+        assert np.array_equal(stream[hits[0] + 1 : hits[0] + 65], y)
+    again = packed.get_batch("train", 5, 3, seed=2)
+    assert torch.equal(again.x_BT, b.x_BT)
+    assert not torch.equal(packed.get_batch("train", 6, 3, seed=2).x_BT, b.x_BT)
+    # evaluation stays per chorale, and the digest tells the two training streams apart
+    rows = [e.x_BT.shape[0] for e in packed.eval_batches("valid", 100)]
+    assert sum(rows) == len(packed.sequences["valid"]) > 79
+    assert packed.digest != build_dataset(DataConfig(kind="jsb", block_size=64)).digest
+    assert ds.digest == build_dataset(DataConfig(kind="jsb")).digest

@@ -62,6 +62,10 @@ class JsbConfig:
 
     path: str = "Jsb16thSeparated.json"  # relative to assets/, or an explicit absolute path
     long_sequence_policy: Literal["split", "truncate"] = "split"  # split: block_size//4-step windows
+    # padded: each training row is one chorale, padded to the batch's longest (EXPERIMENTS §2.2);
+    # packed: each row is a random block_size window of the training chorales concatenated in
+    # file order (nanoGPT-style, every position scored). Evaluation is per chorale either way.
+    train_batches: Literal["padded", "packed"] = "padded"
 
 
 @dataclass(frozen=True, kw_only=True)

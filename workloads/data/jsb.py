@@ -4,7 +4,9 @@ Each chorale is a list of 16th-note steps of 4 MIDI pitches (S, A, T, B; -1 = si
 serialised in raster order (Music Transformer): S,A,T,B of step 0, then step 1, ... =
 `np.asarray(chorale).reshape(-1)`. Token map (phaselab's, vocabulary 90): PAD = 0, silence = 1,
 pitch p in [21, 108] -> p - 19. There is no BOS, so the first token of a sequence is never a
-target. Batches are padded to their longest sequence with loss masking; no packing.
+target. Batches are padded to their longest sequence with loss masking; no packing, unless
+`jsb.train_batches: packed` (training rows are random block_size windows of the concatenated
+training chorales, starting on a step boundary; an ablation of the paper's unstated batching).
 
 Six chorales exceed 2048 tokens (1 train, 3 valid, 2 test). `jsb.long_sequence_policy`:
 "split" (default) cuts every chorale longer than block_size into consecutive windows of
@@ -26,6 +28,7 @@ from phaselab.workloads.data import (
     Batch,
     DataConfig,
     JsbConfig,
+    batch_rng,
     check_batch_args,
     check_split,
     epoch_order,
@@ -112,7 +115,9 @@ class JsbChorales:
         }
         self.digest = make_digest(file_sha256(path), {
             "kind": "jsb", "token_map": "pad0-silence1-pitch-minus-19", "raster": True, "bos": False,
-            "long_sequence_policy": cfg.long_sequence_policy, "block_size": block_size})
+            "long_sequence_policy": cfg.long_sequence_policy, "block_size": block_size,
+            **({"train_batches": "packed"} if cfg.train_batches == "packed" else {})})
+        self._train_stream = np.concatenate(self.sequences["train"])
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> JsbChorales:
@@ -127,9 +132,21 @@ class JsbChorales:
         """Batch `index` of an epoch-shuffled pass over the split's sequences."""
         check_split(split, self.splits)
         check_batch_args(index, batch_size, seed)
+        if split == "train" and self.cfg.train_batches == "packed":
+            return self._packed_batch(index, batch_size, seed)
         seqs = self.sequences[split]
         ids = epoch_order(len(seqs), index, batch_size, _ORDER_TAG, SPLIT_CODES[split], seed)
         return pad_batch([seqs[i] for i in ids])
+
+    def _packed_batch(self, index: int, batch_size: int, seed: int) -> Batch:
+        """Rows of block_size + 1 tokens from the training stream at random step-aligned offsets,
+        a pure function of (seed, index) like every other batch."""
+        stream, n = self._train_stream, self.block_size + 1
+        if len(stream) < n:
+            raise ValueError(f"jsb.train_batches=packed needs more than block_size={self.block_size} training tokens")
+        starts = batch_rng(seed, SPLIT_CODES["train"], index, _ORDER_TAG).integers(0, (len(stream) - n) // VOICES + 1,
+                                                                              size=batch_size) * VOICES
+        return pad_batch([stream[s : s + n] for s in starts])
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[Batch]:
         """The split's sequences in file order, batch_size at a time (last batch smaller)."""
