@@ -4,12 +4,20 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
 `--warmup`):
     sdpa-flash     F.scaled_dot_product_attention, FLASH_ATTENTION backend (FlashAttention-2)
     sdpa-cudnn     the same, CUDNN_ATTENTION backend
-    pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable)
+    pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable), impl="fused"
     pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
+    pope-expand    phaselab's expand path, impl="expand": Triton prologue (2D-wide q_hat/k_hat in
+                   HBM) + the Triton flash core (q/k 2D wide, v D wide) + the Triton chain rule
+    pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
+    pope-expand-flex   the same prologue and chain rule around compiled FlexAttention (v D wide;
+                   compiled once per length and mode, the compile excluded from the timing)
+    flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
+                   the PoPE expand path runs on, against cuDNN / FlashAttention-2
     tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
     tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
     tapa-material  the reference (fp32 logits materialised) where it fits in memory
-TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (both PoPE paths),
+TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (every PoPE path; the
+padded-v SDPA paths do more work than that),
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
 at the same shape and mode. Peak memory is the allocator's peak above the inputs.
 
@@ -35,13 +43,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from phaselab.kernels.attention import reference
+from phaselab.kernels.attention import reference, triton_pope_expand
+from phaselab.kernels.attention.flash_function import flash_attention
 from phaselab.kernels.attention.function import pope_attention, tapa_attention
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
-               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
+               "pope-expand": "pope", "pope-expand-cudnn": "pope", "pope-expand-flex": "pope",
+               "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
 
 
 def sdpa(backend):
@@ -52,7 +62,44 @@ def sdpa(backend):
 
 
 def pope_fused(q, k, v, pos, ctx):
-    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"])
+    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
+                          impl="fused")
+
+
+def pope_expand(q, k, v, pos, ctx):
+    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
+                          impl="expand")
+
+
+def _expanded(q, k, pos, ctx):
+    return triton_pope_expand.pope_expand(q, k, pos, pos, ctx["inv_freq"], ctx["delta"])
+
+
+def pope_expand_cudnn(q, k, v, pos, ctx):
+    qh, kh = _expanded(q, k, pos, ctx)
+    v_pad = F.pad(v, (0, v.shape[-1]))  # SDPA's fused kernels need one head dim for q, k and v
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(qh, kh, v_pad, is_causal=True, scale=q.shape[-1] ** -0.5)
+    return out[..., : v.shape[-1]]
+
+
+_FLEX: dict = {}
+
+
+def pope_expand_flex(q, k, v, pos, ctx):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    N = q.shape[2]
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    if N not in _FLEX:
+        _FLEX[N] = create_block_mask(lambda b, h, m, n: n <= m, None, None, N, N, device=q.device)
+    qh, kh = _expanded(q, k, pos, ctx)
+    return _FLEX["fn"](qh, kh, v, block_mask=_FLEX[N], scale=q.shape[-1] ** -0.5)
+
+
+def flash_plain(q, k, v, pos, ctx):
+    return flash_attention(q, k, v, causal=True)
 
 
 def pope_unfused(q, k, v, pos, ctx):
@@ -78,7 +125,9 @@ def tapa_material(q, k, v, pos, ctx):
 
 
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "tapa-fused": tapa_fused,
+           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand,
+           "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
+           "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material}
 
@@ -136,10 +185,10 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
 
 def tuned_configs() -> dict[str, str]:
     """The config the autotuner last picked for each of our kernels (which tiles won, for the notes)."""
-    from phaselab.kernels.attention import triton_pope, triton_tapa
+    from phaselab.kernels.attention import triton_flash, triton_pope, triton_tapa
 
     out = {}
-    for module in (triton_pope, triton_tapa):
+    for module in (triton_flash, triton_pope, triton_tapa):
         for name in dir(module):
             best = getattr(getattr(module, name), "best_config", None)
             if name.endswith(("_kernel", "_dkdv", "_dq")) and best is not None:

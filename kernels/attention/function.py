@@ -1,5 +1,8 @@
 """Autograd functions, validated public wrappers and the registry's `triton` backend for the fused
-PoPE and TAPA kernels (triton_pope.py, triton_tapa.py).
+PoPE and TAPA kernels (triton_pope.py, triton_tapa.py). PoPE has a second implementation,
+`impl="expand"` (triton_pope_expand.py: 2D-wide q_hat/k_hat in device memory, the flash core of
+triton_flash.py, then the chain rule), chosen per call, by PHASELAB_POPE_IMPL or by
+`DEFAULT_POPE_IMPL`.
 
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
@@ -21,16 +24,22 @@ Example:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import triton_common, triton_pope, triton_tapa
+from phaselab.kernels.attention import triton_common, triton_pope, triton_pope_expand, triton_tapa
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
+# PoPE implementations: "fused" expands q/k in registers inside one flash kernel (triton_pope.py);
+# "expand" writes the 2D-wide q_hat/k_hat, runs the flash core on them and the chain rule after
+# (triton_pope_expand.py). PHASELAB_POPE_IMPL (read per call) or `impl=` overrides the default.
+POPE_IMPLS = ("fused", "expand")
+DEFAULT_POPE_IMPL = "fused"
 
 
 class PopeAttentionFunction(torch.autograd.Function):
@@ -132,8 +141,8 @@ def _check_scale(scale: float) -> float:
 @torch.compiler.disable
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
-                   causal: bool = True, amplitude: str = "softplus") -> Tensor:
-    """Fused PoPE attention (MATH §3), differentiable in q, k, v and delta.
+                   causal: bool = True, amplitude: str = "softplus", impl: str | None = None) -> Tensor:
+    """PoPE attention (MATH §3), differentiable in q, k, v and delta.
 
     Args:
         q_BHTD: raw queries [B, H, T, D] (pre-softplus), fp16 / bf16 / fp32, D <= 128.
@@ -143,9 +152,14 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         delta_HD: fp32 [H, D] phase bias on the key side, or None (the "without delta" ablation).
         scale: softmax scale, default 1/sqrt(D) (MATH §3.4).
         causal: mask by positions (default True). amplitude: "softplus" (default), "relu", "identity".
+        impl: "fused" or "expand" (`POPE_IMPLS`); None reads PHASELAB_POPE_IMPL, default
+            `DEFAULT_POPE_IMPL`. Both are deterministic.
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
+    impl = os.environ.get("PHASELAB_POPE_IMPL", DEFAULT_POPE_IMPL) if impl is None else impl
+    if impl not in POPE_IMPLS:
+        raise ValueError(f"pope impl={impl!r}: expected one of {POPE_IMPLS} (PHASELAB_POPE_IMPL)")
     q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
     B, H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
@@ -165,6 +179,9 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     if amplitude not in POPE_AMPLITUDES:
         raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
+    if impl == "expand":
+        return triton_pope_expand.pope_expand_attention(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(),
+                                                        scale, bool(causal), amplitude)
     return PopeAttentionFunction.apply(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale,
                                        bool(causal), amplitude)
 
