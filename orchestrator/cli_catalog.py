@@ -63,11 +63,11 @@ def register(app: typer.Typer) -> None:
         if store is None and from_export is None:
             fail(as_json, "the catalog does not exist yet")
         try:
-            if from_export is not None:
-                rendered, figures = _export_tables(names, from_export, fmt, out), []
-            elif metric is not None:
+            if metric is not None:
                 rendered, figures = [_pivot(store, names, metric, rows, cols, where, seed_axis, better,
-                                            decimals, fmt, out)], []
+                                            decimals, fmt, out, from_export)], []
+            elif from_export is not None:
+                rendered, figures = _export_tables(names, from_export, fmt, out), []
             elif check_stale:
                 _check_stale(store, names, as_json)
             else:
@@ -200,7 +200,8 @@ def tbl_pivot(grid: str, metric: str, rows: str, where: list[str] | None, seed_a
 
 
 def _pivot(store: Any, names: list[str] | None, metric: str, rows: str, cols: str, where: list[str] | None,
-           seed_axis: str, better: str | None, decimals: int, fmt: str, out: Path | None) -> Any:
+           seed_axis: str, better: str | None, decimals: int, fmt: str, out: Path | None,
+           from_export: Path | None = None) -> Any:
     from phaselab.catalog import tables as tbl
 
     if not names or len(names) != 1:
@@ -210,6 +211,8 @@ def _pivot(store: Any, names: list[str] | None, metric: str, rows: str, cols: st
     filters = _where(where)
     pivot = tbl.Pivot(grid=names[0], metric=metric, rows=_fields(rows, "--rows"), cols=_fields(cols, "--cols"),
                       where=filters, seed_axis=seed_axis, better=better, decimals=decimals)
+    if from_export is not None:
+        return tbl.render_pivot_from_export(pivot, from_export, fmt, out_dir=out)
     return tbl.render_pivot(store, pivot, fmt, out_dir=out)
 
 

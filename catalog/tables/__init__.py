@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from phaselab.catalog.tables.pivot import Pivot, pivot_spec
 from phaselab.catalog.tables.spec import TableSpec, build, render
@@ -93,25 +94,44 @@ def render_from_export(spec: TableSpec, export_dir: Path, fmt: str, *, out_dir: 
     """A table from a Parquet export (``phaselab export``, as committed under ``docs/results/``)
     instead of a catalog: an export holds the metrics-frame rows of its grid's current version,
     SUCCEEDED stages only, and its provenance file names the grid hash and Alembic revision."""
-    import json
-
-    from phaselab.catalog.export import read_metrics
-
     if fmt not in EXTENSIONS:
         raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
-    export_dir = Path(export_dir)
-    meta = {g: json.loads(f.read_text()) for g in spec.grids if (f := export_dir / f"_export_{g}.json").is_file()}
+    meta, rows = _export_rows(Path(export_dir), spec.grids)
     if not meta:
         return Rendered(spec.name, None, skipped=f"no export of grid {' / '.join(spec.grids)} in {export_dir}")
-    rows = []
-    for r in read_metrics(export_dir).to_pylist():
-        if r["grid"] in meta:
-            rows.append({**r, "axes": json.loads(r.pop("axes_json")), "state": "SUCCEEDED"})
+    return _render_export(spec, rows, meta, fmt, out_dir, now)
+
+
+def render_pivot_from_export(pivot: Pivot, export_dir: Path, fmt: str, *, out_dir: Path | None = None,
+                             now: datetime | None = None) -> Rendered:
+    """:func:`render_pivot` over an export. The export lists no cells, so the table's rows and
+    columns are the cells that have values (a cell that never ran is absent, not a hole)."""
+    if fmt not in EXTENSIONS:
+        raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
+    meta, rows = _export_rows(Path(export_dir), (pivot.grid,))
+    if not meta:
+        raise ValueError(f"no export of grid {pivot.grid!r} in {export_dir}")
+    cells = list({json.dumps(r["axes"], sort_keys=True): {"axes": r["axes"]} for r in rows}.values())
+    spec, matching = pivot_spec(pivot, rows, cells)
+    return _render_export(spec, matching, meta, fmt, out_dir, now)
+
+
+def _export_rows(export_dir: Path, grids: Sequence[str]) -> tuple[dict[str, dict], list[dict[str, Any]]]:
+    """({grid: its export provenance}, the metric rows of those grids as metrics-frame rows)."""
+    from phaselab.catalog.export import read_metrics
+
+    meta = {g: json.loads(f.read_text()) for g in grids if (f := export_dir / f"_export_{g}.json").is_file()}
+    rows = [] if not meta else [{**r, "axes": json.loads(r.pop("axes_json")), "state": "SUCCEEDED"}
+                                for r in read_metrics(export_dir).to_pylist() if r["grid"] in meta]
+    return meta, rows
+
+
+def _render_export(spec: TableSpec, rows: list[dict[str, Any]], meta: dict[str, dict], fmt: str,
+                   out_dir: Path | None, now: datetime | None) -> Rendered:
     built = build(spec, rows, grid_hash="+".join(m["phaselab.grid_hash"][:12] for m in meta.values()),
                   revision=next(iter(meta.values())).get("phaselab.alembic_revision", ""))
     text = render(built, fmt, now or datetime.now(UTC))
-    path = _write(spec, fmt, text, out_dir)
-    return Rendered(spec.name, text, path=path)
+    return Rendered(spec.name, text, path=_write(spec, fmt, text, out_dir))
 
 
 def _write(spec: TableSpec, fmt: str, text: str, out_dir: Path | None) -> Path | None:

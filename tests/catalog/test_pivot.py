@@ -87,3 +87,29 @@ def test_cli_pivot_csv_is_not_wrapped_when_piped(tmp_path: Path) -> None:
                                    "--cols", "context_len", "--catalog", url])
     assert res.exit_code == 1 and "pivots one grid" in res.output
     store.dispose()
+
+
+def test_pivot_from_an_export_equals_the_catalog_pivot_on_the_cells_that_ran(sqlite_store: CatalogStore,
+                                                                            tmp_path: Path) -> None:
+    """``phaselab tables GRID --metric M --from-export DIR``: the same numbers as the catalog's
+    pivot; a cell that never ran has no row in an export, so it is absent instead of a hole."""
+    from phaselab.catalog.export import export_grid
+    from phaselab.catalog.tables import render_pivot_from_export
+
+    _grid(sqlite_store)
+    export_grid(sqlite_store, "lr_sweep", "parquet", tmp_path / "export")
+    pivot = Pivot(grid="lr_sweep", metric="ppl", rows=("lr", "pe"), cols=("context_len",))
+    body = lambda text: [ln for ln in text.splitlines() if ln.startswith("|")]
+    want = body(render_pivot(sqlite_store, pivot, "md").text)
+    got = body(render_pivot_from_export(pivot, tmp_path / "export", "md").text)
+    assert got == [ln for ln in want if not ln.startswith("| 0.003 | pope |")]
+    assert any("(n=2/3)" in ln for ln in got)
+    with pytest.raises(ValueError, match="no export of grid 'lr_sweep'"):
+        render_pivot_from_export(pivot, tmp_path / "nothing", "md")
+    runner = CliRunner()
+    from phaselab.orchestrator.cli import app
+
+    res = runner.invoke(app, ["tables", "lr_sweep", "--metric", "ppl", "--rows", "lr,pe", "--cols", "context_len",
+                              "--from-export", str(tmp_path / "export")])
+    assert res.exit_code == 0, res.output
+    assert body(res.output) == got

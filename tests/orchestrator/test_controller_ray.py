@@ -289,8 +289,12 @@ def test_ray_train_launcher_names_the_run_by_the_stage_hash(tmp_path: Path, ray_
                                                  "defaults.launcher=ray_train", "~stages.ppl"))
     store = _store(tmp_path)
     runs = tmp_path / "runs"
-    summary = Controller(store, dag, runs_root=runs, heartbeat_s=1.0).run(timeout_s=300)
+    ctrl = Controller(store, dag, runs_root=runs, heartbeat_s=1.0)
+    summary = ctrl.run(timeout_s=300)
     assert summary.ok, summary.failed
+    # stages are told which cluster is theirs: Ray Train's placement-group cleaner resolves
+    # "auto" otherwise, and fails when a second local cluster runs on the machine
+    assert ctrl.env_vars["RAY_ADDRESS"] == ray_address
     (h,) = dag.nodes
     row = store.get_stage(h)
     assert row.ray_run_name == h and row.attempts == 1
