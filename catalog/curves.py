@@ -26,9 +26,9 @@ _LABELS = {"train/loss": "training loss [nats/token]", "valid/loss": "validation
            "valid/acc": "validation accuracy", "test/loss": "test loss [nats/token]"}
 
 
-def group_label(axes: Mapping[str, Any]) -> tuple[str, Any]:
-    """(the cell's axes without ``seed`` as ``k=v, ...``, its seed)."""
-    rest = {k: v for k, v in axes.items() if k != "seed"}
+def group_label(axes: Mapping[str, Any], drop: Iterable[str] = ()) -> tuple[str, Any]:
+    """(the cell's axes without ``seed`` (and ``drop``) as ``k=v, ...``, its seed)."""
+    rest = {k: v for k, v in axes.items() if k != "seed" and k not in drop}
     text = ", ".join(f"{k}={v if not isinstance(v, dict) else json.dumps(v, sort_keys=True)}"
                      for k, v in sorted(rest.items()))
     return text or "all", axes.get("seed")
@@ -46,16 +46,27 @@ def series(points: Iterable[Mapping[str, Any]], axes_of: Mapping[str, Mapping[st
     """{group: {seed: {step: value}}} of ``metric``; a group is the stage name and the cell's axes
     without the seed (the first value of a step wins, as in the metrics replay)."""
     out: dict[str, dict[Any, dict[int, float]]] = {}
+    drop = _named_elsewhere(axes_of.values())
     for p in points:
         value = p.get(metric)
         axes = _lookup(axes_of, str(p.get("stage_hash", "")))
         if value is None or axes is None or not math.isfinite(float(value)):
             continue
-        group, seed = group_label(axes)
+        group, seed = group_label(axes, drop)
         if p.get("stage"):   # a cell's fine-tunes log their own curves: one line per stage
             group = f"{p['stage']}: {group}"
         out.setdefault(group, {}).setdefault(seed, {}).setdefault(int(p["step"]), float(value))
     return out
+
+
+def _named_elsewhere(cells: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Axes with structured values (a zip's ``pe: {kind: rope, ...}`` beside ``variant: rope``)
+    left out of the labels when the other axes still tell every cell apart; else none."""
+    cells = list(cells)
+    structured = {k for axes in cells for k, v in axes.items() if isinstance(v, (dict, list))}
+    full = {group_label(axes)[0] for axes in cells}
+    short = {group_label(axes, structured)[0] for axes in cells}
+    return structured if structured and len(short) == len(full) and "all" not in short else set()
 
 
 def _band(by_seed: Mapping[Any, Mapping[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
