@@ -20,7 +20,10 @@ from the indices), non-decreasing (bounds by bisection) or neither (every block 
 
 Backward (FA2 style, no atomics, hence bitwise deterministic, MATH §7.8): one kernel per key block
 accumulates dK, dV over the query blocks of every query head of its GQA group; a second one per
-query block accumulates dQ; Delta_t = <dO_t, O_t> comes from a small row kernel.
+query block accumulates dQ; Delta_t = <dO_t, O_t> comes from a small row kernel. PoPE mode (POPE,
+`chain=`): the resident operand (k in dK/dV, q in dQ) is passed raw and expanded in registers, the
+streamed one as its expansion, and the epilogue stores the raw operand's gradient
+(triton_pope_expand_bwd.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ from phaselab.kernels.attention.triton_common import (
     _pos_stride,
     block_d,
     interpreting,
+)
+from phaselab.kernels.attention.triton_pope_expand_bwd import (
+    PopeChain,
+    _chain_epilogue,
+    _expand_rows,
+    pope_meta,
+    pope_ptrs,
 )
 
 # ----------------------------------------------------------------------------- autotuning
@@ -101,7 +111,7 @@ def _pruner(kind: str):
 
 
 def _tune(kind: str) -> dict:
-    return {"key": ["T", "S", "BLOCK_D", "BLOCK_V", "CAUSAL", "HAS_POS"],
+    return {"key": ["T", "S", "BLOCK_D", "BLOCK_V", "CAUSAL", "HAS_POS"] + (["POPE"] if kind != "fwd" else []),
             "prune_configs_by": {"early_config_prune": _pruner(kind)}}
 
 
@@ -328,13 +338,16 @@ def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, s_qt, s
 
 @triton.autotune(configs=dkdv_configs(), **_tune("dkdv"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
-def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags,
+def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags, inv_freq,
                           s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                           s_dkb, s_dkh, s_dks, s_dvb, s_dvh, s_dvs, s_pqb, s_pkb, s_fb,
                           T, S, H, GROUP, qk_scale, sm_scale, n_iter_t,
                           DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                           CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
+                          POPE: tl.constexpr, AMP: tl.constexpr, FAST: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dK, dV of one key block; POPE: k holds the raw keys (DK // 2 wide), expanded in registers,
+    q holds q_hat, and dk is the raw keys' gradient (`_chain_epilogue`)."""
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)
     G = H // GROUP
@@ -342,7 +355,12 @@ def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags,
     n0 = i_n * BLOCK_N
     o_n = n0 + tl.arange(0, BLOCK_N)
     m_n = o_n < S
-    b_k = _load_tile(k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh, n0, S, s_ks, DK, BLOCK_N, BLOCK_D, True)
+    if POPE:
+        b_k = _expand_rows(k, pos_k, pos_k, inv_freq, inv_freq, i_b, i_g, o_n, s_kb, s_kh, s_ks, s_pkb, s_pkb, S,
+                           DK // 2, BLOCK_D // 2, AMP, False, FAST).to(q.dtype.element_ty)
+    else:
+        b_k = _load_tile(k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh, n0, S, s_ks, DK, BLOCK_N, BLOCK_D,
+                         True)
     b_v = _load_tile(v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh, n0, S, s_vs, DV, BLOCK_N, BLOCK_V, True)
     p_posq = pos_q + i_b.to(tl.int64) * s_pqb
     p_posk = pos_k + i_b.to(tl.int64) * s_pkb
@@ -377,10 +395,15 @@ def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags,
         dk_acc, dv_acc = _dkdv_inner(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, s_qt, s_dot,
                                      T, S, qk_scale, tl.maximum(mid, n_full), n_qb, DK, DV, BLOCK_D, BLOCK_V,
                                      CAUSAL, HAS_POS, True, DOT_PREC, BLOCK_M)
-    _store_tile(dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh, n0, S, s_dks, dk_acc * sm_scale, DK,
-                BLOCK_N, BLOCK_D)
     _store_tile(dv + i_b.to(tl.int64) * s_dvb + i_g.to(tl.int64) * s_dvh, n0, S, s_dvs, dv_acc, DV, BLOCK_N,
                 BLOCK_V)
+    if POPE:
+        _chain_epilogue(dk_acc * sm_scale, k, dk, inv_freq, pos_k, pos_k, inv_freq, inv_freq, i_b, i_g, o_n,
+                        s_kb, s_kh, s_ks, s_dkb, s_dkh, s_dks, s_pkb, s_pkb, S, i_n, DK // 2, BLOCK_D // 2, AMP,
+                        False, FAST)
+    else:
+        _store_tile(dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh, n0, S, s_dks, dk_acc * sm_scale,
+                    DK, BLOCK_N, BLOCK_D)
 
 
 @triton.jit
@@ -415,13 +438,17 @@ def _dq_inner(dq, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs,
 
 @triton.autotune(configs=dq_configs(), **_tune("dq"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
-def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags,
+def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags, inv_freq, delta, ddelta_part,
                         s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
                         s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, s_fb,
-                        T, S, H, GROUP, qk_scale, sm_scale, n_iter_s,
+                        T, S, H, GROUP, qk_scale, sm_scale, n_iter_s, n_part,
                         DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                         CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
+                        POPE: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dQ of one query block; POPE: q holds the raw queries, expanded in registers, k holds k_hat,
+    dq is the raw queries' gradient and, with HAS_DELTA, the block's share of d delta goes to row
+    (b, h, i_m) of ddelta_part [B, H, n_part, BLOCK_D // 2] (`_chain_epilogue`)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)
     i_b, i_h = i_bh // H, i_bh % H
@@ -431,7 +458,12 @@ def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags,
     m_m = o_m < T
     p_kb = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
     p_vb = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
-    b_q = _load_tile(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, m0, T, s_qt, DK, BLOCK_M, BLOCK_D, True)
+    if POPE:
+        b_q = _expand_rows(q, pos_q, pos_k, inv_freq, delta, i_b, i_h, o_m, s_qb, s_qh, s_qt, s_pqb, s_pkb, T,
+                           DK // 2, BLOCK_D // 2, AMP, HAS_DELTA, FAST).to(k.dtype.element_ty)
+    else:
+        b_q = _load_tile(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, m0, T, s_qt, DK, BLOCK_M, BLOCK_D,
+                         True)
     b_do = _load_tile(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh, m0, T, s_dot, DV, BLOCK_M,
                       BLOCK_V, True)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
@@ -454,8 +486,13 @@ def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags,
                        DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, False, DOT_PREC, BLOCK_N)
     dq_acc = _dq_inner(dq_acc, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs, S, qk_scale, mid, hi,
                        DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, True, DOT_PREC, BLOCK_N)
-    _store_tile(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh, m0, T, s_dqt, dq_acc * sm_scale, DK,
-                BLOCK_M, BLOCK_D)
+    if POPE:
+        _chain_epilogue(dq_acc * sm_scale, q, dq, ddelta_part, pos_q, pos_k, inv_freq, delta, i_b, i_h, o_m,
+                        s_qb, s_qh, s_qt, s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, T, i_bh.to(tl.int64) * n_part + i_m,
+                        DK // 2, BLOCK_D // 2, AMP, HAS_DELTA, FAST)
+    else:
+        _store_tile(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh, m0, T, s_dqt, dq_acc * sm_scale,
+                    DK, BLOCK_M, BLOCK_D)
 
 
 # ----------------------------------------------------------------------------- host functions
@@ -486,9 +523,13 @@ def _pos_args(pos_q, pos_k, flags, dummy):
     return pos_q, pos_k, flags, _pos_stride(pos_q), _pos_stride(pos_k), 0 if flags.shape[0] == 1 else 1
 
 
-def _common(q, v, causal, has_pos):
-    return {"DK": q.shape[-1], "DV": v.shape[-1], "BLOCK_D": block_d(q.shape[-1]), "BLOCK_V": block_d(v.shape[-1]),
-            "CAUSAL": causal, "HAS_POS": has_pos, "DOT_PREC": _dot_precision(q.dtype)}
+def _common(dk_width, v, causal, pos_q):
+    return {"DK": dk_width, "DV": v.shape[-1], "BLOCK_D": block_d(dk_width), "BLOCK_V": block_d(v.shape[-1]),
+            "CAUSAL": causal, "HAS_POS": pos_q is not None, "DOT_PREC": _dot_precision(v.dtype)}
+
+
+def _strides(*ts):
+    return tuple(s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2)))
 
 
 def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):
@@ -501,34 +542,60 @@ def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
     pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, lse)
     flash_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
-        q, k, v, out, lse, pq, pk, fl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2), s_pq, s_pk, s_f,
-        T, S, H, H // G, scale * LOG2E, _bisect_iters(S), **_common(q, v, causal, pos_q is not None))
+        q, k, v, out, lse, pq, pk, fl, *_strides(q, k, v, out), s_pq, s_pk, s_f,
+        T, S, H, H // G, scale * LOG2E, _bisect_iters(S), **_common(q.shape[-1], v, causal, pos_q))
     return out, lse
+
+
+def flash_bwd_rows(do, out):
+    """Delta_t = <dO_t, O_t>, fp32 [B, H, T]."""
+    B, H, T, DV = out.shape
+    dlt = torch.empty((B, H, T), dtype=torch.float32, device=out.device)
+    bm = 16 if interpreting() else 64
+    flash_bwd_delta_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, *_strides(out, do), T, H, DV=DV,
+                                                         BLOCK_V=block_d(DV), BLOCK_M=bm)
+    return dlt
+
+
+def flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, causal: bool,
+                   chain: PopeChain | None = None):
+    """(dk, dv) in k's and v's dtype; chain (PoPE mode): q is q_hat [B,H,T,2D], k the raw keys."""
+    B, H, T, _ = q.shape
+    G, S = k.shape[1], k.shape[2]
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, dlt)
+    common = {**_common(q.shape[-1], v, causal, pos_q), **pope_meta(chain), "FAST": not interpreting()}
+    common.pop("HAS_DELTA")
+    flash_bwd_kernel_dkdv[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * G)](
+        q, k, v, do, lse, dlt, dk, dv, pq, pk, fl, pope_ptrs(chain, dlt)[0], *_strides(q, k, v, do, dk, dv),
+        s_pq, s_pk, s_f, T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(T), **common)
+    return dk, dv
+
+
+def flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, causal: bool,
+                 chain: PopeChain | None = None):
+    """(dq in q's dtype, d delta fp32 [H, D] or None); chain (PoPE mode): q is the raw queries, k is
+    k_hat [B,G,S,2D]; d delta from per-(b, h, query block) partial rows summed in a fixed order."""
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, dlt)
+    common = {**_common(k.shape[-1], v, causal, pos_q), **pope_meta(chain), "FAST": not interpreting()}
+    # one partial row per (b, h, block of the smallest BLOCK_M); rows a larger block leaves stay 0
+    n_part = triton.cdiv(T, min(c.kwargs["BLOCK_M"] for c in dq_configs()))
+    part = torch.zeros((B, H, n_part, common["BLOCK_D"] // 2), dtype=torch.float32, device=q.device) \
+        if common["HAS_DELTA"] else dlt
+    flash_bwd_kernel_dq[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, dlt, dq, pq, pk, fl, *pope_ptrs(chain, dlt), part, *_strides(q, k, v, do, dq),
+        s_pq, s_pk, s_f, T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(S), n_part, **common)
+    return dq, (part.sum(dim=(0, 2))[:, :D].contiguous() if common["HAS_DELTA"] else None)
 
 
 def flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, *, scale: float, causal: bool):
     """Backward launches; returns dq, dk, dv in the input dtypes (no atomics: deterministic)."""
-    B, H, T, _ = q.shape
-    G, S = k.shape[1], k.shape[2]
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dlt = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
-    bm_delta = 16 if interpreting() else 64
-    flash_bwd_delta_kernel[(triton.cdiv(T, bm_delta), B * H)](
-        out, do, dlt, out.stride(0), out.stride(1), out.stride(2), do.stride(0), do.stride(1), do.stride(2), T, H,
-        DV=v.shape[-1], BLOCK_V=block_d(v.shape[-1]), BLOCK_M=bm_delta)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, dlt)
-    common = _common(q, v, causal, pos_q is not None)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
-    flash_bwd_kernel_dkdv[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * G)](
-        q, k, v, do, lse, dlt, dk, dv, pq, pk, fl, *strides, dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2), s_pq, s_pk, s_f,
-        T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(T), **common)
-    flash_bwd_kernel_dq[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, dlt, dq, pq, pk, fl, *strides, dq.stride(0), dq.stride(1), dq.stride(2), s_pq, s_pk, s_f,
-        T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(S), **common)
+    dlt = flash_bwd_rows(do, out)
+    dk, dv = flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
+    dq, _ = flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
     return dq, dk, dv

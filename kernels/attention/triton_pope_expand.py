@@ -1,23 +1,41 @@
 """PoPE attention through its Cartesian form on the flash core (triton_flash.py); spec:
-`reference.pope_expand` (MATH §3.3) and `reference.attention` with a pope `ScoreMod`.
+`reference.pope_expand` (MATH §3.3, layout "interleaved") and `reference.attention` with a pope
+`ScoreMod`.
 
-Three steps, each a Triton kernel:
-1. prologue (`pope_expand_fwd`): from raw q [B,H,T,D], k [B,G,S,D] the 2D-wide
+1. prologue (`pope_expand_fwd`, a Triton kernel): from raw q [B,H,T,D], k [B,G,S,D] the 2D-wide
        q_hat = mu(q) [cos, sin](m theta - delta_h),   k_hat = mu(k) [cos, sin](n theta)
-   in layout "concat" and q's dtype; mu = softplus | relu | identity, and the angles, cos/sin and
-   the amplitude in fp32 (pope_phase.py, the fused kernels' helpers). Positions are taken relative
-   to the batch row's first key, pos - pos_k[b, 0], in int64 before the fp32 multiply: the logit
-   depends on m - n only, and the fp32 angle then carries the error of the relative position
-   (kernels/attention/README.md, "Numerical notes"). So q_hat / k_hat equal
-   `reference.pope_expand` at positions pos - pos_k[:, :1].
-2. the flash core with DK = 2D, DV = D (v is not padded), scale 1/sqrt(D) by default (MATH §3.4).
-3. the chain rule back through the expansion (`pope_expand_bwd`):
-       dx = mu'(x) (dx_hat cos + dy_hat sin),   d delta_hc = sum_{b,t} mu (dx_hat sin - dy_hat cos)
-   (phase = m theta - delta, so d/d delta = -d/d phase); d delta is summed per (batch, head,
-   row block) in the kernel and the partial rows in a fixed order by torch: deterministic.
+   in layout "interleaved" ([x_0, y_0, x_1, ...]: the backward splits a gradient tile into its x
+   and y parts in registers) and q's dtype; mu = softplus | relu | identity; angles, cos/sin and
+   the amplitude in fp32 (pope_phase.py). Positions are taken relative to the batch row's first
+   key, pos - pos_k[b, 0], in int64 before the fp32 multiply: the logit depends on m - n only, and
+   the fp32 angle then carries the error of the relative position (kernels/attention/README.md,
+   "Numerical notes"). So q_hat / k_hat equal `reference.pope_expand` at pos - pos_k[:, :1].
+2. forward: the flash core on (q_hat, k_hat, v), DK = 2D, DV = D, scale 1/sqrt(D) by default.
+3. backward: the core's kernels in PoPE mode (`triton_pope_expand_bwd.py`). Each keeps one
+   operand resident and streams the other: dK/dV holds a key block and streams q_hat, dQ holds a
+   query block and streams k_hat. The resident block's expansion is built in registers from the
+   raw input, once per program (D transcendentals a row, not per tile: the per-tile rebuild of
+   the streamed operand was the slow `fused` design); the streamed one is written by the prologue
+   just before the kernel that reads it and freed after: q_hat for dK/dV, then k_hat for dQ. The
+   epilogues apply the chain rule in fp32 (x, cos, sin recomputed from x, the positions and
+   inv_freq) and store D-wide dk, dq and per-(b, h, query block) d delta partials, summed in a
+   fixed order by torch (deterministic; d delta = -d/d phase since the phase is m theta - delta):
+       dx = mu'(x) (g_x cos + g_y sin),   d delta_hc = sum_{b,t} mu (g_x sin - g_y cos).
+   No 2D-wide gradient exists, and no expansion is saved for the backward.
 
-q_hat and k_hat are written to device memory (O(N D), 2x q and k) and saved for the backward;
-fwd+bwd memory stays linear in N.
+Memory, in bytes above the inputs, B=4, H=G=16, N=16384, D=64, bf16 (U = one [B,H,N,D] tensor =
+134,217,728; R = one fp32 [B,H,N] row vector = 4,194,304):
+- before (q_hat, k_hat saved; dq_hat, dk_hat, then a chain kernel): saved q_hat + k_hat 4U, out U,
+  lse R; backward dq_hat + dk_hat 4U, dv U, Delta R: peak 10U + 2R = 1.258 GiB (measured 1.51 GiB,
+  which includes Triton's 256 MB L2-flush buffer, 0.238 GiB, of the autotuning first call).
+- saving q_hat, k_hat but fusing the chain rule: 4U + U + R, then dq, dk, dv 3U + R + partials R:
+  8U + 3R = 1.012 GiB.
+- shipped: forward q_hat + k_hat 4U (transient) + out U + lse R = 5U + R = 0.629 GiB, saved only
+  out and lse (as plain attention); backward dK/dV: out U + 2R + q_hat 2U + dk, dv 2U = 5U + 2R;
+  dQ: out U + k_hat 2U + dk, dv, dq 3U + 3R = 6U + 3R = 0.762 GiB, the fwd+bwd peak (cuDNN: 0.76
+  measured; 1.00 GiB expected from the benchmark with the flush buffer). The price: two prologue
+  passes in the backward (read U, write 2U each), against the two chain passes (read 3U, write U
+  each) and the 2D-wide gradient stores (4U) they replace.
 """
 
 from __future__ import annotations
@@ -26,10 +44,16 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.flash_function import FlashAttentionFunction
-from phaselab.kernels.attention.pope_phase import _amplitude, _amplitude_grad, _phase_cos_sin, _pope_expand
 from phaselab.kernels.attention.triton_common import _pos_stride, block_d, interpreting
+from phaselab.kernels.attention.triton_flash import (
+    flash_bwd_dkdv,
+    flash_bwd_dq,
+    flash_bwd_rows,
+    flash_fwd,
+    pos_flags,
+)
 from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
+from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
 
 
 def _rows_per_block(D: int) -> int:
@@ -38,61 +62,35 @@ def _rows_per_block(D: int) -> int:
 
 
 @triton.jit
-def _row_tile(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, o_d, s_xb, s_xh, s_xl, s_pb, s_pkb, L,
-              D: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr):
-    """(raw x fp32, cos, sin, mask) of one [BLOCK_L, BLOCK_D] tile, phases from pos - pos_k[b, 0]."""
-    m_l, m_d = o_l < L, o_d < D
-    m = m_l[:, None] & m_d[None, :]
-    b_x = tl.load(x + i_b.to(tl.int64) * s_xb + i_h.to(tl.int64) * s_xh + o_l.to(tl.int64)[:, None] * s_xl
-                  + o_d[None, :], mask=m, other=0.0).to(tl.float32)
-    p0 = tl.load(pos_k + i_b.to(tl.int64) * s_pkb)
-    b_p = tl.load(pos + i_b.to(tl.int64) * s_pb + o_l, mask=m_l, other=0)
-    theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
-    bias = theta * 0.0
-    if HAS_DELTA:
-        bias = tl.load(delta + i_h * D + o_d, mask=m_d, other=0.0)
-    c, s = _phase_cos_sin(b_p - p0, theta, bias, FAST)
-    return b_x, c, s, m
-
-
-@triton.jit
 def pope_expand_kernel(x, out, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_ob, s_oh, s_ol, s_pb, s_pkb,
                        L, NH, D: tl.constexpr, BLOCK_D: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr,
                        FAST: tl.constexpr, BLOCK_L: tl.constexpr):
-    """out[..., :D] = mu cos(phase), out[..., D:] = mu sin(phase) for x [B, NH, L, D]."""
+    """out[..., 2c] = mu cos(phase_c), out[..., 2c + 1] = mu sin(phase_c) for x [B, NH, L, D]."""
     i_l, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    o_d = tl.arange(0, BLOCK_D)
-    b_x, c, s, m = _row_tile(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, o_d, s_xb, s_xh, s_xl, s_pb, s_pkb,
-                             L, D, HAS_DELTA, FAST)
-    xx, yy, _ = _pope_expand(b_x, c, s, o_d < D, AMP, FAST)
-    p_o = out + i_b.to(tl.int64) * s_ob + i_h.to(tl.int64) * s_oh + o_l.to(tl.int64)[:, None] * s_ol + o_d[None, :]
-    tl.store(p_o, xx.to(out.dtype.element_ty), mask=m)
-    tl.store(p_o + D, yy.to(out.dtype.element_ty), mask=m)
+    x_hat = _expand_rows(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl, s_pb, s_pkb, L, D,
+                         BLOCK_D, AMP, HAS_DELTA, FAST)
+    o_2 = tl.arange(0, 2 * BLOCK_D)
+    p_o = out + i_b.to(tl.int64) * s_ob + i_h.to(tl.int64) * s_oh + o_l.to(tl.int64)[:, None] * s_ol + o_2[None, :]
+    tl.store(p_o, x_hat.to(out.dtype.element_ty), mask=(o_l < L)[:, None] & (o_2 < 2 * D)[None, :])
 
 
 @triton.jit
 def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_gb, s_gh, s_gl,
-                      s_pb, s_pkb, L, NH, n_blocks, D: tl.constexpr, BLOCK_D: tl.constexpr, AMP: tl.constexpr,
-                      HAS_DELTA: tl.constexpr, FAST: tl.constexpr, BLOCK_L: tl.constexpr):
-    """dx = mu'(x) (dxh[..., :D] cos + dxh[..., D:] sin); with delta, this tile's share of d delta."""
+                      s_db, s_dh, s_dl, s_pb, s_pkb, L, NH, n_blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                      AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, BLOCK_L: tl.constexpr):
+    """dx and (with delta) this tile's share of d delta from d x_hat, for `pope_expand` around
+    another attention core (the flash core applies `_chain_epilogue` in its own epilogues)."""
     i_l, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
-    o_d = tl.arange(0, BLOCK_D)
-    b_x, c, s, m = _row_tile(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, o_d, s_xb, s_xh, s_xl, s_pb, s_pkb,
-                             L, D, HAS_DELTA, FAST)
-    p_g = dxh + i_b.to(tl.int64) * s_gb + i_h.to(tl.int64) * s_gh + o_l.to(tl.int64)[:, None] * s_gl + o_d[None, :]
-    gx = tl.load(p_g, mask=m, other=0.0).to(tl.float32)
-    gy = tl.load(p_g + D, mask=m, other=0.0).to(tl.float32)
-    b_dx = _amplitude_grad(b_x, AMP) * (gx * c + gy * s)
-    tl.store(dx + i_b.to(tl.int64) * s_xb + i_h.to(tl.int64) * s_xh + o_l.to(tl.int64)[:, None] * s_xl + o_d[None, :],
-             b_dx.to(dx.dtype.element_ty), mask=m)
-    if HAS_DELTA:
-        mu = _amplitude(b_x, AMP, FAST)
-        dd = tl.sum(tl.where(m, mu * (gx * s - gy * c), 0.0), 0)
-        tl.store(ddelta_part + (i_bh.to(tl.int64) * n_blocks + i_l) * BLOCK_D + o_d, dd)
+    o_2 = tl.arange(0, 2 * BLOCK_D)
+    p_g = dxh + i_b.to(tl.int64) * s_gb + i_h.to(tl.int64) * s_gh + o_l.to(tl.int64)[:, None] * s_gl + o_2[None, :]
+    g = tl.load(p_g, mask=(o_l < L)[:, None] & (o_2 < 2 * D)[None, :], other=0.0).to(tl.float32)
+    _chain_epilogue(g, x, dx, ddelta_part, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl,
+                    s_db, s_dh, s_dl, s_pb, s_pkb, L, i_bh.to(tl.int64) * n_blocks + i_l, D, BLOCK_D, AMP,
+                    HAS_DELTA, FAST)
 
 
 def _launch_args(x, pos, pos_k, inv_freq, delta, amplitude):
@@ -121,14 +119,15 @@ def _chain_one(x, dxh, pos, pos_k, inv_freq, delta, amplitude):
     part = torch.empty((B, NH, grid[0] if delta is not None else 1, meta["BLOCK_D"]), dtype=torch.float32,
                        device=x.device)  # every row is written when delta is given
     pope_chain_kernel[grid](x, dxh, dx, part, *tensors, x.stride(0), x.stride(1), x.stride(2), dxh.stride(0),
-                            dxh.stride(1), dxh.stride(2), _pos_stride(pos), _pos_stride(pos_k), L, NH, grid[0],
-                            **meta)
+                            dxh.stride(1), dxh.stride(2), dx.stride(0), dx.stride(1), dx.stride(2), _pos_stride(pos),
+                            _pos_stride(pos_k), L, NH, grid[0], **meta)
     ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
     return dx, ddelta
 
 
 def pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"):
-    """(q_hat [B,H,T,2D], k_hat [B,G,S,2D]) in q's dtype. q, k last dim contiguous; pos int64
+    """(q_hat [B,H,T,2D], k_hat [B,G,S,2D]) in q's dtype, layout "interleaved". q, k last dim
+    contiguous; pos int64
     contiguous [B|1, T|S]; inv_freq fp32 [D]; delta fp32 [H, D] or None."""
     return (_expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude),
             _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude))
@@ -165,12 +164,41 @@ class PopeExpandFunction(torch.autograd.Function):
 
 
 def pope_expand(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"):
-    """Differentiable (q_hat, k_hat) (validated inputs, as `function.pope_attention` passes them)."""
+    """Differentiable (q_hat, k_hat) (validated inputs, as `function.pope_attention` passes them),
+    for other attention cores around the same prologue (benchmarks/attention.py, `pope-expand-cudnn`)."""
     return PopeExpandFunction.apply(q, k, delta, pos_q, pos_k, inv_freq, amplitude)
 
 
+class PopeExpandAttentionFunction(torch.autograd.Function):
+    """PoPE attention on the flash core in PoPE mode: each kernel builds its resident tile's
+    expansion in registers from the raw input and streams the other operand's expansion from a
+    buffer the prologue writes just before (module docstring); gradients for q, k, v, delta."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude):
+        flags = pos_flags(pos_q, pos_k)
+        q_hat, k_hat = pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
+        out, lse = flash_fwd(q_hat, k_hat, v, pos_q, pos_k, flags, scale=scale, causal=causal)  # both freed here
+        ctx.save_for_backward(q, k, v, delta, out, lse, pos_q, pos_k, flags, inv_freq)
+        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude}
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, delta, out, lse, pos_q, pos_k, flags, inv_freq = ctx.saved_tensors
+        amplitude = ctx.cfg["amplitude"]
+        cfg = {"scale": ctx.cfg["scale"], "causal": ctx.cfg["causal"], "chain": PopeChain(inv_freq, delta, amplitude)}
+        do = do if do.stride(-1) == 1 else do.contiguous()
+        dlt = flash_bwd_rows(do, out)
+        q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
+        dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
+        del q_hat  # before k_hat exists: one 2D-wide buffer at a time
+        k_hat = _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude)
+        dq, ddelta = flash_bwd_dq(do, q, k_hat, v, lse, dlt, pos_q, pos_k, flags, **cfg)
+        return dq, dk, dv, ddelta, None, None, None, None, None, None
+
+
 def pope_expand_attention(q, k, v, delta, pos_q, pos_k, inv_freq, scale: float, causal: bool, amplitude: str):
-    """PoPE attention = prologue + flash core (DK = 2D, DV = D) + chain rule (validated inputs,
-    as `function.pope_attention` passes them); differentiable in q, k, v and delta."""
-    q_hat, k_hat = pope_expand(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
-    return FlashAttentionFunction.apply(q_hat, k_hat, v, pos_q, pos_k, scale, causal)
+    """PoPE attention on the flash core (DK = 2D, DV = D) in PoPE mode (validated inputs, as
+    `function.pope_attention` passes them); differentiable in q, k, v and delta."""
+    return PopeExpandAttentionFunction.apply(q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import sys
+import weakref
 
 import pytest
 import torch
@@ -73,7 +75,7 @@ def test_prologue_matches_reference_pope_expand(amplitude, offset):
     qh, kh = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
     rel_q, rel_k = pos_q - pos_k[:, :1], pos_k - pos_k[:, :1]
     rq, rk = reference.pope_expand(q.double(), k.double(), pos_q_BT=rel_q, pos_k_BS=rel_k, inv_freq_D=inv_freq,
-                                   delta_HD=delta, amplitude=amplitude)
+                                   delta_HD=delta, amplitude=amplitude, layout="interleaved")
     assert_close(f"q_hat-{amplitude}", rq, qh, 1e-6)
     assert_close(f"k_hat-{amplitude}", rk, kh, 1e-6)
 
@@ -90,7 +92,7 @@ def test_expansion_backward_matches_autograd_of_reference():
     torch.autograd.backward([qh, kh], [gq, gk])
     l64 = [t.double().requires_grad_() for t in (q, k, delta)]
     rq, rk = reference.pope_expand(l64[0], l64[1], pos_q_BT=pos_q - pos_k[:, :1], pos_k_BS=pos_k - pos_k[:, :1],
-                                   inv_freq_D=inv_freq, delta_HD=l64[2])
+                                   inv_freq_D=inv_freq, delta_HD=l64[2], layout="interleaved")
     torch.autograd.backward([rq, rk], [gq.double(), gk.double()])
     for name, r, o in zip(("dq", "dk", "ddelta"), l64, leaves):
         assert_close(f"chain-{name}", r.grad, o.grad, 1e-6)
@@ -145,6 +147,37 @@ def test_expand_path_ablations_empty_rows_and_determinism(monkeypatch):
     monkeypatch.setenv("PHASELAB_POPE_IMPL", "bogus")
     with pytest.raises(ValueError, match="pope impl='bogus'"):
         pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq)
+
+
+@needs_interpreter
+def test_expand_memory_no_saved_expansion_and_no_2d_wide_gradient(monkeypatch):
+    """Memory of the expand path (module docstring of triton_pope_expand.py): the forward saves no
+    2D-wide tensor (q_hat, k_hat are transient), and the tensors the backward
+    allocates itself (torch.empty / zeros called from phaselab.kernels) never hold more at once
+    than dq, dk, dv, one 2D-wide operand and the fp32 rows (Delta, d delta partials). Saving
+    q_hat / k_hat, or a 2D-wide dq_hat / dk_hat beside them, fails it."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 4, 2, 40, 40, 32, torch.float32, "cpu")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, delta)]
+    out = pope_attention(*leaves[:3], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=leaves[3],
+                         impl="expand")
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None and t.is_floating_point()]
+    assert max(t.numel() for t in saved) <= max(q.numel(), k.numel(), v.numel())
+    live, peak = [], [0]
+
+    def tracking(fn):
+        def wrapper(*args, **kwargs):
+            t = fn(*args, **kwargs)
+            if sys._getframe(1).f_globals.get("__name__", "").startswith("phaselab.kernels"):
+                live.append(weakref.ref(t))
+                peak[0] = max(peak[0], sum(r().nbytes for r in live if r() is not None))
+            return t
+        return wrapper
+
+    for name in ("empty", "zeros"):
+        monkeypatch.setattr(torch, name, tracking(getattr(torch, name)))
+    out.backward(seeded_like(q))
+    rows = 4 * (4 * 40 + 4 * 3 * 32)  # fp32 Delta [B, H, T] and d delta partials [B, H, ceil(T / 16), 32]
+    assert 0 < peak[0] <= 4 * (q.numel() + k.numel() + v.numel() + 2 * max(q.numel(), k.numel())) + rows
 
 
 # ----------------------------------------------------------------------------- GPU sweep
