@@ -1,7 +1,7 @@
 """Autograd functions, validated public wrappers and the registry's `triton` backend for the fused
 PoPE and TAPA kernels (triton_pope.py, triton_tapa.py). PoPE has a second implementation,
 `impl="expand"` (triton_pope_expand.py: 2D-wide q_hat/k_hat in device memory, the flash core of
-triton_flash.py, then the chain rule), chosen per call, by PHASELAB_POPE_IMPL or by
+triton_flash.py, the chain rule in its backward's epilogues), chosen per call, by PHASELAB_POPE_IMPL or by
 `DEFAULT_POPE_IMPL`.
 
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
@@ -36,8 +36,8 @@ from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, S
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 # PoPE implementations: "fused" expands q/k in registers inside one flash kernel (triton_pope.py);
-# "expand" writes the 2D-wide q_hat/k_hat, runs the flash core on them and the chain rule after
-# (triton_pope_expand.py). PHASELAB_POPE_IMPL (read per call) or `impl=` overrides the default.
+# "expand" writes the 2D-wide q_hat/k_hat and runs the flash core on them, whose backward applies
+# the chain rule in its epilogues (triton_pope_expand.py). PHASELAB_POPE_IMPL (read per call) or `impl=` overrides the default.
 POPE_IMPLS = ("fused", "expand")
 DEFAULT_POPE_IMPL = "fused"
 
