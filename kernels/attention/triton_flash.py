@@ -176,6 +176,27 @@ def _key_blocks(flag, p_posq, p_posk, b_pq, m_m, m0, T, S, n_iter_s, HAS_POS: tl
 
 
 @triton.jit
+def _query_rows(pos_q, pos_k, flags, i_b, s_pqb, s_pkb, s_fb, o_m, m_m, m0, T, S, n_iter_s,
+                CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(query positions, the row's key positions, mid, hi) of a query block: what the forward and
+    dQ kernels share before their key loops (`_key_blocks` for mid and hi)."""
+    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
+    p_posk = pos_k + i_b.to(tl.int64) * s_pkb
+    if HAS_POS:
+        b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
+        flag = tl.load(flags + i_b * s_fb)
+    else:
+        b_pq = o_m + (S - T)
+        flag = 0
+    if CAUSAL:
+        mid, hi = _key_blocks(flag, p_posq, p_posk, b_pq, m_m, m0, T, S, n_iter_s, HAS_POS, BLOCK_M, BLOCK_N)
+    else:
+        mid = S // BLOCK_N
+        hi = tl.cdiv(S, BLOCK_N)
+    return b_pq, p_posk, mid, hi
+
+
+@triton.jit
 def _query_blocks(flag, p_posq, p_posk, b_pk, m_n, n0, T, S, n_iter_t, HAS_POS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """(lo, mid) for the key block at n0: query blocks [0, lo) see none of its keys, [lo, mid) some,
@@ -256,19 +277,8 @@ def flash_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, flags,
     p_kb = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
     p_vb = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     b_q = _load_tile(q + i_b.to(tl.int64) * s_qb + i_h.to(tl.int64) * s_qh, m0, T, s_qt, DK, BLOCK_M, BLOCK_D, True)
-    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
-    p_posk = pos_k + i_b.to(tl.int64) * s_pkb
-    if HAS_POS:
-        b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
-        flag = tl.load(flags + i_b * s_fb)
-    else:
-        b_pq = o_m + (S - T)
-        flag = 0
-    if CAUSAL:
-        mid, hi = _key_blocks(flag, p_posq, p_posk, b_pq, m_m, m0, T, S, n_iter_s, HAS_POS, BLOCK_M, BLOCK_N)
-    else:
-        mid = S // BLOCK_N
-        hi = tl.cdiv(S, BLOCK_N)
+    b_pq, p_posk, mid, hi = _query_rows(pos_q, pos_k, flags, i_b, s_pqb, s_pkb, s_fb, o_m, m_m, m0, T, S, n_iter_s,
+                                        CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
@@ -468,19 +478,8 @@ def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags, inv_freq
                       BLOCK_V, True)
     b_lse = tl.load(lse + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=float("inf"))
     b_dlt = tl.load(dlt + i_bh.to(tl.int64) * T + o_m, mask=m_m, other=0.0)
-    p_posq = pos_q + i_b.to(tl.int64) * s_pqb
-    p_posk = pos_k + i_b.to(tl.int64) * s_pkb
-    if HAS_POS:
-        b_pq = tl.load(p_posq + o_m, mask=m_m, other=0)
-        flag = tl.load(flags + i_b * s_fb)
-    else:
-        b_pq = o_m + (S - T)
-        flag = 0
-    if CAUSAL:
-        mid, hi = _key_blocks(flag, p_posq, p_posk, b_pq, m_m, m0, T, S, n_iter_s, HAS_POS, BLOCK_M, BLOCK_N)
-    else:
-        mid = S // BLOCK_N
-        hi = tl.cdiv(S, BLOCK_N)
+    b_pq, p_posk, mid, hi = _query_rows(pos_q, pos_k, flags, i_b, s_pqb, s_pkb, s_fb, o_m, m_m, m0, T, S, n_iter_s,
+                                        CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)
     dq_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq_acc = _dq_inner(dq_acc, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs, S, qk_scale, 0, mid,
                        DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, False, DOT_PREC, BLOCK_N)
