@@ -45,11 +45,12 @@ def reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, ampli
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 
 
-def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus"):
+def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus", impl=None):
+    """The same through `pope_attention` (``impl``: None = the default implementation)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     d = None if delta is None else delta.detach().clone().requires_grad_()
     out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d,
-                         causal=causal, amplitude=amplitude)
+                         causal=causal, amplitude=amplitude, impl=impl)
     out.backward(do)
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 

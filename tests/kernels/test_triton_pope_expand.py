@@ -15,10 +15,11 @@ import weakref
 
 import pytest
 import torch
+from test_triton_pope import reference_grads, triton_grads  # one float64 spec for both implementations
 
 from phaselab.kernels.attention import reference, triton_pope_expand
 from phaselab.kernels.attention.function import pope_attention
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.attention.score_mod import pope_inv_freq
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
@@ -39,24 +40,8 @@ def make_inputs(B, H, G, T, S, D, dtype, device, *, delta=True, offset=0, broadc
     return q, k, v, pos_q, pos_k.contiguous(), pope_inv_freq(D).to(device), d
 
 
-def reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus",
-                    dtype=torch.float64):
-    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-    d = None if delta is None else delta.detach().to(dtype).requires_grad_()
-    mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": d, "amplitude": amplitude})
-    out = reference.attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=q.shape[-1] ** -0.5,
-                              causal=causal, score_mod=mod, compute_dtype=dtype)
-    out.backward(do.to(dtype))
-    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
-
-
-def expand_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus"):
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    d = None if delta is None else delta.detach().clone().requires_grad_()
-    out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d,
-                         causal=causal, amplitude=amplitude, impl="expand")
-    out.backward(do)
-    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
+def expand_grads(*args, **kw):
+    return triton_grads(*args, **kw, impl="expand")
 
 
 def seeded_like(x, seed=7):
