@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def scratch(tmp_path: Path) -> Path:
     """A per-test scratch directory (alias of tmp_path, named for readability)."""
     return tmp_path
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The shared in-process Ray cluster (local_ray.py) lives while the tests of one folder run."""
+    local_ray = sys.modules.get("local_ray")
+    if local_ray is not None and (nextitem is None or nextitem.path.parent != item.path.parent):
+        local_ray.stop_shared()

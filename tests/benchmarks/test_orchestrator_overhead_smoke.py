@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import local_ray
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,15 +64,10 @@ def test_noop_config_errors_name_the_key():
 
 @pytest.mark.ray
 def test_phaselab_side_five_noop_stages(tmp_path: Path):
-    import ray
-
     from phaselab.catalog.store import CatalogStore
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        res = ob.run_phaselab(5, tmp_path, sleep_s=0.05)
-    finally:
-        ray.shutdown()
+    local_ray.shared()
+    res = ob.run_phaselab(5, tmp_path, sleep_s=0.05)
     assert res["stages"] == 5 and res["states"] == {"SUCCEEDED": 5}
     assert res["wall_s"] >= res["run_s"] > 0
     assert len(res["launch_latency_s"]) == 5 and all(0 <= x < 60 for x in res["launch_latency_s"])

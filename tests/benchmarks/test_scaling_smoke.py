@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+import local_ray
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +127,7 @@ def test_loss_curve_diff_and_plot(tmp_path):
 def test_one_real_fit_measured(tmp_path):
     """One real fit (ZeRO-2, 1 worker, 6 steps, checkpoint at 3): the numbers scaling.py derives
     agree with the loop's own per-step accounting."""
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from phaselab.workloads.train.deepspeed_engine import configure_environment
     from phaselab.workloads.train.ray_entry import read_metrics
 
@@ -136,13 +137,10 @@ def test_one_real_fit_measured(tmp_path):
     # A fresh clone JIT-compiles DeepSpeed's shm comm op once (~30 s, STACK.md); do it here, in
     # one process, rather than inside the timed worker.
     get_accelerator().create_op_builder("ShareMemCommBuilder").load()
-    ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
-        case = scaling_cases.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
-        row = scaling_measure.run_case(case, bench, tmp_path, "t")
-    finally:
-        ray.shutdown()
+    local_ray.shared()
+    bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
+    case = scaling_cases.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
+    row = scaling_measure.run_case(case, bench, tmp_path, "t")
     assert row["error"] is None
     lines = [m for m in read_metrics(Path(row["metrics_path"])) if "train/loss" in m]
     assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]

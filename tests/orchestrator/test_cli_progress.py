@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import ClassVar
 
+import local_ray
 import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
@@ -90,13 +91,9 @@ def test_the_live_table_shows_running_stages_and_the_grid_bar(tmp_path: Path,
     assert "t: 1/4 stages done, 1 running" in text
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
-    yield
-    ray.shutdown()
+@pytest.fixture
+def ray_local() -> str:
+    return local_ray.shared()
 
 
 class _Hook(BaseHTTPRequestHandler):

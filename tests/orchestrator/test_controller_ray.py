@@ -1,4 +1,4 @@
-"""The controller with REAL tiny stages on a local Ray cluster (2 CPUs, one per module):
+"""The controller with REAL tiny stages on a local Ray cluster (2 CPUs, local_ray.shared()):
 completion, all-cached re-run, kill -9 of the controller then resume, a killed worker retried
 from its checkpoint, and failing stages classified in the catalog."""
 
@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import local_ray
 import pytest
 
 from phaselab.orchestrator.controller import Controller
@@ -41,13 +42,9 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def ray_address():
-    import ray
-
-    ctx = ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
-    yield ctx.address_info["gcs_address"]
-    ray.shutdown()
+@pytest.fixture
+def ray_address() -> str:
+    return local_ray.shared()
 
 
 def _grid(tmp_path: Path, steps: int = 8, overrides: tuple[str, ...] = ()) -> tuple[Path, object]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import local_ray
 import pytest
 
 from phaselab.orchestrator.controller import Controller
@@ -37,7 +38,7 @@ stages:
 def one_gpu_cluster():
     import ray
 
-    ctx = ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, dashboard_host="127.0.0.1")
+    ctx = local_ray.own(num_cpus=2, num_gpus=1, include_dashboard=False, dashboard_host="127.0.0.1")
     yield ctx
     ray.shutdown()
 

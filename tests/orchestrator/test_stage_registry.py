@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import local_ray
 import pytest
 
 from phaselab.catalog.tracking import MetricRecord
@@ -138,17 +139,14 @@ def test_the_toy_kinds_rules_come_from_its_declarations(tmp_path: Path, edit, fr
     assert issue.suggestion == suggestion and issue.mark.line > 0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_address():
-    import ray
     from ray import cloudpickle
 
     # Ray workers cannot import a test module by name (a plugin's installed package they can):
     # ship this module's classes by value with the stage object the controller sends.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ctx = ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
-    yield ctx.address_info["gcs_address"]
-    ray.shutdown()
+    yield local_ray.shared()
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import local_ray
 import pytest
 
 from phaselab.orchestrator.controller import Controller
@@ -113,12 +114,10 @@ def test_the_heartbeat_stops_when_the_stage_is_cancelled_or_relaunched(tmp_path:
 
 @pytest.mark.ray
 def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_path: Path) -> None:
-    import ray
-
     events: list[tuple[str, str]] = []
     store, controller, h, _ = _setup(tmp_path, 4.0, heartbeat_s=0.25, stale_after_s=2.0,
                                      on_event=lambda kind, node, detail: events.append((kind, detail)))
-    ray.init(num_cpus=2, include_dashboard=False, dashboard_host="127.0.0.1")
+    local_ray.shared()
     frozen = None
     try:
         result: dict = {}
@@ -150,4 +149,3 @@ def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_pa
                 os.kill(frozen, signal.SIGKILL)   # the Ray worker we froze, by its pid
             except ProcessLookupError:
                 pass
-        ray.shutdown()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import local_ray
 import pytest
 
 from phaselab.catalog.tracking import NullTracker
@@ -43,20 +44,14 @@ def _examples_per_step(folder: Path, ranks: int) -> dict[int, Counter]:
 
 
 def test_one_process_and_two_workers_read_the_same_global_batches(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     from phaselab.workloads.train.api import run_training
     from phaselab.workloads.train.ray_entry import fit
 
     run_training(_spec(), out_dir=tmp_path / "one", tracker=NullTracker(), trace_batches=tmp_path / "trace1")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False)
-    try:
-        fit(_spec(), out_dir=tmp_path / "two", run_name="two", storage_path=tmp_path / "ray", num_workers=2,
-            trace_batches=tmp_path / "trace2")
-    finally:
-        if started:
-            ray.shutdown()
+    local_ray.shared()
+    fit(_spec(), out_dir=tmp_path / "two", run_name="two", storage_path=tmp_path / "ray", num_workers=2,
+        trace_batches=tmp_path / "trace2")
 
     one, two = _examples_per_step(tmp_path / "trace1", 1), _examples_per_step(tmp_path / "trace2", 2)
     assert sorted(one) == sorted(two) == list(range(STEPS))
