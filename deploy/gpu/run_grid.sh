@@ -28,6 +28,7 @@ MLFLOW=1
 NUM_CPUS=
 BUDGET=0
 MPS=0
+MPS_STARTED=0
 GRID=
 OVERRIDES=()
 while (($#)); do
@@ -61,7 +62,8 @@ LOG=$WORK/run.log
 : > "$LOG"
 say() { echo "[run_grid] $*" | tee -a "$LOG"; }
 on_exit() {
-  ((MPS)) && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1
+  # only the daemon this script started (its own pipe folder), never one found running
+  ((MPS_STARTED)) && echo quit | nvidia-cuda-mps-control > /dev/null 2>&1
   gzip -c "$LOG" > "$OUTDIR/log.txt.gz"   # the log comes back even when a step fails
 }
 trap on_exit EXIT
@@ -109,6 +111,7 @@ if ((MPS)); then
   export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d || { say "nvidia-cuda-mps-control -d failed"; exit 3; }
+  MPS_STARTED=1
   say "MPS control daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
 fi
 
