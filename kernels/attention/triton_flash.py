@@ -225,6 +225,21 @@ def _query_blocks(flag, p_posq, p_posk, b_pk, m_n, n0, T, S, n_iter_t, HAS_POS: 
 
 
 @triton.jit
+def _keys_visible(b_pq, p_posk, n0, S, CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BM, BN] mask of the key block at n0 that the block's queries (positions b_pq) may see:
+    in range and, causally, pos_k <= pos_q (key index as position without positions)."""
+    o_n = n0 + tl.arange(0, BLOCK_N)
+    vis = (o_n < S)[None, :]
+    if CAUSAL:
+        if HAS_POS:
+            b_pk = tl.load(p_posk + o_n, mask=o_n < S, other=0)
+        else:
+            b_pk = o_n
+        vis = vis & (b_pk[None, :] <= b_pq[:, None])
+    return vis
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs, S, qk_scale, lo, hi,
                DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -235,14 +250,7 @@ def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs, S, qk_s
         # [BM, BD] @ [BD, BN] -> [BM, BN], in log2 units
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
         if MASKED:
-            o_n = n0 + tl.arange(0, BLOCK_N)
-            vis = (o_n < S)[None, :]
-            if CAUSAL:
-                if HAS_POS:
-                    b_pk = tl.load(p_posk + o_n, mask=o_n < S, other=0)
-                else:
-                    b_pk = o_n
-                vis = vis & (b_pk[None, :] <= b_pq[:, None])
+            vis = _keys_visible(b_pq, p_posk, n0, S, CAUSAL, HAS_POS, BLOCK_N)
             b_s = tl.where(vis, b_s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(b_s, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
@@ -429,14 +437,7 @@ def _dq_inner(dq, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, s_ks, s_vs,
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
         b_p = tl.exp2(b_s - b_lse[:, None])
         if MASKED:
-            o_n = n0 + tl.arange(0, BLOCK_N)
-            vis = (o_n < S)[None, :]
-            if CAUSAL:
-                if HAS_POS:
-                    b_pk = tl.load(p_posk + o_n, mask=o_n < S, other=0)
-                else:
-                    b_pk = o_n
-                vis = vis & (b_pk[None, :] <= b_pq[:, None])
+            vis = _keys_visible(b_pq, p_posk, n0, S, CAUSAL, HAS_POS, BLOCK_N)
             b_p = tl.where(vis, b_p, 0.0)
         # [BM, BV] @ [BV, BN] -> [BM, BN]
         b_dp = tl.dot(b_do, tl.trans(b_v), input_precision=DOT_PREC)

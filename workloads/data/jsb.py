@@ -113,11 +113,13 @@ class JsbChorales:
                                                          policy=cfg.long_sequence_policy)]
             for s in SPLITS
         }
+        packed = cfg.train_batches == "packed"
+        # "train_batches" enters the digest only when packed, so padded datasets keep their digest
         self.digest = make_digest(file_sha256(path), {
             "kind": "jsb", "token_map": "pad0-silence1-pitch-minus-19", "raster": True, "bos": False,
             "long_sequence_policy": cfg.long_sequence_policy, "block_size": block_size,
-            **({"train_batches": "packed"} if cfg.train_batches == "packed" else {})})
-        self._train_stream = np.concatenate(self.sequences["train"])
+            **({"train_batches": "packed"} if packed else {})})
+        self._train_stream = np.concatenate(self.sequences["train"]) if packed else None
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> JsbChorales:
