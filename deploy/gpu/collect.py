@@ -120,6 +120,8 @@ def learning_curves(dest: Path) -> list[str]:
     if not curves.is_file() or not axes_of:
         return []
     points = read_points(curves)
+    if not points:   # e.g. ray_task stages of a run without MLflow before they wrote metrics.jsonl
+        return []
     metrics = ["train/loss", "valid/loss"] + (["valid/acc"] if any("valid/acc" in p for p in points) else [])
     paths = plot_learning_curves(points, axes_of, dest / "learning_curves", metrics=metrics)
     return [p.name for p in paths]

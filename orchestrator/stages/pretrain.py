@@ -10,7 +10,9 @@ Two launchers, chosen per stage in the grid (never as a fallback):
   same curves as a single-process stage.
 - ``ray_task``: ``api.run_training`` inside the stage's Ray task — one process, no trainer
   start-up; re-running with the same out_dir resumes from the newest checkpoint. Used by the
-  CPU quickstart, where trainer start-up would dominate.
+  CPU quickstart, where trainer start-up would dominate. Its per-step metrics go to the stage's
+  tracker and to ``out_dir/metrics.jsonl`` too, so a run without MLflow keeps its learning
+  curves (deploy/gpu/pack.py reads them from there).
 
 Artifacts: ``checkpoint`` (the final model.pt) and, when the run validated periodically
 (``train.eval_every`` > 0), ``best`` (the ``out_dir/best`` folder of best-validation weights that
@@ -26,11 +28,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.catalog.tracking import FanoutTracker, MetricRecord, Tracker
 from phaselab.orchestrator.stages.base import Resources, Stage, StageContext, StageResult, normalize_data
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"            # written by ray_entry.JsonlTracker on rank 0
+METRICS_FILE = "metrics.jsonl"            # written by ray_entry.JsonlTracker (rank 0, or the ray_task process)
 REPLAY_STATE = "metrics.replayed.json"    # {"lines": replayed lines, "records": bool}
 
 
@@ -174,8 +176,10 @@ class PretrainStage(Stage):
             log_records_once(ctx.out_dir, ctx.tracker, list(out.records))
         else:
             from phaselab.workloads.train.api import run_training
+            from phaselab.workloads.train.ray_entry import JsonlTracker
 
-            out = run_training(self.spec(ctx), out_dir=ctx.out_dir, tracker=ctx.tracker,
+            tracker = FanoutTracker(ctx.tracker, JsonlTracker(Path(ctx.out_dir) / METRICS_FILE))
+            out = run_training(self.spec(ctx), out_dir=ctx.out_dir, tracker=tracker,
                                init_from=self.init_from(ctx))
         records = list(out.records)
         named = {r.name for r in records} | {f"{r.split}/{r.name}" for r in records if r.split}

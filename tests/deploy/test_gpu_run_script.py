@@ -72,6 +72,8 @@ def test_packed_files(packed: Path, tmp_path: Path) -> None:
     with gzip.open(packed / "curves.jsonl.gz", "rt") as f:
         curves = [json.loads(line) for line in f]
     assert {c["stage"] for c in curves} == {"pretrain", "yarn"}
+    # ray_task stages write metrics.jsonl beside their tracker, so curves survive --no-mlflow
+    assert {c["source"] for c in curves} == {"metrics.jsonl"}
     assert all(c["train/loss"] > 0 for c in curves if "train/loss" in c)
     assert max(c["step"] for c in curves if c["stage"] == "pretrain") == 20
 
