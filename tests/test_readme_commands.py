@@ -8,6 +8,11 @@ runs for real, with ``phaselab status quickstart --watch`` following it from a s
 (the tutorial's "second terminal"). A command that would run for hours, or that only makes sense
 outside a test, has an entry in QUICK saying what runs instead and why; an entry whose command
 left the documents fails the test, so the table stays honest.
+
+A command of READ_ONLY writes nothing a later command reads: it runs in a second terminal beside
+the commands after it, and every other command waits for the ones in flight, so each command
+still sees the project as the documents' order leaves it. The MLflow server, which the documents
+leave running, is checked beside the rest of the walk.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -37,6 +45,10 @@ TINY = (f"{PRETRAIN_TINY} stages.yarn.train.steps=2 stages.yarn.train.ckpt_every
         "stages.ppl.eval.ppl.max_tokens=512 stages.ppl_yarn.eval.ppl.max_tokens=512")
 QUICKSTART = f"phaselab run quickstart {TINY}"
 MY_GRID = f"phaselab run my_grid.yaml {PRETRAIN_TINY}"
+# Prefixes of the commands that only read the project (or write a folder of their own, the
+# `train` example and the demo, that no later command reads).
+READ_ONLY = ("phaselab grids", "phaselab plan ", "phaselab --version", "phaselab why ", "phaselab status ",
+             "phaselab train docs/examples/", "python -m phaselab.workloads.demo")
 
 # command as written -> (what runs instead, why). SKIP: nothing runs.
 QUICK: dict[str, tuple[str | None, str]] = {
@@ -126,6 +138,28 @@ class Project:
         self.env["PATH"] = f"{BIN}{os.pathsep}{self.env.get('PATH', '')}"
         self.log: list[str] = []
         self._rope_pretrain = ""
+        # two side commands at a time: the CI machine has 2 cores
+        self._side = ThreadPoolExecutor(max_workers=2)
+        self._server = ThreadPoolExecutor(max_workers=1)
+        self._in_flight: list[Future] = []
+
+    def serve(self, command: str) -> Future:
+        """Start the MLflow check (:func:`_mlflow`) beside the walk."""
+        return self._server.submit(_mlflow, self, command)
+
+    def close(self) -> None:
+        self._side.shutdown()
+        self._server.shutdown()
+
+    def side(self, command: str) -> None:
+        """Run a READ_ONLY command in the second terminal; :meth:`join` collects its outcome."""
+        self._in_flight.append(self._side.submit(self.sh, command))
+
+    def join(self) -> None:
+        """Wait for the commands in flight; a failed one fails the test here."""
+        in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            future.result()
 
     def sh(self, command: str, timeout: float = 240.0) -> str:
         t0 = time.monotonic()
@@ -156,6 +190,9 @@ def _quickstart_watched(project: Project, command: str) -> str:
         watch = ""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and run.poll() is None:
+            if not _registered(project.path / ".phaselab" / "catalog.db"):
+                time.sleep(0.2)
+                continue
             res = subprocess.run(["bash", "-c", "phaselab status quickstart --watch"], cwd=project.path,
                                  env=project.env, capture_output=True, text=True, timeout=300, check=False)
             if res.returncode == 0:
@@ -171,6 +208,17 @@ def _quickstart_watched(project: Project, command: str) -> str:
     assert "RUNNING" in watch, watch[-3000:]          # it saw the grid while it ran
     assert watch.rstrip().splitlines()[-1].startswith("━") and "8 succeeded" in watch.splitlines()[-1]
     return out
+
+
+def _registered(catalog: Path) -> bool:
+    """Whether the run has put its grid and stages in the catalog yet. Read here, not by starting
+    the watcher once a second: each start costs a second of the CPU the run needs."""
+    try:
+        with closing(sqlite3.connect(f"file:{catalog}?mode=ro", uri=True, timeout=1)) as conn:
+            return bool(conn.execute("SELECT COUNT(*) FROM grid").fetchone()[0]
+                        and conn.execute("SELECT COUNT(*) FROM stage").fetchone()[0])
+    except sqlite3.Error:   # not created yet, or mid-migration
+        return False
 
 
 def _mlflow(project: Project, command: str) -> None:
@@ -209,46 +257,70 @@ def _pretrains(grid: str | Path, pe: set[str] | None = None) -> dict[str, str]:
             if n.kind == "pretrain" and (pe is None or n.config["model"]["pe"]["kind"] in pe)}
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_readme_and_tutorial_commands_run(tmp_path: Path) -> None:
-    project = Project(tmp_path)
-    ran_quickstart = served = False
+def _run(project: Project, command: str, state: dict) -> None:
+    """One command of the walk, in the documents' order (see the module docstring)."""
+    if command == "phaselab mlflow":
+        if "mlflow" not in state:   # the README's and the tutorial's are the same server
+            state["mlflow"] = project.serve(command)
+        return
+    if command.startswith(READ_ONLY):
+        project.side(command)
+        return
+    project.join()
+    if command == QUICKSTART and not state["ran_quickstart"]:
+        out = _quickstart_watched(project, command)
+        assert "{'SUCCEEDED': 8}" in out and "launched 8 stage(s)" in out
+        state["ran_quickstart"] = True
+        return
+    out = project.sh(command)
+    if command == QUICKSTART:   # the second time: all cache hits
+        assert "launched 0 stage(s)" in out, out[-3000:]
+    if command == MY_GRID:   # the tutorial: its pretrains are the quickstart's
+        assert "launched 2 stage(s)" in out, out[-3000:]
+
+
+def _walk(project: Project) -> set[str]:
+    """Every step of the documents; returns the commands that ran."""
+    state: dict = {"ran_quickstart": False}
     done: set[str] = set()
-    for doc, kind, text in steps():
+    for _doc, kind, text in steps():
         if kind == "file":
+            project.join()
             name, _, body = text.partition("\n")
-            (tmp_path / name).write_text(body)
+            (project.path / name).write_text(body)
             continue
         if kind == "python":
+            project.join()
             project.sh(f"{sys.executable} - <<'PY'\n{text}PY")
             continue
         command, _why = QUICK.get(text, (text, ""))
         if command is None:
             continue
-        if "CHECKPOINT" in command:
+        if "CHECKPOINT" in command or "<stage-hash>" in command:
+            project.join()   # the hash comes from the catalog as the commands before left it
             command = command.replace("CHECKPOINT", f".phaselab/runs/{project.rope_pretrain()}")
-        if "<stage-hash>" in command:
             command = command.replace("<stage-hash>", project.rope_pretrain()[:12])
-        if command == "phaselab mlflow":
-            if not served:   # the README's and the tutorial's are the same server
-                _mlflow(project, command)
-            served = True
-        elif command == QUICKSTART and not ran_quickstart:
-            out = _quickstart_watched(project, command)
-            assert "{'SUCCEEDED': 8}" in out and "launched 8 stage(s)" in out
-            ran_quickstart = True
-        elif command in done and command.split()[:2] != ["phaselab", "run"]:
+        if command in done and command.split()[:2] != ["phaselab", "run"]:
             continue   # a read-only command both documents give: it would show the same again
-        else:
-            out = project.sh(command)
-            if command == QUICKSTART:   # the second time: all cache hits
-                assert "launched 0 stage(s)" in out, out[-3000:]
-            if command == MY_GRID:   # the tutorial: its pretrains are the quickstart's
-                assert "launched 2 stage(s)" in out, out[-3000:]
+        _run(project, command, state)
         done.add(command)
-    assert ran_quickstart and MY_GRID in done
+    project.join()
+    if "mlflow" in state:
+        state["mlflow"].result()
+    assert state["ran_quickstart"]
+    return done
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_readme_and_tutorial_commands_run(tmp_path: Path) -> None:
+    project = Project(tmp_path)
+    try:
+        done = _walk(project)
+    finally:
+        project.close()
+    assert MY_GRID in done
     # the tutorial's claim for the grids as written, without the overrides that shrink them
     assert _pretrains(tmp_path / "my_grid.yaml") == _pretrains("quickstart", pe={"rope", "pope"})
     print("\n".join(project.log))
