@@ -45,8 +45,8 @@ def reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, ampli
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 
 
-def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus", impl=None):
-    """The same through `pope_attention` (``impl``: None = the default implementation)."""
+def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus", impl="fused"):
+    """The same through `pope_attention` (``impl``: this file tests "fused"; None = the default)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     d = None if delta is None else delta.detach().clone().requires_grad_()
     out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d,
@@ -128,7 +128,8 @@ def test_pope_interpreter_decode_unsorted_and_empty_rows():
 
 
 @needs_interpreter
-def test_pope_interpreter_large_positions_range_reduction():
+@pytest.mark.parametrize("impl", ["fused", "expand"])
+def test_pope_interpreter_large_positions_range_reduction(impl):
     """Positions near 2**17 (MATH §7.4): fp32 angles reduced to [-pi, pi] before cos/sin. The
     first key sits at 0, the kernels' phase origin, so the angles really reach ~1.3e5 rad."""
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 1, 1, 17, 17, 32, torch.float32, "cpu",
@@ -136,7 +137,7 @@ def test_pope_interpreter_large_positions_range_reduction():
     pos_k[:, 0] = 0
     pos_q = pos_k.clone()
     mod = ScoreMod(kind="pope", params={"inv_freq": inv_freq, "delta": delta})
-    out = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta)
+    out = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta, impl=impl)
     ref32 = reference.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=32**-0.5, score_mod=mod)
     ref64 = reference.attention(q.double(), k.double(), v.double(), pos_q_BT=pos_q, pos_k_BS=pos_k,
                                 scale=32**-0.5, score_mod=mod, compute_dtype=torch.float64)
@@ -195,7 +196,8 @@ def test_pope_interpreter_backward_is_deterministic_and_registry_resolves():
     call = registry.AttnCall.describe(q, k, v, causal=True, score_mod=mod, deterministic=True)
     backend = registry.resolve("triton", call)
     out = backend(q, k, v, pos_q=pos_q, pos_k=pos_k, scale=32**-0.5, causal=True, score_mod=mod)
-    assert torch.equal(out, first[0])
+    # the backend runs the default implementation (function.DEFAULT_POPE_IMPL)
+    assert torch.equal(out, triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True, impl=None)[0])
 
 
 def test_pope_backend_refusals_and_validation():
