@@ -240,8 +240,8 @@ def _mlflow(project: Project, command: str) -> None:
                 time.sleep(0.5)
     finally:
         os.killpg(proc.pid, signal.SIGINT)   # the group this test started: the CLI and its server
-        try:
-            proc.wait(timeout=20)
+        try:   # the CLI's own stop of its server takes up to 20 s (SIGTERM), then SIGKILL: let it
+            proc.wait(timeout=50)   # finish, or the server (its own session) would outlive a kill here
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
