@@ -9,7 +9,8 @@ which the controller's runs root holds and ``stage.storage_uri`` names):
   tokens/s and steps/s of the last log window. The stage's Ray task sets the variable for the
   stages it runs in its own process (launcher ``ray_task``).
 * ``metrics.jsonl``: the per-step metrics rank 0 of a Ray Train run writes anyway
-  (``ray_entry.JsonlTracker``, launcher ``ray_train``); its last ``train/loss`` line is read.
+  (``ray_entry.JsonlTracker``, launcher ``ray_train``; ``ray_task`` stages write it too, and
+  ``progress.json`` first); its last ``train/loss`` line is read.
 
 The total number of steps always comes from the stage's config (``train.steps``).
 """

@@ -38,7 +38,7 @@ MAX_HEAD_DIM = 128
 # PoPE implementations: "fused" expands q/k in registers inside one flash kernel (triton_pope.py);
 # "expand" writes the 2D-wide q_hat/k_hat and runs the flash core on them, whose backward applies
 # the chain rule in its epilogues (triton_pope_expand.py). PHASELAB_POPE_IMPL (read per call) or `impl=` overrides the default.
-# The default is "expand": 1.9-2.0x faster than "fused" in forward+backward from 4k to 16k tokens and
+# The default is "expand": 1.9x faster than "fused" in forward+backward from 4k to 16k tokens and
 # green in the H200 training tests, graph capture included (kernels/attention/README.md).
 POPE_IMPLS = ("fused", "expand")
 DEFAULT_POPE_IMPL = "expand"
