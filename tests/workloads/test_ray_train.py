@@ -1,10 +1,11 @@
 """Ray Train V2 + DeepSpeed on CPU: 2-worker ZeRO-2 and ZeRO-3 runs that are killed, resumed by
 re-running ``fit`` under the same run name, and continue with the uninterrupted run's losses; and
-a 1-worker plain-torch run through the real entry with ``debug_steps``.
+1-worker plain-torch runs through the real entry (``debug_steps``; the graph step).
 
-Each ``fit`` costs ~30-45 s of Ray/DeepSpeed start-up on 2 cores, so this module runs six.
-The first DeepSpeed comm init JIT-compiles ``deepspeed_shm_comm`` (~30-90 s); the module fixture
-builds it once in the driver so the two workers do not compile it concurrently (STACK.md).
+Each ``fit`` costs ~15-20 s of Ray/DeepSpeed start-up on 2 cores, so this module runs seven and
+no more: one uninterrupted ZeRO-2 run (module fixture) is the reference of both kill-resume
+tests. ``ray_cluster`` (conftest) builds DeepSpeed's ``deepspeed_shm_comm`` JIT op once in the
+driver, so the two workers do not compile it concurrently (STACK.md).
 """
 
 import os
@@ -105,8 +106,8 @@ def test_plain_one_worker_debug_steps(ray_cluster, tmp_path):
 
 def test_graph_step_with_batch_processes_inside_a_ray_worker(ray_cluster, tmp_path):
     """On a GPU node the graph step spawns batch-building processes from the Ray Train worker;
-    here the same path runs on CPU with two of them requested, and its losses equal a plain
-    in-process run of the same spec."""
+    here the same path runs on CPU with two of them requested, and its losses equal an in-process
+    run of the same spec whose batches are built on a thread."""
     from phaselab.catalog.tracking import RecordingTracker
     from phaselab.workloads.train.api import run_training
     from phaselab.workloads.train.ray_entry import fit
@@ -116,8 +117,11 @@ def test_graph_step_with_batch_processes_inside_a_ray_worker(ray_cluster, tmp_pa
     spec["data"]["num_workers"] = 2
     fit(spec, out_dir=tmp_path / "ray", run_name="graphs", storage_path=tmp_path / "ray-store",
         num_workers=1)
+    # The in-process run builds its batches on the background thread: spawning two more batch
+    # processes here costs seconds, and test_fast_step pins the process path bitwise to it.
+    local_spec = {**spec, "data": {**spec["data"], "num_workers": 0}}
     tracker = RecordingTracker()
-    run_training(spec, out_dir=tmp_path / "local", tracker=tracker)
+    run_training(local_spec, out_dir=tmp_path / "local", tracker=tracker)
     local = {s: m["train/loss"] for s, m in tracker.metrics if "train/loss" in m}
     assert sorted(local) == [1, 2, 3, 4]
     assert _losses(tmp_path / "ray") == pytest.approx(local, rel=1e-6)
