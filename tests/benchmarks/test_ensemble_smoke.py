@@ -5,6 +5,7 @@ member trained alone (fp32), the check notices members that leak into each other
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -70,7 +71,11 @@ def test_tiny_cpu_run_writes_json_and_markdown(tmp_path: Path):
         assert r["parity"]["param_rel_diff"] < 1e-6 and r["parity"]["steps"] == 3
         assert r["member_steps_per_s"] == pytest.approx(r["K"] * r["steps_per_s"])
         assert r["x_k1"] is not None and r["x_platform"] is not None and not r["captured"]
-    (skipped,) = [r for r in rows if r["error"]]   # triton needs CUDA: recorded, not raised
-    assert skipped["encoding"] == "pope:triton" and "triton" in skipped["error"]
+    # On CPU the Triton kernel fails at its first step: without a GPU driver, or under
+    # TRITON_INTERPRET=1 because its autograd.Function has no vmap rule. Recorded, not raised.
+    (skipped,) = [r for r in rows if r["error"]]
+    assert skipped["encoding"] == "pope:triton" and skipped["K"] == 1
+    assert re.match(r"[A-Za-z_.]+: ", skipped["error"])   # "ExceptionType: message"
+    assert "triton" in skipped["error"].lower() or "autograd.Function" in skipped["error"]
     md = out.with_suffix(".md").read_text()
     assert "| rope:sdpa | graphs | 2 |" in md and "skipped:" in md and meta["command"] in md
