@@ -1,5 +1,6 @@
-"""Autograd functions, validated public wrappers and the registry's `triton` backend for the fused
-PoPE and TAPA kernels (triton_pope.py, triton_tapa.py). PoPE has a second implementation,
+"""Validated public wrappers and the registry's `triton` backend for the fused PoPE and TAPA
+kernels (triton_pope.py, triton_tapa.py; as custom ops with autograd and vmap rules in ops.py, so
+torch.compile keeps one graph through them). PoPE has a second implementation,
 `impl="expand"` (triton_pope_expand.py: 2D-wide q_hat/k_hat in device memory, the flash core of
 triton_flash.py, the chain rule in its backward's epilogues), chosen per call, by PHASELAB_POPE_IMPL or by
 `DEFAULT_POPE_IMPL`.
@@ -30,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import triton_common, triton_pope, triton_pope_expand, triton_tapa
+from phaselab.kernels.attention import ops, triton_common
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -42,45 +43,6 @@ MAX_HEAD_DIM = 128
 # green in the H200 training tests, graph capture included (kernels/attention/README.md).
 POPE_IMPLS = ("fused", "expand")
 DEFAULT_POPE_IMPL = "expand"
-
-
-class PopeAttentionFunction(torch.autograd.Function):
-    """out = PoPE attention; gradients for q, k, v and delta (fp32, [H, D])."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude):
-        out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
-                                        amplitude=amplitude)
-        ctx.save_for_backward(q, k, v, delta, pos_q, pos_k, inv_freq, out, lse)
-        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude}
-        return out
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, delta, pos_q, pos_k, inv_freq, out, lse = ctx.saved_tensors
-        dq, dk, dv, ddelta = triton_pope.pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, **ctx.cfg)
-        if ddelta is not None:
-            ddelta = ddelta.to(delta.dtype)
-        return dq, dk, dv, ddelta, None, None, None, None, None, None
-
-
-class TapaAttentionFunction(torch.autograd.Function):
-    """out = TAPA attention; gradients for q, k, v (TAPA has no parameters, MATH §4.2)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic):
-        cfg = {"d_amp": d_amp, "alpha": alpha, "phase_scale": phase_scale, "linear": linear, "scale": scale,
-               "causal": causal}
-        out, lse = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **cfg)
-        ctx.save_for_backward(q, k, v, pos_q, pos_k, out, lse)
-        ctx.cfg = cfg | {"deterministic": deterministic}
-        return out
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, pos_q, pos_k, out, lse = ctx.saved_tensors
-        dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, **ctx.cfg)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------- validation
@@ -137,10 +99,6 @@ def _check_scale(scale: float) -> float:
 # ----------------------------------------------------------------------------- public wrappers
 
 
-# Outside torch.compile's graph: dynamo traced into these user-defined Triton kernels and
-# failed on the H200 (fp64 scalar arguments; "ListVariable is already tracked for mutation" in the
-# host-side launch code). The compiled model breaks its graph here and runs the kernels as they are.
-@torch.compiler.disable
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
                    causal: bool = True, amplitude: str = "softplus", impl: str | None = None) -> Tensor:
@@ -181,14 +139,11 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     if amplitude not in POPE_AMPLITUDES:
         raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
-    if impl == "expand":
-        return triton_pope_expand.pope_expand_attention(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(),
-                                                        scale, bool(causal), amplitude)
-    return PopeAttentionFunction.apply(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale,
-                                       bool(causal), amplitude)
+    out, _lse, _aux = ops.pope_fwd(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale, bool(causal),
+                                   amplitude, impl)
+    return out
 
 
-@torch.compiler.disable  # see pope_attention
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
                    phase: str = "quadratic", scale: float = 1.0, causal: bool = True,
@@ -216,9 +171,9 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params  # validated (MATH §4.2)
     d_amp, _ = tapa_split(D, params["theta"])
-    return TapaAttentionFunction.apply(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]),
-                                       float(params["phase_scale"]), params["phase"] == "linear",
-                                       _check_scale(scale), bool(causal), bool(deterministic))
+    out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
+                             params["phase"] == "linear", _check_scale(scale), bool(causal), bool(deterministic))
+    return out
 
 
 # ----------------------------------------------------------------------------- registry backend

@@ -49,8 +49,6 @@ from phaselab.kernels.attention.triton_flash import (
     flash_bwd_dkdv,
     flash_bwd_dq,
     flash_bwd_rows,
-    flash_fwd,
-    pos_flags,
 )
 from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
 from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
@@ -169,36 +167,17 @@ def pope_expand(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"
     return PopeExpandFunction.apply(q, k, delta, pos_q, pos_k, inv_freq, amplitude)
 
 
-class PopeExpandAttentionFunction(torch.autograd.Function):
-    """PoPE attention on the flash core in PoPE mode: each kernel builds its resident tile's
-    expansion in registers from the raw input and streams the other operand's expansion from a
-    buffer the prologue writes just before (module docstring); gradients for q, k, v, delta."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude):
-        flags = pos_flags(pos_q, pos_k)
-        q_hat, k_hat = pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
-        out, lse = flash_fwd(q_hat, k_hat, v, pos_q, pos_k, flags, scale=scale, causal=causal)  # both freed here
-        ctx.save_for_backward(q, k, v, delta, out, lse, pos_q, pos_k, flags, inv_freq)
-        ctx.cfg = {"scale": scale, "causal": causal, "amplitude": amplitude}
-        return out
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, delta, out, lse, pos_q, pos_k, flags, inv_freq = ctx.saved_tensors
-        amplitude = ctx.cfg["amplitude"]
-        cfg = {"scale": ctx.cfg["scale"], "causal": ctx.cfg["causal"], "chain": PopeChain(inv_freq, delta, amplitude)}
-        do = do if do.stride(-1) == 1 else do.contiguous()
-        dlt = flash_bwd_rows(do, out)
-        q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
-        dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
-        del q_hat  # before k_hat exists: one 2D-wide buffer at a time
-        k_hat = _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude)
-        dq, ddelta = flash_bwd_dq(do, q, k_hat, v, lse, dlt, pos_q, pos_k, flags, **cfg)
-        return dq, dk, dv, ddelta, None, None, None, None, None, None
-
-
-def pope_expand_attention(q, k, v, delta, pos_q, pos_k, inv_freq, scale: float, causal: bool, amplitude: str):
-    """PoPE attention on the flash core (DK = 2D, DV = D) in PoPE mode (validated inputs, as
-    `function.pope_attention` passes them); differentiable in q, k, v and delta."""
-    return PopeExpandAttentionFunction.apply(q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude)
+def pope_expand_attention_bwd(do, q, k, v, delta, out, lse, flags, pos_q, pos_k, inv_freq, *, scale: float,
+                              causal: bool, amplitude: str):
+    """(dq, dk, dv, ddelta or None) of PoPE attention on the flash core in PoPE mode: each kernel
+    builds its resident tile's expansion in registers from the raw input and streams the other
+    operand's expansion from a buffer the prologue writes just before (module docstring). The
+    forward is `pope_expand_fwd` then `flash_fwd` (ops.pope_fwd), which saves only out and lse."""
+    cfg = {"scale": scale, "causal": causal, "chain": PopeChain(inv_freq, delta, amplitude)}
+    dlt = flash_bwd_rows(do, out)
+    q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
+    dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
+    del q_hat  # before k_hat exists: one 2D-wide buffer at a time
+    k_hat = _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude)
+    dq, ddelta = flash_bwd_dq(do, q, k_hat, v, lse, dlt, pos_q, pos_k, flags, **cfg)
+    return dq, dk, dv, ddelta

@@ -5,7 +5,6 @@ member trained alone (fp32), the check notices members that leak into each other
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -56,7 +55,10 @@ def test_parity_fails_when_clipping_mixes_members(monkeypatch: pytest.MonkeyPatc
     assert check["update_rel_diff"] > 1e-2
 
 
-def test_tiny_cpu_run_writes_json_and_markdown(tmp_path: Path):
+def test_tiny_cpu_run_writes_json_and_markdown(tmp_path: Path, monkeypatch):
+    # Triton on CPU without the interpreter: the backend refuses the row (tests/kernels' conftest
+    # turns the interpreter on for the whole session; the vmap rule itself is tested there)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
     out = tmp_path / "ens"
     code = ensemble.main(["--device", "cpu", "--tiny", "--ks", "1,2", "--encodings", "rope:sdpa,pope:triton",
                           "--steps", "3", "--check-steps", "3", "--baseline-steps", "12", "--out", str(out)])
@@ -71,11 +73,8 @@ def test_tiny_cpu_run_writes_json_and_markdown(tmp_path: Path):
         assert r["parity"]["param_rel_diff"] < 1e-6 and r["parity"]["steps"] == 3
         assert r["member_steps_per_s"] == pytest.approx(r["K"] * r["steps_per_s"])
         assert r["x_k1"] is not None and r["x_platform"] is not None and not r["captured"]
-    # On CPU the Triton kernel fails at its first step: without a GPU driver, or under
-    # TRITON_INTERPRET=1 because its autograd.Function has no vmap rule. Recorded, not raised.
-    (skipped,) = [r for r in rows if r["error"]]
+    (skipped,) = [r for r in rows if r["error"]]   # recorded, not raised; the encoding's other Ks not tried
     assert skipped["encoding"] == "pope:triton" and skipped["K"] == 1
-    assert re.match(r"[A-Za-z_.]+: ", skipped["error"])   # "ExceptionType: message"
-    assert "triton" in skipped["error"].lower() or "autograd.Function" in skipped["error"]
+    assert skipped["error"].startswith("BackendUnsupported: ") and "need CUDA" in skipped["error"]
     md = out.with_suffix(".md").read_text()
     assert "| rope:sdpa | graphs | 2 |" in md and "skipped:" in md and meta["command"] in md
