@@ -29,6 +29,7 @@ from phaselab.kernels.attention import triton_flash, triton_pope, triton_pope_ex
 @torch.library.custom_op("phaselab::pope_fwd", mutates_args=())
 def pope_fwd(q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, pos_q: Tensor, pos_k: Tensor,
              inv_freq: Tensor, scale: float, causal: bool, amplitude: str, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+    q, k, v = _last_dim_dense(q, k, v)
     if impl == "expand":
         flags = triton_flash.pos_flags(pos_q, pos_k)
         q_hat, k_hat = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
@@ -52,7 +53,7 @@ def pope_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, 
              aux: Tensor, pos_q: Tensor, pos_k: Tensor, inv_freq: Tensor, scale: float, causal: bool,
              amplitude: str, impl: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, ddelta fp32 [H, D]; an empty ddelta when delta is None)."""
-    do = do if do.stride(-1) == 1 else do.contiguous()
+    do, q, k, v, out = _last_dim_dense(do, q, k, v, out)
     if impl == "expand":
         dq, dk, dv, ddelta = triton_pope_expand.pope_expand_attention_bwd(
             do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale=scale, causal=causal,
@@ -92,6 +93,7 @@ pope_fwd.register_autograd(_pope_backward, setup_context=_pope_setup)
 def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
              phase_scale: float, linear: bool, scale: float, causal: bool,
              deterministic: bool) -> tuple[Tensor, Tensor]:
+    q, k, v = _last_dim_dense(q, k, v)
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,
                                 linear=linear, scale=scale, causal=causal)
 
@@ -106,6 +108,7 @@ def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, sca
 def tapa_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, pos_q: Tensor, pos_k: Tensor,
              d_amp: int, alpha: float, phase_scale: float, linear: bool, scale: float, causal: bool,
              deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    do, q, k, v, out = _last_dim_dense(do, q, k, v, out)
     dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, d_amp=d_amp, alpha=alpha,
                                       phase_scale=phase_scale, linear=linear, scale=scale, causal=causal,
                                       deterministic=deterministic)
@@ -125,13 +128,18 @@ def _tapa_setup(ctx, inputs, output):
 
 def _tapa_backward(ctx, do, _dlse):
     q, k, v, out, lse, pos_q, pos_k = ctx.saved_tensors
-    dq, dk, dv = tapa_bwd(do.contiguous() if do.stride(-1) != 1 else do, q, k, v, out, lse, pos_q, pos_k, *ctx.cfg)
+    dq, dk, dv = tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *ctx.cfg)
     return dq, dk, dv, *([None] * 9)
 
 
 tapa_fwd.register_autograd(_tapa_backward, setup_context=_tapa_setup)
 
 # ----------------------------------------------------------------------------- vmap: members as heads
+
+
+def _last_dim_dense(*xs: Tensor) -> tuple[Tensor, ...]:
+    """The kernels index the last dim with stride 1; a compiled caller may hand over any layout."""
+    return tuple(x if x.stride(-1) == 1 else x.contiguous() for x in xs)
 
 
 def _no_aux(q: Tensor, dtype: torch.dtype = torch.int32) -> Tensor:
