@@ -34,9 +34,9 @@ Per encoding and K (``--ks``), one process, one GPU:
 - baseline: the platform's graph step of one model (``small_models.measure``, mode ``graphs``),
   run in the same process (``--baselines``); ``x platform`` = member-steps/s over its steps/s.
 
-Encodings whose attention runs in an autograd Function without a vmap rule (the fused Triton
-PoPE / TAPA kernels) fail at the first step; the row records the error and the remaining Ks of
-that encoding are skipped. PoPE on ``sdpa`` (expanded q/k) and TAPA on ``reference`` run.
+The Triton PoPE / TAPA kernels run under vmap through their custom ops' vmap rule (members
+folded into the heads: one launch for K members, kernels/attention/ops.py). An encoding whose
+step fails records the error in its row, and the remaining Ks of that encoding are skipped.
 
 Usage (GPU; results in benchmarks/results/ensemble-h200.{json,md}):
     python benchmarks/ensemble.py --out benchmarks/results/ensemble-h200

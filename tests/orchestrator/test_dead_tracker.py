@@ -1,5 +1,5 @@
 """A tracker that is down when a run starts: the quickstart trains to the end through the real
-CLI, in about the time of a run without tracking, and its tracker calls wait in the spool until
+CLI, without minutes of HTTP retries, and its tracker calls wait in the spool until
 ``replay_spools`` (what ``run``/``resume``/``sync-tracking`` call) brings them in, once."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from _quickstart import closed_port, quickstart_cmd, quickstart_env
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN_LIMIT_S = 150
+# The shrunk quickstart takes 30-50 s on a 2-core CI machine without tracking; MLflow's client
+# retries each call of an unreachable server for minutes, i.e. one stage alone would pass this.
+DEAD_TRACKER_LIMIT_S = 120
 
 
 def run_quickstart(work: Path, *extra: str, tracking_uri: str | None = None) -> tuple[dict, float]:
@@ -36,16 +39,12 @@ def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path:
 
     dead_uri = f"http://127.0.0.1:{closed_port()}"
     dead, dead_s = run_quickstart(tmp_path / "dead", tracking_uri=dead_uri)
-    base, base_s = run_quickstart(tmp_path / "untracked", "--no-mlflow")
-    print(f"quickstart wall time: dead tracker {dead_s:.1f} s, without tracking {base_s:.1f} s "
-          f"({100 * (dead_s / base_s - 1):+.0f} %)")
-    assert dead["counts"] == {"SUCCEEDED": 8} and base["counts"] == {"SUCCEEDED": 8}
-    assert len(dead["launched"]) == 8
-    # A dead tracker costs at most one short probe per stage, not minutes of HTTP retries (MLflow's
-    # client retries each call for minutes). The bound is coarse on purpose: the two runs are
-    # sequential, so other load on a shared 2-core machine lands on one of them only; the
-    # measured cost is in the printed line (and benchmarks/, never asserted).
-    assert dead_s < 2 * base_s + 30, (dead_s, base_s)
+    print(f"quickstart wall time with a dead tracker: {dead_s:.1f} s")
+    assert dead["counts"] == {"SUCCEEDED": 8} and len(dead["launched"]) == 8
+    # A dead tracker costs at most one short probe per stage, not minutes of HTTP retries. The
+    # bound is coarse on purpose (a shared 2-core machine); the cost itself is measured in
+    # benchmarks/, never asserted.
+    assert dead_s < DEAD_TRACKER_LIMIT_S, dead_s
 
     spool = tmp_path / "dead" / "runs" / "_mlflow_spool"
     assert len(list(spool.glob("*.jsonl"))) == 8   # every stage's calls were kept
