@@ -98,3 +98,19 @@ def test_vmap_over_members_equals_one_call_each(kind):
                 continue
             assert leaf.grad.abs().max() > 0
             assert_close(f"{name}[{i}]", leaf.grad, s.grad[i], 1e-6)
+
+
+@pytest.mark.parametrize("pe", ["rope", "pope", "tapa"])
+def test_compiled_model_has_no_graph_break(pe):
+    """A 2-layer Transformer on the backend the quickstart's PoPE / TAPA cells use on GPU: dynamo
+    captures the whole forward and loss as one graph (before the custom ops: two breaks a layer)."""
+    from phaselab.workloads.models.presets import preset
+    from phaselab.workloads.models.transformer import Transformer
+
+    backend = "sdpa" if pe == "rope" else "triton"
+    model = Transformer(preset("tiny", n_layer=2, d_model=32, n_head=2, block_size=16, dropout=0.0, pe={"kind": pe},
+                               attention={"backend": backend}))
+    x_BT = torch.randint(0, 10, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda x: model(x, targets_BT=x, logits=True)[1])(x_BT)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
