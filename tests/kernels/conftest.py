@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -36,10 +37,18 @@ def _poisoned(fn):
 
 
 @pytest.fixture(autouse=True)
-def nan_poison(monkeypatch: pytest.MonkeyPatch) -> None:
+def nan_poison() -> Iterator[None]:
     """Fill torch.empty* results requested by phaselab.kernels with NaN for the test's duration."""
-    for name in _EMPTY_FNS:
-        monkeypatch.setattr(torch, name, _poisoned(getattr(torch, name)))
+    originals = {name: getattr(torch, name) for name in _EMPTY_FNS}
+    for name, fn in originals.items():
+        setattr(torch, name, _poisoned(fn))
+    yield
+    for name, fn in originals.items():
+        setattr(torch, name, fn)
+    # `with torch.device(...)` redirects the factory functions it collected on first use into an
+    # lru_cache (torch/utils/_device.py); a first use during a test (dynamo makes one) would keep
+    # the wrappers, so later `torch.device("meta")` blocks would allocate for real.
+    torch.utils._device._device_constructors.cache_clear()
 
 
 def interpreter_on() -> bool:
