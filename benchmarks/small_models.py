@@ -232,7 +232,7 @@ def main() -> None:
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     meta = {"card": card, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-            "commit": os.environ.get("PHASELAB_GIT_COMMIT") or os.environ.get("PHASELAB_COMMIT", "unknown")}
+            "commit": os.environ.get("PHASELAB_GIT_COMMIT", "unknown")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "packed": packs}, indent=1))
     table = markdown(rows, packs, meta)

@@ -75,8 +75,9 @@ def _check_qkv(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor) -> tuple[Tensor, 
         raise ValueError(f"head dim D={D} must be in [1, {MAX_HEAD_DIM}] (register-resident heads)")
     if T == 0 or k_BGSD.shape[2] == 0:
         raise ValueError(f"empty sequence: T={T}, S={k_BGSD.shape[2]}")
-    # the kernels need a contiguous last dim; any other strides are passed through
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in (q_BHTD, k_BGSD, v_BGSD))
+    # the kernels need a contiguous last dim: the ops (ops.py) make it so, where they also see
+    # the layouts a compiled caller picks; any other strides are passed through
+    return q_BHTD, k_BGSD, v_BGSD
 
 
 def _check_pos(name: str, pos: Tensor, batch: int, length: int, device: torch.device) -> Tensor:

@@ -12,8 +12,9 @@ Why custom ops (https://pytorch.org/docs/stable/notes/custom_operators.html):
   cannot run under vmap at all.
 The forward ops return (out, lse, aux) and the backward ops take them back: aux is the expand
 implementation's position flags (triton_flash.pos_flags), empty for the others. Inputs are the
-validated ones of `function.pope_attention` / `tapa_attention` (last dims contiguous, int64
-positions, fp32 inv_freq and delta). Every output is contiguous, as the fake implementations say.
+validated ones of `function.pope_attention` / `tapa_attention` (int64 positions, fp32 inv_freq
+and delta); the ops make q, k, v (and dO, out) dense in the last dim themselves, the one place that
+sees the layouts a compiled caller picks. Every output is contiguous, as the fake implementations say.
 """
 
 from __future__ import annotations

@@ -114,3 +114,14 @@ def test_compiled_model_has_no_graph_break(pe):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda x: model(x, targets_BT=x, logits=True)[1])(x_BT)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+@pytest.mark.parametrize("kind", ["pope", "tapa"])
+def test_inputs_strided_in_the_last_dim_equal_dense_ones(kind):
+    """The ops make q, k, v dense in the last dim (the kernels index it with stride 1)."""
+    (q, k, v, delta), pos_q, pos_k, inv_freq = _leaves()
+    attend = _pope("expand") if kind == "pope" else _tapa
+    q_t = q.detach().transpose(-1, -2).contiguous().transpose(-1, -2)   # same values, stride(-1) = T
+    assert q_t.stride(-1) != 1
+    dense = attend(q.detach(), k.detach(), v.detach(), pos_q, pos_k, inv_freq, delta.detach())
+    assert_close("out", dense, attend(q_t, k.detach(), v.detach(), pos_q, pos_k, inv_freq, delta.detach()), 0.0)

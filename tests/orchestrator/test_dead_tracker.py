@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RUN_LIMIT_S = 150
 # The shrunk quickstart takes 30-50 s on a 2-core CI machine without tracking; MLflow's client
-# retries each call of an unreachable server for minutes, i.e. one stage alone would pass this.
+# retries each call of an unreachable server for minutes, so one stage's calls alone exceed this.
 DEAD_TRACKER_LIMIT_S = 120
 
 
