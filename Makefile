@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[eval,postgres,dev]"
+	$(PY) -m phaselab.workloads.train.deepspeed_engine
 	touch $(STAMP)
 
 install: $(STAMP)

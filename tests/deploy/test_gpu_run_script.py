@@ -20,8 +20,9 @@ from phaselab.catalog.export import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "gpu" / "run_grid.sh"
 # fewer steps than the shipped quickstart: the packing, not the numbers, is under test
-FAST = ["defaults.train.steps=20", "defaults.train.ckpt_every=10", "stages.yarn.train.steps=4",
-        "stages.yarn.train.ckpt_every=2"]
+FAST = ["defaults.train.steps=6", "defaults.train.ckpt_every=3", "stages.yarn.train.steps=2",
+        "stages.yarn.train.ckpt_every=1", "stages.ppl.eval.ppl.max_tokens=512",
+        "stages.ppl_yarn.eval.ppl.max_tokens=512"]
 
 
 def test_scripts_parse_and_the_device_command_fits() -> None:
@@ -75,7 +76,7 @@ def test_packed_files(packed: Path, tmp_path: Path) -> None:
     # ray_task stages write metrics.jsonl beside their tracker, so curves survive --no-mlflow
     assert {c["source"] for c in curves} == {"metrics.jsonl"}
     assert all(c["train/loss"] > 0 for c in curves if "train/loss" in c)
-    assert max(c["step"] for c in curves if c["stage"] == "pretrain") == 20
+    assert max(c["step"] for c in curves if c["stage"] == "pretrain") == 6
 
 
 @pytest.mark.slow

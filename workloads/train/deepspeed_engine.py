@@ -42,6 +42,22 @@ def configure_environment() -> None:
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(_REPO_ROOT / ".torch_extensions"))
 
 
+def prebuild_comm_op() -> str:
+    """Build the JIT op that DeepSpeed's comm init loads on this machine (``deepspeed_shm_comm`` on
+    CPU, ~30 s of C++ compile once) into ``TORCH_EXTENSIONS_DIR``, so that the first fit finds it
+    cached; ``make install`` calls it (``python -m phaselab.workloads.train.deepspeed_engine``).
+    Returns the op's name, or ``"none"`` where the accelerator's comm init loads none."""
+    configure_environment()
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return "none"  # the same test as deepspeed.comm.torch.build_shm_op
+    builder.load()
+    return builder.absolute_name()
+
+
 def deepspeed_config(cfg: TrainConfig, *, world: int, bf16: bool) -> dict[str, Any]:
     """The DeepSpeed JSON config derived from ``cfg`` (``cfg.zero_stage`` must be set)."""
     if cfg.zero_stage is None:
@@ -152,3 +168,7 @@ class DeepSpeedEngine:
                 yield self.module
         else:
             yield self.module
+
+
+if __name__ == "__main__":
+    print(f"DeepSpeed comm op ready: {prebuild_comm_op()}")
