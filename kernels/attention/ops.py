@@ -68,8 +68,8 @@ def pope_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, 
 
 @pope_bwd.register_fake
 def _pope_bwd_fake(do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale, causal, amplitude, impl):
-    ddelta = torch.empty_like(delta) if delta is not None else q.new_empty((0,), dtype=torch.float32)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ddelta
+    ddelta = delta.new_empty(delta.shape) if delta is not None else q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ddelta  # contiguous, as returned
 
 
 def _pope_setup(ctx, inputs, output):
@@ -118,7 +118,7 @@ def tapa_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tens
 
 @tapa_bwd.register_fake
 def _tapa_bwd_fake(do, q, k, v, out, lse, pos_q, pos_k, *cfg):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as returned
 
 
 def _tapa_setup(ctx, inputs, output):

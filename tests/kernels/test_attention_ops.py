@@ -77,6 +77,28 @@ def test_op_schemas_pass_torch_library_checks():
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
+def _heads_strided(t):
+    """Same values in the model's memory layout: [B, T, H, D] seen as [B, H, T, D]."""
+    return t.detach().transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def test_backward_fakes_give_the_real_strides_for_the_models_layout():
+    """Inductor trusts a fake's strides (assert_size_stride on the real output): with q, k, v
+    in the model's [B, T, H, D] memory the gradients come back contiguous, and so must the fakes'."""
+    (q, k, v, delta), pos_q, pos_k, inv_freq = _leaves()
+    q, k, v = (_heads_strided(t) for t in (q, k, v))
+    assert q.stride(1) == q.shape[-1]
+    checks = ("test_schema", "test_faketensor")
+    for impl in ("expand", "fused"):
+        out, lse, aux = ops.pope_fwd(q, k, v, delta.detach(), pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl)
+        torch.library.opcheck(ops.pope_bwd, (torch.ones_like(out), q, k, v, delta.detach(), out, lse, aux, pos_q,
+                                             pos_k, inv_freq, 0.2, True, "softplus", impl), test_utils=checks)
+    cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True)
+    out, lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, *cfg)
+    torch.library.opcheck(ops.tapa_bwd, (torch.ones_like(out), q, k, v, out, lse, pos_q, pos_k, *cfg),
+                          test_utils=checks)
+
+
 @pytest.mark.parametrize("kind", ["pope", "tapa"])
 def test_vmap_over_members_equals_one_call_each(kind):
     """K=2 members with their own q/k/v (and PoPE delta), positions shared, GQA: the vmap rule
