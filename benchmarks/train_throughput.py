@@ -230,7 +230,7 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     return (f"# Training throughput: {m['preset']}, T={m['seq_len']}, {m['precision']} "
             f"({m['card']})\n\n"
-            f"- date: {m['date']}\n- command: `{m['command']}`\n"
+            f"- date: {m['date']}\n- command: `{m['command']}`\n- commit: {m.get('commit', 'unknown')}\n"
             f"- versions: {json.dumps(m['versions'])}\n"
             f"- data: {m['data']}; batch {m['batch_size']} x {m['seq_len']} tokens per step, "
             f"grad_accum {m['grad_accum']}, torch.compile {m['compile']}, "
@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(shlex.quote(a) for a in ["python", "benchmarks/train_throughput.py",
                                                    *(sys.argv[1:] if argv is None else argv)])
     meta = {"card": card_name(device), "device": str(device), "date": datetime.datetime.now(datetime.UTC).isoformat(
-            timespec="seconds"), "command": command, "versions": versions(), "preset": args.preset,
+            timespec="seconds"), "command": command, "commit": os.environ.get("PHASELAB_GIT_COMMIT", "unknown"),
+            "versions": versions(), "preset": args.preset,
             "seq_len": args.seq_len, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
             "steps": args.steps, "warmup": args.warmup, "precision": args.precision, "compile": args.compile,
             "loss": args.loss,
