@@ -128,15 +128,12 @@ def test_one_real_fit_measured(tmp_path):
     """One real fit (ZeRO-2, 1 worker, 6 steps, checkpoint at 3): the numbers scaling.py derives
     agree with the loop's own per-step accounting."""
     pytest.importorskip("ray")
-    from phaselab.workloads.train.deepspeed_engine import configure_environment
+    from phaselab.workloads.train.deepspeed_engine import prebuild_comm_op
     from phaselab.workloads.train.ray_entry import read_metrics
 
-    configure_environment()
-    from deepspeed.accelerator import get_accelerator
-
-    # A fresh clone JIT-compiles DeepSpeed's shm comm op once (~30 s, STACK.md); do it here, in
-    # one process, rather than inside the timed worker.
-    get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+    # DeepSpeed's shm comm op is JIT-compiled once per checkout (~30 s, STACK.md; make install
+    # does it): here, in one process, if not yet, rather than inside the timed worker
+    prebuild_comm_op()
     local_ray.shared()
     bench = _bench(steps=6, warmup_steps=1, ckpt_at=3, max_world=1)
     case = scaling_cases.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)

@@ -22,12 +22,9 @@ def ray_cluster() -> Iterator[str]:
     """The shared local Ray cluster (2 CPUs, local_ray.py) with DeepSpeed's CPU environment and
     Ray Train's fast controller polling for the module's fits."""
     pytest.importorskip("ray")
-    from phaselab.workloads.train.deepspeed_engine import configure_environment
+    from phaselab.workloads.train.deepspeed_engine import prebuild_comm_op
 
-    configure_environment()
-    from deepspeed.accelerator import get_accelerator
-
-    get_accelerator().create_op_builder("ShareMemCommBuilder").load()  # warm the JIT cache
+    prebuild_comm_op()  # the environment, and the JIT cache warm (make install already built it)
     address = local_ray.shared()
     with pytest.MonkeyPatch.context() as mp:
         for name, value in _RAY_TRAIN_ENV.items():
