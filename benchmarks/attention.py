@@ -16,6 +16,10 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
     tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
     tapa-material  the reference (fp32 logits materialised) where it fits in memory
+    tapa-public    the TAPA authors' forward-only Triton kernel (AIMRelease/tapa-attention,
+                   `tapa_attention_triton`, theta 0.5, alpha 0.1, their default 32 x 32 tiles), loaded
+                   at run time from the checkout named by --tapa-public DIR (none of its code is
+                   ours or committed); forward rows only, its fwd+bwd rows say "forward only"
 TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (every PoPE path; the
 padded-v SDPA paths do more work than that),
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -51,7 +56,8 @@ from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-expand-cudnn": "pope", "pope-expand-flex": "pope",
-               "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa"}
+               "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
+               "tapa-public": "tapa"}
 
 
 def sdpa(backend):
@@ -124,12 +130,35 @@ def tapa_material(q, k, v, pos, ctx):
                                score_mod=ScoreMod(kind="tapa", params={"alpha": 0.1}))
 
 
+_PUBLIC: dict = {}
+
+
+def load_tapa_public(directory: str) -> None:
+    """Import ``attention_triton.py`` of a checkout of AIMRelease/tapa-attention for tapa-public."""
+    path = Path(directory) / "attention_triton.py"
+    if not path.is_file():
+        raise SystemExit(f"--tapa-public: no attention_triton.py in {directory}")
+    spec = importlib.util.spec_from_file_location("tapa_public_attention_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _PUBLIC["fn"] = module.tapa_attention_triton
+
+
+def tapa_public(q, k, v, pos, ctx):
+    if "fn" not in _PUBLIC:
+        raise RuntimeError("tapa-public needs --tapa-public DIR")
+    if torch.is_grad_enabled():
+        raise RuntimeError("forward only (the public kernel has no backward)")
+    return _PUBLIC["fn"](q, k, v, theta=0.5, alpha=0.1, causal=True)
+
+
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand,
            "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
            "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
-           "tapa-material": tapa_material}
+           "tapa-material": tapa_material,
+           "tapa-public": tapa_public}
 
 
 def time_ms(fn, warmup: int, iters: int) -> float:
@@ -255,8 +284,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--material-limit-gib", type=float, default=8.0,
                    help="skip tapa-material when one fp32 B*H*N*N tensor exceeds this")
+    p.add_argument("--tapa-public", metavar="DIR", default=None,
+                   help="a checkout of AIMRelease/tapa-attention, for the tapa-public method")
     p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
+    if args.tapa_public:
+        load_tapa_public(args.tapa_public)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/attention.py needs a CUDA GPU")
     meta = {"card": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.UTC).isoformat(

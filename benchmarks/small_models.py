@@ -14,6 +14,10 @@ GPU through ``phaselab run`` (``resources.gpus: 1/N``, Ray Train, one process an
 stage). Aggregate steps/s = the sum over stages of each stage's median ``train/steps_per_s``
 while all N ran; wall = the ``phaselab run`` command's seconds, start-up included.
 
+``--profile N``: after a graph row's timed run, N more replays of its captured step under
+torch.profiler (``step_profile.py``): device busy time per step against the wall time, by kernel
+category and the kernels that take it; the replays read the last window's batches again.
+
 Usage (GPU; results in benchmarks/results/small-models-h200.{json,md}):
     python benchmarks/small_models.py --steps 400 --pack 1,2,4 --out benchmarks/results/small-models-h200
     python benchmarks/small_models.py --device cpu --tiny --steps 12 --out /tmp/sm   # CPU smoke
@@ -36,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+import step_profile
 import torch
 
 from phaselab.catalog.tracking import RecordingTracker
@@ -105,7 +110,31 @@ def spec_for(name: str, encoding: str, mode: str, *, steps: int, tiny: bool) -> 
     return spec
 
 
-def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: str) -> dict[str, Any]:
+def profile_replays(engine: Any, steps: int) -> dict[str, Any] | None:
+    """``steps`` more replays of the captured step under the profiler (None without a graph)."""
+    graph = getattr(engine, "graph", None)
+    if graph is None or steps <= 0 or steps > engine.window_cap:
+        return None
+    dev = engine.device
+    prof = step_profile.make_profiler(dev, skip=0, steps=steps)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(dev)
+    engine.cursor.zero_()
+    with prof:
+        graph.replay()   # the profiler's warm-up step
+        prof.step()
+        start.record()
+        for _ in range(steps):
+            graph.replay()
+            prof.step()
+        stop.record()
+        torch.cuda.synchronize(dev)
+    return step_profile.summary(prof, device=dev, steps=steps, wall_ms_per_step=start.elapsed_time(stop) / steps,
+                                top=16)
+
+
+def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: str,
+            profile: int = 0) -> dict[str, Any]:
     """One row of part 1: the real loop for ``steps`` steps; median windowed steps/s."""
     spec = spec_for(name, pe, mode, steps=steps, tiny=tiny)
     spec["train"]["device"] = device
@@ -124,11 +153,13 @@ def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: st
     wall = time.perf_counter() - t0
     rates = [m["train/steps_per_s"] for _, m in tracker.metrics if "train/steps_per_s" in m]
     steady = rates[2:] or rates
+    prof = profile_replays(engine, profile)
     return {"model": name, "pe": pe.partition(":")[0], "backend": spec["model"]["attention"]["backend"],
             "mode": mode, "steps": steps, "batch_workers": getattr(engine, "batch_workers", None),
             "steps_per_s": statistics.median(steady) if steady else None,
             "gpu_busy": sampler.busy(), "wall_s": wall,
-            "final_loss": next((m["train/loss"] for _, m in reversed(tracker.metrics) if "train/loss" in m), None)}
+            "final_loss": next((m["train/loss"] for _, m in reversed(tracker.metrics) if "train/loss" in m), None),
+            **({"profile": prof} if prof else {})}
 
 
 PACK_GRID = """grid: pack{n}
@@ -198,6 +229,10 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
             mps = "yes" if p.get("mps") else "no"
             lines.append(f"| {p['stages']} | {mps} | {1 / p['stages']:.2f} | {agg or 0:.1f} | {ratio} | {per} | "
                          f"{p['wall_s']:.0f} |")
+    for r in rows:
+        if r.get("profile"):
+            case = f"{r['model']} {r['pe']} ({r['backend']}) {r['mode']}"
+            lines += ["", step_profile.markdown(case, r["profile"])]
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +246,8 @@ def main() -> None:
     ap.add_argument("--pack-steps", type=int, default=3000)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: 1-layer models")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile N replays of each graph row's captured step after its timed run")
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip the remaining rows after this")
     ap.add_argument("--out", required=True, type=Path, help="path prefix of the .json and .md")
     args = ap.parse_args()
@@ -221,7 +258,8 @@ def main() -> None:
                 if time.perf_counter() - t_start > args.budget_s:
                     print(f"[small_models] budget reached: skipping {name} {pe} {mode}", flush=True)
                     continue
-                row = measure(name, pe, mode, steps=args.steps, tiny=args.tiny, device=args.device)
+                row = measure(name, pe, mode, steps=args.steps, tiny=args.tiny, device=args.device,
+                              profile=args.profile)
                 rows.append(row)
                 print(f"[small_models] {json.dumps(row)}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="phaselab-pack-"))
