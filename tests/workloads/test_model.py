@@ -234,8 +234,12 @@ def test_cuda_bf16_autocast_step_matches_cpu_fp32(kind, backend):
 
 @pytest.mark.gpu
 def test_cuda_deterministic_sdpa_training_call_is_refused():
-    """Checked on the CPU at build; on CUDA with grads, sdpa cannot promise determinism (MATH §7.8)."""
-    model = Transformer(preset("tiny", attention={"backend": "sdpa", "deterministic": True})).cuda()
+    """On CUDA with grads, sdpa cannot promise determinism (MATH §7.8): a model built for CUDA is
+    refused at build; one built for the host and moved is refused at its first training call."""
+    cfg = preset("tiny", attention={"backend": "sdpa", "deterministic": True})
+    with pytest.raises(BackendUnsupported, match="deterministic"):
+        Transformer(cfg)   # device_type defaults to "cuda" on a GPU host
+    model = Transformer(cfg, device_type="cpu").cuda()
     idx_BT = _tokens(66, 1, 8).cuda()
     with torch.no_grad():
         model(idx_BT)  # inference is deterministic: accepted
