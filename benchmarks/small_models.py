@@ -239,9 +239,9 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
             if r["profile"]["top"]:
                 lines += ["", step_profile.markdown(case, r["profile"])]
             else:
-                lines += ["", f"### {case}: wall {r['profile']['wall_ms_per_step']:.2f} ms/step over "
+                lines += ["", (f"### {case}: wall {r['profile']['wall_ms_per_step']:.2f} ms/step over "
                           f"{r['profile']['steps']} replays; the profiler recorded no device events in "
-                          "this process, so there is no kernel breakdown"]
+                          "this process, so there is no kernel breakdown")]
     return "\n".join(lines) + "\n"
 
 
@@ -260,6 +260,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip the remaining rows after this")
     ap.add_argument("--out", required=True, type=Path, help="path prefix of the .json and .md")
     args = ap.parse_args()
+    if args.profile:
+        step_profile.arm()
     t_start, rows = time.perf_counter(), []
     for name in args.models.split(","):
         for mode in args.modes.split(","):

@@ -17,6 +17,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 
+def arm() -> None:
+    """Start and stop a profiler once before the process creates its first CUDA context: Kineto
+    reports the device activity of the contexts it saw created (pytorch/pytorch#125272).
+    small_models.py's first profile, started after its CUDA context and graph capture, recorded
+    no device events on the H200 (results/small-models-h200-pope-sdpa.md)."""
+    if torch.cuda.is_available():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            pass
+
+
 def make_profiler(device: torch.device, *, skip: int, steps: int) -> profile:
     """A profiler that records steps skip+2 .. skip+1+steps (one step of profiler warm-up);
     call `.step()` once per training step."""
