@@ -1,0 +1,73 @@
+"""Reporting paths of benchmarks/small_models.py (--profile sections) and benchmarks/attention.py
+(the tapa-public method, loaded at run time from a checkout), on synthetic inputs: no GPU, no
+training."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# attention.py turns autotuning on for its own process; the kernels read the variable at every
+# launch, so it must not leak into the rest of the test session
+_AUTOTUNE = os.environ.get("PHASELAB_AUTOTUNE")
+import attention
+import small_models
+
+if _AUTOTUNE is None:
+    os.environ.pop("PHASELAB_AUTOTUNE", None)
+
+META = {"card": "test card", "date": "2026-12-02", "command": "python x", "commit": "abc", "torch": "2"}
+
+
+def _row(profile: dict | None) -> dict:
+    row = {"model": "ii-8l512", "pe": "pope", "backend": "sdpa", "mode": "graphs-compiled", "steps": 300,
+           "batch_workers": 4, "steps_per_s": 284.3, "gpu_busy": 0.0, "wall_s": 20.0, "final_loss": 3.929}
+    return row | ({"profile": profile} if profile else {})
+
+
+def test_profile_without_device_events_says_so_instead_of_idle():
+    prof = {"steps": 10, "wall_ms_per_step": 3.54, "busy_ms_per_step": 0.0, "idle_share": 1.0,
+            "categories": {}, "top": []}
+    md = small_models.markdown([_row(prof)], [], META)
+    assert "| ii-8l512 | pope | sdpa | graphs-compiled (4 batch workers) | 284.3 |" in md
+    assert "wall 3.54 ms/step over 10 replays; the profiler recorded no device events" in md
+    assert "idle 100 %" not in md
+
+
+def test_profile_with_device_events_gets_the_kernel_tables():
+    prof = {"steps": 10, "wall_ms_per_step": 3.0, "busy_ms_per_step": 2.4, "idle_share": 0.2,
+            "categories": {"gemm": {"ms_per_step": 1.2, "share": 0.5}},
+            "top": [{"name": "nvjet_x", "category": "gemm", "calls_per_step": 48, "ms_per_step": 1.2,
+                     "share": 0.5}]}
+    md = small_models.markdown([_row(prof)], [], META)
+    assert "busy 2.4 ms/step (idle 20 %)" in md
+    assert "| gemm | 1.200 | 50.0 % |" in md and "| `nvjet_x` | 48 | 1.200 | 50.0 % |" in md
+
+
+def test_tapa_public_loads_a_checkout_and_passes_the_benchmark_settings(tmp_path, monkeypatch):
+    (tmp_path / "attention_triton.py").write_text(
+        "def tapa_attention_triton(xq, xk, xv, theta, alpha, causal=True):\n"
+        "    return (xq + 2 * xk + 3 * xv) * theta * alpha * (1 if causal else -1)\n")
+    monkeypatch.setattr(attention, "_PUBLIC", {})
+    attention.load_tapa_public(str(tmp_path))
+    q, k, v = (torch.full((1, 1, 2, 4), float(i)) for i in (1, 2, 3))
+    with torch.no_grad():
+        out = attention.tapa_public(q, k, v, None, {})
+    assert torch.equal(out, torch.full((1, 1, 2, 4), 14 * 0.5 * 0.1))
+    with pytest.raises(RuntimeError, match="forward only"):   # fwd+bwd rows get this status
+        attention.tapa_public(q.requires_grad_(), k, v, None, {})
+
+
+def test_tapa_public_names_a_missing_checkout(tmp_path, monkeypatch):
+    monkeypatch.setattr(attention, "_PUBLIC", {})
+    with pytest.raises(SystemExit, match="no attention_triton.py"):
+        attention.load_tapa_public(str(tmp_path))
+    with pytest.raises(RuntimeError, match="needs --tapa-public"):
+        attention.tapa_public(None, None, None, None, {})
