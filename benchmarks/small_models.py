@@ -14,9 +14,11 @@ GPU through ``phaselab run`` (``resources.gpus: 1/N``, Ray Train, one process an
 stage). Aggregate steps/s = the sum over stages of each stage's median ``train/steps_per_s``
 while all N ran; wall = the ``phaselab run`` command's seconds, start-up included.
 
-``--profile N``: after a graph row's timed run, N more replays of its captured step under
-torch.profiler (``step_profile.py``): device busy time per step against the wall time, by kernel
-category and the kernels that take it; the replays read the last window's batches again.
+``--profile N``: after a graph row's timed run, N more replays of its captured step timed by CUDA
+events (the wall time per step), then N + 1 eager launches of the same step function under
+torch.profiler (``step_profile.py``): the device time of the kernels the graph replays, by
+category and the kernels that take it, against that wall time. Both read the last window's
+batches again.
 
 Usage (GPU; results in benchmarks/results/small-models-h200.{json,md}):
     python benchmarks/small_models.py --steps 400 --pack 1,2,4 --out benchmarks/results/small-models-h200
@@ -111,7 +113,8 @@ def spec_for(name: str, encoding: str, mode: str, *, steps: int, tiny: bool) -> 
 
 
 def profile_replays(engine: Any, steps: int) -> dict[str, Any] | None:
-    """``steps`` more replays of the captured step under the profiler (None without a graph)."""
+    """Wall time of ``steps`` more replays of the captured step, and the profile of ``steps`` eager
+    launches of its step function (None without a graph)."""
     graph = getattr(engine, "graph", None)
     if graph is None or steps <= 0 or steps > engine.window_cap:
         return None
