@@ -5,21 +5,10 @@ Ray job's entrypoint."""
 from __future__ import annotations
 
 import ipaddress
-import os
-import signal
-import stat
-import time
 from pathlib import Path
 
 import pytest
-from _quickstart import descendants, quickstart_env, start_quickstart, wait_for_stage
-
-
-def _listening(pids: set[int]) -> set[tuple[str, int]]:
-    import psutil
-
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+from _quickstart import KilledQuickstart
 
 
 def _loopback(ip: str) -> bool:
@@ -30,35 +19,19 @@ def _loopback(ip: str) -> bool:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_running_quickstart_listens_on_loopback_only_and_keeps_its_token_private(tmp_path: Path) -> None:
-    home = tmp_path / "home"   # a fresh ~/.ray: the token is created by this run
-    home.mkdir()
-    env = quickstart_env(HOME=str(home))
-    env.pop("RAY_AUTH_TOKEN_PATH", None)
-    env.pop("RAY_AUTH_MODE", None)
-    proc = start_quickstart(tmp_path / "work", "--no-mlflow", env=env)
-    sockets: set[tuple[str, int]] = set()
-    names: set[str] = set()
-    try:
-        wait_for_stage(proc)
-        deadline = time.monotonic() + 6.0
-        while time.monotonic() < deadline and proc.poll() is None:
-            kids = descendants(proc.pid)
-            names |= {name for name, _ in kids.values()}
-            sockets |= _listening(set(kids) | {proc.pid})
-            time.sleep(0.5)
-        token = home / ".ray" / "auth_token"
-        mode = stat.S_IMODE(token.stat().st_mode) if token.exists() else None
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+def test_running_quickstart_listens_on_loopback_only_and_keeps_its_token_private(
+        killed_quickstart: KilledQuickstart) -> None:
+    """The census of the ``killed_quickstart`` fixture (conftest.py): its run had a fresh ``~``,
+    so the token file was created by that run."""
+    seen = killed_quickstart
+    sockets = seen.sockets
     print(f"socket census of a running quickstart ({len(sockets)} listening): "
           f"{sorted({ip for ip, _ in sockets})}")
-    assert {"raylet", "gcs_server", "ray::DashboardAgent"} <= names, names
+    assert {"raylet", "gcs_server", "ray::DashboardAgent"} <= seen.names, seen.names
     assert len(sockets) >= 5, sockets   # GCS, raylet, agents, workers, metrics: the census saw them
     public = sorted(s for s in sockets if not _loopback(s[0]))
     assert not public, f"listening beyond loopback: {public}"
-    assert mode == 0o600, oct(mode or 0)
+    assert seen.token_mode == 0o600, oct(seen.token_mode or 0)
 
 
 def test_submitted_job_carries_the_catalog_password_in_its_environment_only(tmp_path: Path,
