@@ -51,9 +51,18 @@ def scratch(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _uses_shared_cluster(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return "ray_cluster" in getattr(item, "fixturenames", ()) or (
+        module is not None and "local_ray" in vars(module))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """The shared in-process Ray cluster (local_ray.py) lives while the tests of one folder run."""
+    """The shared in-process Ray cluster (local_ray.py) lives while the tests of one folder run,
+    and on into the next folder when that folder's first test uses it too (a start costs 5-8 s)."""
     local_ray = sys.modules.get("local_ray")
-    if local_ray is not None and (nextitem is None or nextitem.path.parent != item.path.parent):
+    if local_ray is None:
+        return
+    if nextitem is None or (nextitem.path.parent != item.path.parent and not _uses_shared_cluster(nextitem)):
         local_ray.stop_shared()

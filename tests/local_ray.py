@@ -1,7 +1,8 @@
 """One in-process local Ray cluster (2 CPUs, no dashboard, on 127.0.0.1) for the tests that drive
 Ray from the test process: a start costs 5-8 s on 2 cores, so consecutive tests of one folder
-share it. ``tests/conftest.py`` shuts it down before a test of another folder and at the end of
-the session, so no idle cluster runs beside the other folders' tests. A test that needs a
+share it. ``tests/conftest.py`` shuts it down before a test of another folder (unless that test
+uses it too) and at the end of the session, so no idle cluster runs beside the other folders'
+tests. A test that needs a
 cluster of its own options calls :func:`own` and shuts that one down itself."""
 
 from __future__ import annotations
