@@ -9,6 +9,8 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     pope-expand    phaselab's expand path, impl="expand": Triton prologue (2D-wide q_hat/k_hat in
                    HBM) + the Triton flash core (q/k 2D wide, v D wide) + the Triton chain rule
     pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
+    pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN takes a value head dim other
+                   than q's and k's (the sdpa backend's PoPE path ran it so in training)
     pope-expand-flex   the same prologue and chain rule around compiled FlexAttention (v D wide;
                    compiled once per length and mode, the compile excluded from the timing)
     flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
@@ -55,7 +57,8 @@ from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
-               "pope-expand": "pope", "pope-expand-cudnn": "pope", "pope-expand-flex": "pope",
+               "pope-expand": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
+               "pope-expand-flex": "pope",
                "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
                "tapa-public": "tapa"}
 
@@ -87,6 +90,12 @@ def pope_expand_cudnn(q, k, v, pos, ctx):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         out = F.scaled_dot_product_attention(qh, kh, v_pad, is_causal=True, scale=q.shape[-1] ** -0.5)
     return out[..., : v.shape[-1]]
+
+
+def pope_expand_cudnn_dv(q, k, v, pos, ctx):
+    qh, kh = _expanded(q, k, pos, ctx)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(qh, kh, v, is_causal=True, scale=q.shape[-1] ** -0.5)
 
 
 _FLEX: dict = {}
@@ -154,7 +163,8 @@ def tapa_public(q, k, v, pos, ctx):
 
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand,
-           "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
+           "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-cudnn-dv": pope_expand_cudnn_dv,
+           "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
            "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material,

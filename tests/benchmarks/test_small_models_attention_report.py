@@ -71,3 +71,11 @@ def test_tapa_public_names_a_missing_checkout(tmp_path, monkeypatch):
         attention.load_tapa_public(str(tmp_path))
     with pytest.raises(RuntimeError, match="needs --tapa-public"):
         attention.tapa_public(None, None, None, None, {})
+
+
+def test_every_attention_method_has_a_flop_kind():
+    """The TFLOP/s column needs each method's FLOP count (MATH §6): a method without a kind would
+    fail only on the GPU, after the earlier rows had spent their time."""
+    assert set(attention.METHODS) == set(attention.METHOD_KIND)
+    assert set(attention.METHOD_KIND.values()) <= set(attention.FLOPS_PER_L2D)
+    assert attention.METHOD_KIND["pope-expand-cudnn-dv"] == "pope" and attention.METHOD_KIND["tapa-public"] == "tapa"
