@@ -9,8 +9,8 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     pope-expand    phaselab's expand path, impl="expand": Triton prologue (2D-wide q_hat/k_hat in
                    HBM) + the Triton flash core (q/k 2D wide, v D wide) + the Triton chain rule
     pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
-    pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN takes a value head dim other
-                   than q's and k's (the sdpa backend's PoPE path ran it so in training)
+    pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN's attention supports a value
+                   head dim other than q's and k's; an "error" row says torch would not route it
     pope-expand-flex   the same prologue and chain rule around compiled FlexAttention (v D wide;
                    compiled once per length and mode, the compile excluded from the timing)
     flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
