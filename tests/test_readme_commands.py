@@ -45,10 +45,11 @@ TINY = (f"{PRETRAIN_TINY} stages.yarn.train.steps=2 stages.yarn.train.ckpt_every
         "stages.ppl.eval.ppl.max_tokens=512 stages.ppl_yarn.eval.ppl.max_tokens=512")
 QUICKSTART = f"phaselab run quickstart {TINY}"
 MY_GRID = f"phaselab run my_grid.yaml {PRETRAIN_TINY}"
-# Prefixes of the commands that only read the project (or write a folder of their own, the
-# `train` example and the demo, that no later command reads).
+# Prefixes of the commands that only read the project (or write a folder of their own that no
+# later command reads: the `train` example's, the demo's, and .phaselab/eval, where each `eval`
+# of a checkpoint writes its records.json whole).
 READ_ONLY = ("phaselab grids", "phaselab plan ", "phaselab --version", "phaselab why ", "phaselab status ",
-             "phaselab train docs/examples/", "python -m phaselab.workloads.demo")
+             "phaselab eval ", "phaselab train docs/examples/", "python -m phaselab.workloads.demo")
 
 # command as written -> (what runs instead, why). SKIP: nothing runs.
 QUICK: dict[str, tuple[str | None, str]] = {
