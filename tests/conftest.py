@@ -33,6 +33,14 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Without CUDA the Triton kernels run under the interpreter, which triton reads when it decorates a
+# kernel: set here, before any test module is collected, because a module of another folder
+# (benchmarks/ helpers) may import phaselab.kernels' Triton files before tests/kernels/conftest.py
+# is loaded. Every test already ran with it set (collection precedes the first test).
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cuda = _has_cuda()
     pg = os.environ.get("PHASELAB_TEST_POSTGRES_URL")
