@@ -88,7 +88,10 @@ def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = N
                          artifact_root=artifact_root or default_artifact_root(catalog_url))
     if on_start is not None:
         on_start()
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
+    # MLflow's server job runner (a huey consumer and its workers, for GenAI judge jobs and trace
+    # roll-ups) is on by default; phaselab submits no MLflow jobs, so it stays off unless asked for
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")}
     out = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 (lives with the process)
     # Own process group: gunicorn/uvicorn workers are stopped with the server (stop()).
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
