@@ -83,7 +83,17 @@ fetch_ray() {
   echo "downloading ray==$ver and packing it without ray/jars (xz: several minutes)"
   "$PY" -m pip download -q --no-deps --only-binary=:all: "${PLATFORM[@]}" -d "$tmp" "ray==$ver"
   mkdir "$tmp/x"
-  "$PY" -m zipfile -e "$tmp"/ray-"$ver"-*.whl "$tmp/x"
+  # `python -m zipfile -e` drops the modes the wheel records, and ray's gcs_server and raylet
+  # must stay executable (a bare machine then fails to start Ray with PermissionError)
+  "$PY" - "$tmp"/ray-"$ver"-*.whl "$tmp/x" <<'PYEOF'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for info in wheel.infolist():
+        path = wheel.extract(info, sys.argv[2])
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+            os.chmod(path, mode)
+PYEOF
   tar -C "$tmp/x" --exclude=ray/jars -cJf "$tmp/ray.tar.xz" .
   mv "$tmp/ray.tar.xz" "$tarball"          # only a complete file gets the name that is skipped
 }
