@@ -36,7 +36,7 @@ def _losses(tmp_path, path: str, steps: int, layers: int, batch: int) -> dict[tu
 @pytest.mark.parametrize(("path", "steps", "layers", "batch"), [("sdpa-expanded", 24, 2, 8), ("triton", 2, 1, 2)])
 def test_pope_paths_train_alike(tmp_path, path, steps, layers, batch):
     if path == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the fused kernel runs on CPU only under TRITON_INTERPRET=1 (tests/kernels sets it)")
+        pytest.skip("the fused kernel runs on CPU only under TRITON_INTERPRET=1 (tests/conftest.py sets it without CUDA)")
     ref, got = _losses(tmp_path, "reference", steps, layers, batch), _losses(tmp_path, path, steps, layers, batch)
     assert sorted(got) == sorted(ref) and len(ref) == steps + 2   # every step, and validation at half and end
     if steps > 10:   # the model learns, so the comparison covers updates that matter
