@@ -17,21 +17,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 
-def arm() -> None:
-    """Start and stop a profiler once before the process creates its first CUDA context: Kineto
-    reports the device activity of the contexts it saw created (pytorch/pytorch#125272).
-    small_models.py's first profile, started after its CUDA context and graph capture, recorded
-    no device events on the H200 (results/small-models-h200-pope-sdpa.md)."""
-    if torch.cuda.is_available():
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
-            pass
-
-
 def make_profiler(device: torch.device, *, skip: int, steps: int) -> profile:
     """A profiler that records steps skip+2 .. skip+1+steps (one step of profiler warm-up);
-    call `.step()` once per training step."""
+    call `.step()` once per training step.
+
+    One cycle only (repeat=1): with torch's default repeat=0 a `.step()` after the last active step
+    starts a new cycle, and with skip=0 that cycle's warm-up replaces the recorded events by an
+    empty set (`events()` reports only the current cycle)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return profile(activities=activities, schedule=schedule(wait=skip, warmup=1, active=steps))
+    return profile(activities=activities, schedule=schedule(wait=skip, warmup=1, active=steps, repeat=1))
 
 
 # kernel name -> category, first match wins (names as CUDA 13 / torch 2.11 print them)
@@ -63,7 +57,7 @@ def _device_events(prof: profile, device: torch.device) -> list[tuple[str, float
         return [(e.key, float(e.time_range.start), float(e.time_range.elapsed_us()))
                 for e in prof.events() if e.device_type == DeviceType.CUDA
                 and not getattr(e, "is_user_annotation", False) and not e.key.startswith("ProfilerStep")]
-    return [(e.key, 0.0, float(e.self_cpu_time_total)) for e in prof.key_averages()]
+    return [(e.key, 0.0, float(e.self_cpu_time_total)) for e in prof.events()]
 
 
 def _union_us(events: list[tuple[str, float, float]]) -> float:

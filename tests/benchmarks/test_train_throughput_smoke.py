@@ -111,3 +111,20 @@ def test_profile_busy_is_the_union_of_device_intervals_and_kernels_are_categoris
     assert step_profile.category("triton_poi_fused_add_mul_rms_norm_3") == "fused elementwise"
     assert step_profile.category("void at::native::multi_tensor_apply_kernel<adam>") == "optimizer"
     assert step_profile.category("some_unknown_kernel") == "other"
+
+
+def test_profiler_keeps_its_events_when_stepped_past_the_last_active_step():
+    # small_models.py profiles with skip=0 and calls .step() once more after the last active step;
+    # with torch's default repeat=0 that step opens a new cycle whose warm-up empties events()
+    import step_profile
+    import torch
+
+    prof = step_profile.make_profiler(torch.device("cpu"), skip=0, steps=3)
+    a = torch.randn(64, 64)
+    with prof:
+        for _ in range(4):
+            a @ a
+            prof.step()
+    summary = step_profile.summary(prof, device=torch.device("cpu"), steps=3, wall_ms_per_step=1.0)
+    mm = [r for r in summary["top"] if r["name"] == "aten::mm"]
+    assert mm and mm[0]["calls_per_step"] == pytest.approx(1.0)
