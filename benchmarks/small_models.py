@@ -136,8 +136,10 @@ def profile_replays(engine: Any, steps: int) -> dict[str, Any] | None:
         with prof:
             for _ in range(steps + 1):
                 run()
+                # each step's kernels finish inside its own profiler step: replays are queued
+                # ahead of the GPU, so without this the recorded window is shifted by the queue
+                torch.cuda.synchronize(dev)
                 prof.step()
-            torch.cuda.synchronize(dev)
         summary = step_profile.summary(prof, device=dev, steps=steps, wall_ms_per_step=wall_ms, top=16)
         if summary["top"]:
             break
