@@ -184,7 +184,7 @@ defaults:
   data: {{kind: indirect_indexing, block_size: 48}}
   train: {{steps: {steps}, batch_size: 64, lr: 2.0e-4, min_lr: 2.0e-5, warmup: 100,
           eval_every: 0, eval_batches: 1, final_eval_batches: 1, ckpt_every: 0, log_every: 200,
-          cuda_graphs: true}}
+          cuda_graphs: true, compile: {compile}}}
   resources: {{gpus: {gpus}, cpus: 1, memory_gb: 4, num_workers: 1}}
   launcher: ray_train
 stages:
@@ -193,12 +193,15 @@ stages:
 """
 
 
-def packed(n: int, *, steps: int, work: Path) -> dict[str, Any]:
-    """Part 2: ``n`` stages of one grid on one GPU through ``phaselab run``."""
+def packed(n: int, *, steps: int, work: Path, mode: str = "graphs-compiled") -> dict[str, Any]:
+    """Part 2: ``n`` stages of one grid on one GPU through ``phaselab run``, each with the graph step
+    (``mode`` "graphs") or the graph step and ``torch.compile`` ("graphs-compiled")."""
     root = work / f"pack{n}"
     root.mkdir(parents=True, exist_ok=True)
     grid = root / "grid.yaml"
-    grid.write_text(PACK_GRID.format(n=n, seeds=list(range(n)), steps=steps, gpus=round(1 / n, 4)))
+    compile_ = MODES[mode]["train"].get("compile", False)
+    grid.write_text(PACK_GRID.format(n=n, seeds=list(range(n)), steps=steps, gpus=round(1 / n, 4),
+                                     compile=str(compile_).lower()))
     cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", str(grid), "--no-mlflow",
            "--catalog", f"sqlite:///{root}/catalog.db", "--runs-root", str(root / "runs")]
     t0 = time.perf_counter()
@@ -210,7 +213,7 @@ def packed(n: int, *, steps: int, work: Path) -> dict[str, Any]:
         r = [row["train/steps_per_s"] for row in rows if "train/steps_per_s" in row]
         if r:
             rates.append(statistics.median(r[1:-1] or r))
-    return {"stages": n, "steps": steps, "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+    return {"stages": n, "steps": steps, "mode": mode, "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
             "returncode": proc.returncode, "wall_s": wall,
             "per_stage_steps_per_s": rates, "aggregate_steps_per_s": sum(rates) if rates else None,
             "tail": proc.stdout[-800:] + proc.stderr[-1500:] if proc.returncode else ""}
@@ -233,7 +236,7 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
                      f"{busy} | {loss} |")
     if packs:
         one = packs[0]["aggregate_steps_per_s"]
-        lines += ["", "Packed on one GPU through `phaselab run` (ii-8l512, RoPE, graphs):", "",
+        lines += ["", f"Packed on one GPU through `phaselab run` (ii-8l512, RoPE, {packs[0].get('mode', 'graphs')}):", "",
                   "| stages | MPS | gpus each | aggregate steps/s | x one | per stage | wall s |",
                   "|---:|---|---:|---:|---:|---|---:|"]
         for p in packs:
@@ -264,6 +267,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--pack", default="", help="comma list of stage counts for part 2, e.g. 1,2,4")
     ap.add_argument("--pack-steps", type=int, default=3000)
+    ap.add_argument("--pack-mode", default="graphs-compiled", choices=("graphs", "graphs-compiled"),
+                    help="the step of each packed stage")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: 1-layer models")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
@@ -285,7 +290,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="phaselab-pack-"))
     packs = []
     for n in [int(v) for v in args.pack.split(",") if v]:
-        packs.append(packed(n, steps=args.pack_steps, work=work))
+        packs.append(packed(n, steps=args.pack_steps, work=work, mode=args.pack_mode))
         print(f"[small_models] {json.dumps(packs[-1])}", flush=True)
     card = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     meta = {"card": card, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
