@@ -43,17 +43,20 @@ def _lookup(axes_of: Mapping[str, Mapping[str, Any]], stage_hash: str) -> Mappin
 
 def series(points: Iterable[Mapping[str, Any]], axes_of: Mapping[str, Mapping[str, Any]], metric: str
            ) -> dict[str, dict[Any, dict[int, float]]]:
-    """{group: {seed: {step: value}}} of ``metric``; a group is the stage name and the cell's axes
-    without the seed (the first value of a step wins, as in the metrics replay)."""
+    """{group: {seed: {step: value}}} of ``metric``; a group is the cell's axes without the seed, and
+    without the axes every cell shares (the stage name leads it when the points come from several
+    stages; the first value of a step wins, as in the metrics replay)."""
+    points = list(points)
     out: dict[str, dict[Any, dict[int, float]]] = {}
-    drop = _named_elsewhere(axes_of.values())
+    drop = _named_elsewhere(axes_of.values()) | _shared(axes_of.values())
+    several_stages = len({p["stage"] for p in points if p.get("stage")}) > 1
     for p in points:
         value = p.get(metric)
         axes = _lookup(axes_of, str(p.get("stage_hash", "")))
         if value is None or axes is None or not math.isfinite(float(value)):
             continue
         group, seed = group_label(axes, drop)
-        if p.get("stage"):   # a cell's fine-tunes log their own curves: one line per stage
+        if several_stages and p.get("stage"):   # a cell's fine-tunes log their own curves
             group = f"{p['stage']}: {group}"
         out.setdefault(group, {}).setdefault(seed, {}).setdefault(int(p["step"]), float(value))
     return out
@@ -67,6 +70,17 @@ def _named_elsewhere(cells: Iterable[Mapping[str, Any]]) -> set[str]:
     full = {group_label(axes)[0] for axes in cells}
     short = {group_label(axes, structured)[0] for axes in cells}
     return structured if structured and len(short) == len(full) and "all" not in short else set()
+
+
+def _shared(cells: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Axes with one value in every cell (a zip's ``block: 48`` in each of its cells): they tell no
+    line apart, so they stay out of the labels, unless the cells are one cell (its label names it)."""
+    cells = list(cells)
+    if len({group_label(axes)[0] for axes in cells}) < 2:
+        return set()
+    keys = set().union(*(axes.keys() for axes in cells)) - {"seed"}
+    return {k for k in keys if all(k in axes for axes in cells)
+            and len({json.dumps(axes[k], sort_keys=True, default=str) for axes in cells}) == 1}
 
 
 def _band(by_seed: Mapping[Any, Mapping[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
@@ -109,10 +123,16 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
         ax.set_xlabel("optimiser step")
         ax.set_ylabel(_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    # one legend for all panels, below them: inside a panel it covers the curves
+    handles = {}
+    for ax in axs[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    ncol = min(len(handles), 3)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.045 * math.ceil(len(handles) / ncol) + 0.02, 1, 1))
     from phaselab.catalog.plotstyle import save
 
     return save(fig, path_base, formats)

@@ -30,9 +30,20 @@ def test_structured_axes_stay_in_the_label_when_they_tell_cells_apart():
     product = {"a": {"pe": "rope", "jsb": {"policy": "split"}, "seed": 0},
                "b": {"pe": "rope", "jsb": {"policy": "truncate"}, "seed": 0}}
     got = series(_points(product), product, "valid/loss")
-    assert sorted(got) == ['jsb={"policy": "split"}, pe=rope', 'jsb={"policy": "truncate"}, pe=rope']
-    only = {"a": {"pe": {"kind": "rope"}, "seed": 0}}
-    assert list(series(_points(only), only, "valid/loss")) == ['pe={"kind": "rope"}']
+    assert sorted(got) == ['jsb={"policy": "split"}', 'jsb={"policy": "truncate"}']   # pe: shared
+    only = {"a": {"pe": {"kind": "rope"}, "seed": 0}, "b": {"pe": {"kind": "rope"}, "seed": 1}}
+    assert list(series(_points(only), only, "valid/loss")) == ['pe={"kind": "rope"}']   # one cell: named
+
+
+def test_labels_leave_out_what_every_cell_shares_and_name_stages_only_when_several():
+    zip_ = {"s": {"variant": "short", "block": 48, "delta": "uniform", "seed": 1},
+            "z": {"variant": "zero", "block": 48, "delta": "zero", "seed": 1}}
+    points = [p | {"stage": "train"} for p in _points(zip_)]
+    assert sorted(series(points, zip_, "valid/loss")) == ["delta=uniform, variant=short", "delta=zero, variant=zero"]
+    points += [{"stage_hash": "s", "stage": "ft", "step": 1, "valid/loss": 1.0}]
+    assert sorted(series(points, zip_, "valid/loss")) == ["ft: delta=uniform, variant=short",
+                                                          "train: delta=uniform, variant=short",
+                                                          "train: delta=zero, variant=zero"]
 
 
 def test_plot_writes_the_figure_and_refuses_an_empty_one(tmp_path: Path):
