@@ -111,28 +111,31 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
     if not panels:
         raise ValueError(f"no points for any of {list(metrics)}")
     fig, axs = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    # a group keeps its colour, line style and marker in every panel, and has one legend entry
+    order = {g: i for i, g in enumerate(sorted(set().union(*(groups for _, groups in panels))))}
+    legend: dict[str, Any] = {}
     for ax, (metric, groups) in zip(axs[0], panels):
-        for i, (group, by_seed) in enumerate(sorted(groups.items())):
+        for group, by_seed in sorted(groups.items()):
+            i = order[group]
             xs, mean, lo, hi = _band(by_seed)
             style, marker = _STYLES[i % len(_STYLES)]
             every = max(1, len(xs) // 12)
-            ax.plot(xs, mean, linestyle=style, marker=marker, markevery=every, markersize=4,
-                    label=f"{group} (n={len(by_seed)})")
+            (line,) = ax.plot(xs, mean, linestyle=style, marker=marker, markevery=every, markersize=4,
+                              color=f"C{i % 10}", label=f"{group} (n={len(by_seed)})")
+            legend.setdefault(group, line)
             if len(by_seed) > 1:
-                ax.fill_between(xs, lo, hi, alpha=0.2)
+                ax.fill_between(xs, lo, hi, alpha=0.2, color=f"C{i % 10}")
         ax.set_xlabel("optimiser step")
         ax.set_ylabel(_LABELS.get(metric, metric))
         ax.grid(alpha=0.3)
     # one legend for all panels, below them: inside a panel it covers the curves
-    handles = {}
-    for ax in axs[0]:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    ncol = min(len(handles), 3)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    lines = [legend[g] for g in sorted(legend, key=order.get)]
+    ncol = min(len(lines), 3)
+    fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncol=ncol, fontsize=8,
+               frameon=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.045 * math.ceil(len(handles) / ncol) + 0.02, 1, 1))
+    fig.tight_layout(rect=(0, 0.045 * math.ceil(len(lines) / ncol) + 0.02, 1, 1))
     from phaselab.catalog.plotstyle import save
 
     return save(fig, path_base, formats)
