@@ -130,7 +130,7 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
         ax.grid(alpha=0.3)
     # one legend for all panels, below them: inside a panel it covers the curves
     lines = [legend[g] for g in sorted(legend, key=order.get)]
-    ncol = min(len(lines), 3)
+    ncol = len(lines) if len(lines) <= 4 else 3
     fig.legend(lines, [line.get_label() for line in lines], loc="lower center", ncol=ncol, fontsize=8,
                frameon=False)
     if title:
