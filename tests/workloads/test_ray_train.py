@@ -1,8 +1,8 @@
 """Ray Train V2 + DeepSpeed on CPU: 2-worker ZeRO-2 and ZeRO-3 runs that are killed, resumed by
 re-running ``fit`` under the same run name, and continue with the uninterrupted run's losses; and
-1-worker plain-torch runs through the real entry (``debug_steps``; the graph step).
+a 1-worker plain-torch run through the real entry (``debug_steps``, the graph step).
 
-Each ``fit`` costs ~15-20 s of Ray/DeepSpeed start-up on 2 cores, so this module runs seven and
+Each ``fit`` costs ~15-20 s of Ray/DeepSpeed start-up on 2 cores, so this module runs six and
 no more: one uninterrupted ZeRO-2 run (module fixture) is the reference of both kill-resume
 tests. ``ray_cluster`` (conftest) builds DeepSpeed's ``deepspeed_shm_comm`` JIT op once in the
 driver, so the two workers do not compile it concurrently (STACK.md).
@@ -89,11 +89,22 @@ def test_two_workers_kill_and_resume(reference, tmp_path, zero_stage):
     assert out.metrics["test/loss"] == pytest.approx(ref.metrics["test/loss"], rel=1e-5)
 
 
-def test_plain_one_worker_debug_steps(ray_cluster, tmp_path):
+def test_one_worker_debug_steps_with_the_graph_step_and_batch_processes(ray_cluster, tmp_path):
+    """A 1-worker plain-torch run through the real entry, cut to its first steps by
+    ``debug_steps``. It runs the graph step, which on a GPU node spawns batch-building processes
+    from the Ray Train worker: here the same path runs on CPU with two of them requested, and its
+    losses equal an in-process run of the same schedule whose batches are built on a thread. One
+    ``fit`` for both (each costs 10-15 s of start-up on 2 cores); the Ray Train runs of
+    tests/orchestrator (launcher ray_train) take the default step."""
+    from phaselab.catalog.tracking import RecordingTracker
+    from phaselab.workloads.train.api import run_training
     from phaselab.workloads.train.ray_entry import fit
 
-    out = fit(_spec(zero_stage=None, steps=1000), out_dir=tmp_path / "out", run_name="plain",
-              storage_path=tmp_path / "ray", num_workers=1, debug_steps=3)
+    spec = _spec(zero_stage=None, steps=1000)
+    spec["train"]["cuda_graphs"] = True
+    spec["data"]["num_workers"] = 2
+    out = fit(spec, out_dir=tmp_path / "out", run_name="plain", storage_path=tmp_path / "ray",
+              num_workers=1, debug_steps=3)
     assert sorted(_losses(tmp_path / "out")) == [1, 2, 3]
     assert out.metrics["step"] == 3
     assert {(r.name, r.split) for r in out.records} >= {("acc", "test"), ("loss", "valid")}
@@ -102,26 +113,13 @@ def test_plain_one_worker_debug_steps(ray_cluster, tmp_path):
     assert model.cfg.pe.kind == "pope"
     delta = model.h[0].attn.pe.delta.detach()
     assert float(delta.min()) >= -2 * torch.pi and float(delta.max()) <= 0.0  # projection ran
-
-
-def test_graph_step_with_batch_processes_inside_a_ray_worker(ray_cluster, tmp_path):
-    """On a GPU node the graph step spawns batch-building processes from the Ray Train worker;
-    here the same path runs on CPU with two of them requested, and its losses equal an in-process
-    run of the same spec whose batches are built on a thread."""
-    from phaselab.catalog.tracking import RecordingTracker
-    from phaselab.workloads.train.api import run_training
-    from phaselab.workloads.train.ray_entry import fit
-
-    spec = _spec(zero_stage=None, steps=4)
-    spec["train"]["cuda_graphs"] = True
-    spec["data"]["num_workers"] = 2
-    fit(spec, out_dir=tmp_path / "ray", run_name="graphs", storage_path=tmp_path / "ray-store",
-        num_workers=1)
-    # The in-process run builds its batches on the background thread: spawning two more batch
-    # processes here costs seconds, and test_fast_step pins the process path bitwise to it.
-    local_spec = {**spec, "data": {**spec["data"], "num_workers": 0}}
+    # The in-process run: the first 3 steps of the same 1000-step schedule (what debug_steps
+    # keeps), its batches built on the background thread: spawning two more batch processes here
+    # costs seconds, and test_fast_step pins the process path bitwise to it.
+    local_spec = {**spec, "data": {**spec["data"], "num_workers": 0},
+                  "train": {**spec["train"], "steps": 3, "decay_steps": 1000}}
     tracker = RecordingTracker()
     run_training(local_spec, out_dir=tmp_path / "local", tracker=tracker)
     local = {s: m["train/loss"] for s, m in tracker.metrics if "train/loss" in m}
-    assert sorted(local) == [1, 2, 3, 4]
-    assert _losses(tmp_path / "ray") == pytest.approx(local, rel=1e-6)
+    assert sorted(local) == [1, 2, 3]
+    assert _losses(tmp_path / "out") == pytest.approx(local, rel=1e-6)
