@@ -148,7 +148,8 @@ def test_run_names_every_failed_stage_exits_1_and_notifies(tmp_path: Path, ray_l
     assert all(e["text"].startswith("phaselab t: ") for e in posted)
 
     # status: axis columns and the reason of each failed stage
-    text = CliRunner().invoke(app, ["status", "t", "--catalog", catalog], env={"COLUMNS": "200"}).output
+    # wide enough for the reason beside the long tmp paths of a pytest-xdist worker
+    text = CliRunner().invoke(app, ["status", "t", "--catalog", catalog], env={"COLUMNS": "400"}).output
     line = next(ln for ln in text.splitlines() if "ppl" in ln and "pope" in ln)
     assert "FAILED" in line and "no document has more than 10000000 tokens" in line
 
