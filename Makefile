@@ -27,9 +27,14 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/phaselab run quickstart
 
+# Two pytest processes (pytest-xdist), each test file whole in one of them: most of the suite
+# waits on Ray, DeepSpeed and MLflow start-ups and subprocesses, so a second process keeps the
+# second core busy. Files keep the collection order (tests/conftest.py puts the slowest first).
+# PYTEST_XDIST=0 runs it in one process.
+PYTEST_XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: install
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 $(if $(filter 0,$(PYTEST_XDIST)),,$(PYTEST_XDIST)) $(PYTEST_ARGS)
 
 # On a CUDA machine: the kernel sweeps and GPU entry points.
 gpu-test: install
