@@ -17,8 +17,7 @@ while all N ran; wall = the ``phaselab run`` command's seconds, start-up include
 ``--profile N``: after a graph row's timed run, N more replays of its captured step timed by CUDA
 events (the wall time per step), then N + 1 replays under torch.profiler (``step_profile.py``):
 the device time of the kernels the graph replays, by category and the kernels that take it,
-against that wall time (eager launches of the step function if the profiler sees no kernels in
-replays). Both read the last window's batches again.
+against that wall time. Both read the last window's batches again.
 
 Usage (GPU; results in benchmarks/results/small-models-h200.{json,md}):
     python benchmarks/small_models.py --steps 400 --pack 1,2,4 --out benchmarks/results/small-models-h200
@@ -115,8 +114,7 @@ def spec_for(name: str, encoding: str, mode: str, *, steps: int, tiny: bool) -> 
 def profile_replays(engine: Any, steps: int) -> dict[str, Any] | None:
     """Wall time of ``steps`` more replays of the captured step (CUDA events, no profiler), then the
     same replays under torch.profiler: the kernels the graph runs and the device time they take.
-    If the profiler records no kernels inside the replays, eager launches of the captured step's
-    function stand in for them (the same kernels, timed one by one). None without a graph."""
+    None without a graph."""
     graph = getattr(engine, "graph", None)
     if graph is None or steps <= 0 or steps > engine.window_cap:
         return None
@@ -130,21 +128,17 @@ def profile_replays(engine: Any, steps: int) -> dict[str, Any] | None:
     stop.record()
     torch.cuda.synchronize(dev)
     wall_ms = start.elapsed_time(stop) / steps
-    for source, run in (("graph replays", graph.replay), ("eager launches of the captured step", engine._step)):
-        engine.cursor.zero_()
-        prof = step_profile.make_profiler(dev, skip=0, steps=steps)
-        with prof:
-            for _ in range(steps + 1):
-                run()
-                # each step's kernels finish inside its own profiler step: replays are queued
-                # ahead of the GPU, so without this the recorded window is shifted by the queue
-                torch.cuda.synchronize(dev)
-                prof.step()
-        summary = step_profile.summary(prof, device=dev, steps=steps, wall_ms_per_step=wall_ms, top=16)
-        if summary["top"]:
-            break
     engine.cursor.zero_()
-    return summary | {"source": source}
+    prof = step_profile.make_profiler(dev, skip=0, steps=steps)
+    with prof:
+        for _ in range(steps + 1):
+            graph.replay()
+            # each step's kernels finish inside its own profiler step: replays are queued ahead
+            # of the GPU, so without this the recorded window is shifted by the queue
+            torch.cuda.synchronize(dev)
+            prof.step()
+    engine.cursor.zero_()
+    return step_profile.summary(prof, device=dev, steps=steps, wall_ms_per_step=wall_ms, top=16)
 
 
 def measure(name: str, pe: str, mode: str, *, steps: int, tiny: bool, device: str,
@@ -250,8 +244,7 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
         if r.get("profile"):
             case = f"{r['model']} {r['pe']} ({r['backend']}) {r['mode']}"
             if r["profile"]["top"]:
-                lines += ["", step_profile.markdown(case, r["profile"]),
-                          "", f"(profiled: {r['profile'].get('source', 'graph replays')})"]
+                lines += ["", step_profile.markdown(case, r["profile"])]
             else:
                 lines += ["", (f"### {case}: wall {r['profile']['wall_ms_per_step']:.2f} ms/step over "
                           f"{r['profile']['steps']} replays; the profiler recorded no device events in "
