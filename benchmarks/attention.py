@@ -8,6 +8,9 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
     pope-expand    phaselab's expand path, impl="expand": Triton prologue (2D-wide q_hat/k_hat in
                    HBM) + the Triton flash core (q/k 2D wide, v D wide) + the Triton chain rule
+    pope-cudnn     phaselab's impl="cudnn" (the `triton` backend's default where it runs): the same
+                   prologue and chain rule around cuDNN's core with v D wide, out and lse saved, the
+                   backward by head groups (kernels/attention/pope_cudnn.py)
     pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
     pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN's attention supports a value
                    head dim other than q's and k's; an "error" row says torch would not route it
@@ -57,7 +60,7 @@ from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
-               "pope-expand": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
+               "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-flex": "pope",
                "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
                "tapa-public": "tapa"}
@@ -78,6 +81,11 @@ def pope_fused(q, k, v, pos, ctx):
 def pope_expand(q, k, v, pos, ctx):
     return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
                           impl="expand")
+
+
+def pope_cudnn(q, k, v, pos, ctx):
+    return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
+                          impl="cudnn", trivial_pos=True, deterministic=False)
 
 
 def _expanded(q, k, pos, ctx):
@@ -162,7 +170,7 @@ def tapa_public(q, k, v, pos, ctx):
 
 
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand,
+           "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand, "pope-cudnn": pope_cudnn,
            "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-cudnn-dv": pope_expand_cudnn_dv,
            "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
            "tapa-fused": tapa_fused,

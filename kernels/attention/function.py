@@ -31,18 +31,20 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import ops, triton_common
+from phaselab.kernels.attention import ops, pope_cudnn, triton_common
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
 # PoPE implementations: "fused" expands q/k in registers inside one flash kernel (triton_pope.py);
-# "expand" writes the 2D-wide q_hat/k_hat and runs the flash core on them, whose backward applies
-# the chain rule in its epilogues (triton_pope_expand.py). PHASELAB_POPE_IMPL (read per call) or `impl=` overrides the default.
-# The default is "expand": 1.9x faster than "fused" in forward+backward from 4k to 16k tokens and
-# green in the H200 training tests, graph capture included (kernels/attention/README.md).
-POPE_IMPLS = ("fused", "expand")
-DEFAULT_POPE_IMPL = "expand"
+# "expand" writes the 2D-wide q_hat/k_hat and runs our flash core on them, whose backward applies
+# the chain rule in its epilogues (triton_pope_expand.py); "cudnn" runs the same prologue and chain
+# rule around cuDNN's attention core (pope_cudnn.py: Hopper, bf16/fp16, D <= 64, no GQA, a mask
+# cuDNN can express, not deterministic). "auto" (the default) takes "cudnn" where it runs and
+# "expand" elsewhere (kernels/attention/README.md has the measurements). PHASELAB_POPE_IMPL (read
+# per call) or `impl=` overrides the default; an explicit "cudnn" that cannot run raises.
+POPE_IMPLS = ("fused", "expand", "cudnn")
+DEFAULT_POPE_IMPL = "auto"
 
 
 # ----------------------------------------------------------------------------- validation
@@ -102,7 +104,8 @@ def _check_scale(scale: float) -> float:
 
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
-                   causal: bool = True, amplitude: str = "softplus", impl: str | None = None) -> Tensor:
+                   causal: bool = True, amplitude: str = "softplus", impl: str | None = None,
+                   trivial_pos: bool = False, deterministic: bool = True) -> Tensor:
     """PoPE attention (MATH §3), differentiable in q, k, v and delta.
 
     Args:
@@ -113,18 +116,25 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         delta_HD: fp32 [H, D] phase bias on the key side, or None (the "without delta" ablation).
         scale: softmax scale, default 1/sqrt(D) (MATH §3.4).
         causal: mask by positions (default True). amplitude: "softplus" (default), "relu", "identity".
-        impl: "fused" or "expand" (`POPE_IMPLS`); None reads PHASELAB_POPE_IMPL, default
-            `DEFAULT_POPE_IMPL`. Both are deterministic.
+        impl: "fused", "expand", "cudnn" (`POPE_IMPLS`) or "auto"; None reads PHASELAB_POPE_IMPL,
+            default `DEFAULT_POPE_IMPL` ("auto": "cudnn" where `pope_cudnn.unsupported_reason`
+            allows it, else "expand"). "fused" and "expand" are deterministic.
+        trivial_pos: the caller guarantees pos_q == pos_k == 0..T-1 (T == S), so a causal call can
+            use cuDNN's index-causal mask (the positions are not read to check it: no device sync).
+        deterministic: refuse the non-deterministic "cudnn" core (default True; the model passes
+            its `attention.deterministic`).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
     impl = os.environ.get("PHASELAB_POPE_IMPL", DEFAULT_POPE_IMPL) if impl is None else impl
-    if impl not in POPE_IMPLS:
-        raise ValueError(f"pope impl={impl!r}: expected one of {POPE_IMPLS} (PHASELAB_POPE_IMPL)")
+    if impl not in (*POPE_IMPLS, "auto"):
+        raise ValueError(f"pope impl={impl!r}: expected auto or one of {POPE_IMPLS} (PHASELAB_POPE_IMPL)")
     q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
     B, H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
     pos_k = _check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
+    if trivial_pos and T != k.shape[2]:
+        raise ValueError(f"trivial_pos=True needs T == S, got T={T}, S={k.shape[2]}")
     if not isinstance(inv_freq_D, Tensor) or inv_freq_D.shape != (D,) or inv_freq_D.dtype != torch.float32:
         raise ValueError(f"inv_freq_D must be an fp32 tensor of shape ({D},), got "
                          f"{getattr(inv_freq_D, 'dtype', type(inv_freq_D).__name__)} "
@@ -140,6 +150,12 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     if amplitude not in POPE_AMPLITUDES:
         raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
+    if impl in ("auto", "cudnn"):
+        reason = pope_cudnn.unsupported_reason(q, k, causal=causal, trivial_pos=trivial_pos,
+                                               deterministic=deterministic)
+        if impl == "cudnn" and reason is not None:
+            raise ValueError(f"pope impl='cudnn' cannot run this call: {reason}")
+        impl = "cudnn" if reason is None else "expand"
     out, _lse, _aux = ops.pope_fwd(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale, bool(causal),
                                    amplitude, impl)
     return out
@@ -204,7 +220,8 @@ class TritonBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
+                 deterministic: bool = False) -> Tensor:
         if cu_seqlens is not None:
             raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
         if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa"):
@@ -216,7 +233,8 @@ class TritonBackend:
             return pope_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,
                                   inv_freq_D=p["inv_freq"].to(device=device, dtype=torch.float32),
                                   delta_HD=None if delta is None else delta.to(device=device),
-                                  scale=scale, causal=causal, amplitude=p["amplitude"])
+                                  scale=scale, causal=causal, amplitude=p["amplitude"], trivial_pos=trivial_pos,
+                                  deterministic=deterministic)
         if p["phase"] not in TAPA_PHASES:
             raise ValueError(f"tapa phase={p['phase']!r}")
         return tapa_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, alpha=p["alpha"],

@@ -11,7 +11,8 @@ Why custom ops (https://pytorch.org/docs/stable/notes/custom_operators.html):
   a per-member parameter [K, H, D], becomes [K*H, D]); an autograd.Function without a vmap rule
   cannot run under vmap at all.
 The forward ops return (out, lse, aux) and the backward ops take them back: aux is the expand
-implementation's position flags (triton_flash.pos_flags), empty for the others. Inputs are the
+implementation's position flags (triton_flash.pos_flags), empty for the others; lse is the core's own
+row statistic (cuDNN's for impl "cudnn"), read only by the same core's backward. Inputs are the
 validated ones of `function.pope_attention` / `tapa_attention` (int64 positions, fp32 inv_freq
 and delta); the ops make q, k, v (and dO, out) dense in the last dim themselves, the one place that
 sees the layouts a compiled caller picks. Every output is contiguous, as the fake implementations say.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import triton_flash, triton_pope, triton_pope_expand, triton_tapa
+from phaselab.kernels.attention import pope_cudnn, triton_flash, triton_pope, triton_pope_expand, triton_tapa
 
 # ----------------------------------------------------------------------------- PoPE
 
@@ -36,6 +37,10 @@ def pope_fwd(q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, pos_q: Tenso
         q_hat, k_hat = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
         out, lse = triton_flash.flash_fwd(q_hat, k_hat, v, pos_q, pos_k, flags, scale=scale, causal=causal)
         return out, lse, flags
+    if impl == "cudnn":
+        out, lse = pope_cudnn.pope_cudnn_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
+                                             amplitude=amplitude)
+        return out, lse, _no_aux(q)
     out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
                                     amplitude=amplitude)
     return out, lse, _no_aux(q)
@@ -59,6 +64,9 @@ def pope_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, 
         dq, dk, dv, ddelta = triton_pope_expand.pope_expand_attention_bwd(
             do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale=scale, causal=causal,
             amplitude=amplitude)
+    elif impl == "cudnn":
+        dq, dk, dv, ddelta = pope_cudnn.pope_cudnn_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq,
+                                                       scale=scale, causal=causal, amplitude=amplitude)
     else:
         dq, dk, dv, ddelta = triton_pope.pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta,
                                                   scale=scale, causal=causal, amplitude=amplitude)

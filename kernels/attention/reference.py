@@ -291,7 +291,8 @@ class ReferenceBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
+                 deterministic: bool = False) -> Tensor:
         kwargs = {"scale": scale, "causal": causal, "score_mod": score_mod}
         if cu_seqlens is None:
             return attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, **kwargs)

@@ -98,7 +98,8 @@ class SdpaBackend:
 
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
-                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False) -> Tensor:
+                 cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
+                 deterministic: bool = False) -> Tensor:
         call = AttnCall.describe(q_BHTD, k_BGSD, v_BGSD, causal=causal, score_mod=score_mod,
                                  cu_seqlens=cu_seqlens)
         reason = self.unsupported_reason(call)

@@ -145,7 +145,8 @@ class CausalSelfAttention(nn.Module):
                                           cu_seqlens=cu_seqlens, deterministic=self.deterministic))
         y_BHTD = self.backend(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q_BT, pos_k=pos_k_BS,
                               scale=self.pe.softmax_scale(self.head_dim), causal=True,
-                              score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos)
+                              score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos,
+                              deterministic=self.deterministic)
         y_BTC = y_BHTD.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_drop(self.c_proj(y_BTC))
 
