@@ -14,7 +14,7 @@ The same Cartesian form as `triton_pope_expand.py` (MATH §3.3, layout "interlea
    benchmarks/results/attention-h200-d64-dv.md).
 
 Where it runs (`unsupported_reason`): CUDA on Hopper or newer (where it was measured), bf16/fp16,
-D <= 64 (cuDNN's query/key width 2D <= 128), as many key/value heads as query heads, and a mask
+D <= 64 and a multiple of 8 (cuDNN's query/key width 2D <= 128), as many key/value heads as query heads, and a mask
 cuDNN can express: non-causal, or causal with the trivial positions 0..T-1 for queries and keys
 (cuDNN's causal mask is by index, PoPE's by position). cuDNN's attention backward is not
 deterministic in PyTorch (pytorch/pytorch#182551), so a call that asks for determinism is refused.
@@ -42,8 +42,9 @@ def unsupported_reason(q: Tensor, k: Tensor, *, causal: bool, trivial_pos: bool,
         return "measured and tested on Hopper (sm90) or newer with cuDNN only"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {q.dtype}: cuDNN attention runs bf16/fp16"
-    if q.shape[-1] > MAX_D or q.shape[-1] % 4:
-        return f"head dim {q.shape[-1]}: the 2D-wide q/k must be a multiple of 8 and at most {2 * MAX_D} for cuDNN"
+    if q.shape[-1] > MAX_D or q.shape[-1] % 8:
+        return (f"head dim {q.shape[-1]}: cuDNN needs head dims that are multiples of 8, and the 2D-wide "
+                f"q/k at most {2 * MAX_D}")
     if q.shape[1] != k.shape[1]:
         return f"{q.shape[1]} query heads but {k.shape[1]} key/value heads: grouped-query heads use impl='expand'"
     if causal and not trivial_pos:
