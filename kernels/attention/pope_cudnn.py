@@ -87,7 +87,7 @@ def pope_cudnn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ddelta = None if delta is None else torch.empty_like(delta, dtype=torch.float32)
     for h0, h1 in groups:
-        part = (t[:, h0:h1].contiguous() for t in (do, q, k, v, out, lse))
+        part = (t[:, h0:h1] for t in (do, q, k, v, out, lse))  # strided views: cuDNN and our kernels take them
         g_do, g_q, g_k, g_v, g_out, g_lse = part
         g_delta = None if delta is None else delta[h0:h1]
         g_dq, g_dk, g_dv, g_dd = _group_bwd(g_do, g_q, g_k, g_v, g_delta, g_out, g_lse, pos_q, pos_k, inv_freq,
