@@ -282,6 +282,20 @@ def test_default_positions_declare_trivial_pos_to_the_backend():
     torch.testing.assert_close(default, given, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_attention_deterministic_reaches_the_backend(deterministic):
+    """attention.deterministic is passed on every call: the triton backend takes PoPE's
+    non-deterministic cuDNN core only when it is False (kernels/attention/pope_cudnn.py)."""
+    model = Transformer(preset("tiny", pe={"kind": "pope"}, attention={"backend": "reference",
+                                                                      "deterministic": deterministic}))
+    seen = []
+    attn = model.h[0].attn
+    backend = attn.backend
+    attn.backend = lambda *a, **kw: seen.append(kw["deterministic"]) or backend(*a, **kw)
+    model(_tokens(model.cfg.vocab_size, 2, 8))
+    assert seen == [deterministic]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"rule": "pi", "factor": float("inf"), "original_max_seq_len": 64}, "factor=inf must be a finite number"),
     ({"rule": "pi", "factor": 2.0, "original_max_seq_len": 0}, "original_max_seq_len=0 must be a positive int"),
