@@ -1,9 +1,10 @@
 """Validated public wrappers and the registry's `triton` backend for the fused PoPE and TAPA
 kernels (triton_pope.py, triton_tapa.py; as custom ops with autograd and vmap rules in ops.py, so
-torch.compile keeps one graph through them). PoPE has a second implementation,
+torch.compile keeps one graph through them). PoPE has two more implementations,
 `impl="expand"` (triton_pope_expand.py: 2D-wide q_hat/k_hat in device memory, the flash core of
-triton_flash.py, the chain rule in its backward's epilogues), chosen per call, by PHASELAB_POPE_IMPL or by
-`DEFAULT_POPE_IMPL`.
+triton_flash.py, the chain rule in its backward's epilogues) and `impl="cudnn"` (pope_cudnn.py:
+the same prologue and chain rule around cuDNN's attention core), chosen per call, by
+PHASELAB_POPE_IMPL or by `DEFAULT_POPE_IMPL` ("auto").
 
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
