@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_triton_pope import reference_grads
-from test_triton_pope_expand import NAMES, make_inputs, seeded_like, torch_same_dtype
+from test_triton_pope import triton_grads
+from test_triton_pope_expand import assert_calibrated, make_inputs, seeded_like
 
 from phaselab.kernels.attention import pope_cudnn
 from phaselab.kernels.attention.function import pope_attention
-from phaselab.kernels.testing import calibrated_close, shape_id
+from phaselab.kernels.testing import shape_id
 
 
-def cudnn_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, impl="cudnn", trivial_pos=True,
-                deterministic=False):
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    d = None if delta is None else delta.detach().clone().requires_grad_()
-    out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d, causal=causal,
-                         impl=impl, trivial_pos=trivial_pos and causal, deterministic=deterministic)
-    out.backward(do)
-    return out, *[t.grad for t in leaves], (None if d is None else d.grad)
+def cudnn_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, impl="cudnn", deterministic=False):
+    """`triton_grads` with the model's call: trivial positions when causal, not deterministic."""
+    return triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal, impl=impl,
+                        trivial_pos=causal, deterministic=deterministic)
 
 
 def test_head_groups_bound_the_2d_wide_buffers():
@@ -86,14 +82,8 @@ def test_cudnn_gpu_calibrated(monkeypatch, B, H, T, S, D, causal, offset, dtype,
     if group_bytes is not None:
         monkeypatch.setattr(pope_cudnn, "GROUP_BYTES", group_bytes)
         assert len(pope_cudnn.head_groups(B, H, T, S, D, 2)) == 3
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, H, T, S, D, dtype, "cuda", offset=offset)
-    do = seeded_like(q)
-    ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
-    low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
-    out = cudnn_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
-    for name, r, lo, o in zip(NAMES, ref, low, out):
-        assert torch.isfinite(o).all(), name
-        calibrated_close(f"cudnn-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+    inputs = make_inputs(B, H, H, T, S, D, dtype, "cuda", offset=offset)
+    assert_calibrated("cudnn", cudnn_grads, inputs, causal=causal)
 
 
 @pytest.mark.gpu

@@ -45,12 +45,14 @@ def reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, ampli
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 
 
-def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus", impl="fused"):
-    """The same through `pope_attention` (``impl``: this file tests "fused"; None = the default)."""
+def triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, amplitude="softplus", impl="fused",
+                 **call):
+    """The same through `pope_attention` (``impl``: this file tests "fused"; None = the default;
+    ``call``: the wrapper's other keywords, e.g. trivial_pos and deterministic)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     d = None if delta is None else delta.detach().clone().requires_grad_()
     out = pope_attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=d,
-                         causal=causal, amplitude=amplitude, impl=impl)
+                         causal=causal, amplitude=amplitude, impl=impl, **call)
     out.backward(do)
     return out, *[t.grad for t in leaves], (None if d is None else d.grad)
 

@@ -193,13 +193,21 @@ GPU_CASES = [  # (B, H, G, T, S, D, causal, offset, dtype); D=48: q_hat 96 wide,
                          ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], off=c[7],
                                        dtype=c[8]) for c in GPU_CASES])
 def test_expand_gpu_calibrated(B, H, G, T, S, D, causal, offset, dtype):
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=offset)
+    inputs = make_inputs(B, H, G, T, S, D, dtype, "cuda", offset=offset)
+    assert_calibrated("expand", expand_grads, inputs, causal=causal)
+
+
+def assert_calibrated(label, grads_fn, inputs, *, causal):
+    """out, dq, dk, dv, d delta of ``grads_fn`` against the float64 reference by the 2x rule
+    (DESIGN §6), each also finite; shared by the PoPE implementations' GPU sweeps."""
+    q, k, v, pos_q, pos_k, inv_freq, delta = inputs
     do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
-    out = expand_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    out = grads_fn(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     for name, r, lo, o in zip(NAMES, ref, low, out):
-        calibrated_close(f"expand-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
+        assert torch.isfinite(o).all(), f"{label}-{name}"
+        calibrated_close(f"{label}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
