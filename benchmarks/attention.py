@@ -45,10 +45,12 @@ import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
 
+import step_profile
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -195,7 +197,34 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: int, iters: int) -> dict:
+def host_ms(fn, iters: int = 5) -> float:
+    """Host milliseconds per call of fn with the GPU held busy (a spin kernel ahead of the calls),
+    so no call waits for the device: what a call costs the CPU. A method whose host_ms approaches
+    its ms is bound by its launches, not by its kernels."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU clock cycles ahead of the calls (a call that syncs shows it)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / iters * 1e3
+
+
+def profile_calls(fn, calls: int, wall_ms: float) -> dict:
+    """step_profile's summary of `calls` more calls of fn (kernels by device time per call)."""
+    dev = torch.device("cuda")
+    prof = step_profile.make_profiler(dev, skip=0, steps=calls)
+    with prof:
+        for _ in range(calls + 1):
+            fn()
+            torch.cuda.synchronize(dev)  # each call's kernels inside its own profiler step
+            prof.step()
+    return step_profile.summary(prof, device=dev, steps=calls, wall_ms_per_step=wall_ms, top=16)
+
+
+def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: int, iters: int,
+              profile: int = 0) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(42)
     dev, dt = "cuda", torch.bfloat16
     leaves = [torch.randn(B, H, N, D, generator=gen, device=dev, dtype=dt).requires_grad_(mode == "fwd+bwd")
@@ -227,7 +256,11 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     fwd_c, fb_c = FLOPS_PER_L2D[METHOD_KIND[method]]
     flops = (fwd_c if mode == "fwd" else fb_c) * N * N * D * B * H * 0.5  # causal halves (MATH §6)
-    return {"status": "ok", "ms": ms, "tflops": flops / ms / 1e9, "peak_gib": peak, "configs": tuned_configs()}
+    row = {"status": "ok", "ms": ms, "host_ms": host_ms(step), "tflops": flops / ms / 1e9, "peak_gib": peak,
+           "configs": tuned_configs()}
+    if profile:
+        row["profile"] = profile_calls(step, profile, ms)
+    return row
 
 
 def tuned_configs() -> dict[str, str]:
@@ -256,7 +289,7 @@ def run(args, save=None) -> list[dict]:
                         continue
                     big = N >= 32768
                     res = bench_one(method, B, args.heads, N, D, mode, 3 if big else args.warmup,
-                                    10 if big else args.iters)
+                                    10 if big else args.iters, args.profile)
                     row = dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, **res)
                     rows.append(row)
                     torch.cuda.empty_cache()
@@ -278,17 +311,20 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    head = ("| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB | host ms |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | |")
+            lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | | |")
             continue
         fx = f"{r['x_sdpa-flash']:.2f}" if "x_sdpa-flash" in r else "-"
         cx = f"{r['x_sdpa-cudnn']:.2f}" if "x_sdpa-cudnn" in r else "-"
         lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['ms']:.3f} | "
-                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} |")
-    return head + "\n".join(lines) + "\n"
+                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |")
+    profiles = [step_profile.markdown(f"{r['method']} {r['mode']} D={r['D']} N={r['N']}", r["profile"])
+                for r in rows if r.get("profile")]
+    return head + "\n".join(lines) + "\n" + "".join("\n" + p + "\n" for p in profiles)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -304,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="skip tapa-material when one fp32 B*H*N*N tensor exceeds this")
     p.add_argument("--tapa-public", metavar="DIR", default=None,
                    help="a checkout of AIMRelease/tapa-attention, for the tapa-public method")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="also profile K more calls of each row (torch.profiler; kernels by device time, "
+                        "step_profile.py) and print the tables")
     p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     if args.tapa_public:

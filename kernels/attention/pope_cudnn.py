@@ -82,31 +82,34 @@ def pope_cudnn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | 
     B, H, T, D = q.shape
     S = k.shape[2]
     groups = head_groups(B, H, T, S, D, q.element_size())
+    # dropout is off, so cuDNN reads no philox state; the nested-tensor arguments stay undefined
+    seed = torch.zeros((), dtype=torch.int64, device=q.device)
+    cfg = (seed, scale, causal, amplitude)
     if len(groups) == 1:
-        return _group_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq, scale, causal, amplitude)
+        return _group_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq, *cfg)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     ddelta = None if delta is None else torch.empty_like(delta, dtype=torch.float32)
     for h0, h1 in groups:
         part = (t[:, h0:h1] for t in (do, q, k, v, out, lse))  # strided views: cuDNN and our kernels take them
         g_do, g_q, g_k, g_v, g_out, g_lse = part
         g_delta = None if delta is None else delta[h0:h1]
-        g_dq, g_dk, g_dv, g_dd = _group_bwd(g_do, g_q, g_k, g_v, g_delta, g_out, g_lse, pos_q, pos_k, inv_freq,
-                                            scale, causal, amplitude)
-        dq[:, h0:h1], dk[:, h0:h1], dv[:, h0:h1] = g_dq, g_dk, g_dv
+        _, _, g_dv, g_dd = _group_bwd(g_do, g_q, g_k, g_v, g_delta, g_out, g_lse, pos_q, pos_k, inv_freq, *cfg,
+                                      out_dqdk=(dq[:, h0:h1], dk[:, h0:h1]))
+        dv[:, h0:h1] = g_dv
         if ddelta is not None:
             ddelta[h0:h1] = g_dd
     return dq, dk, dv, ddelta
 
 
-def _group_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq, scale, causal, amplitude):
+def _group_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq, seed, scale, causal, amplitude,
+               out_dqdk=None):
+    """(dq, dk, dv, d delta) of the heads of q..lse; dq and dk written into out_dqdk if given."""
     B, H, T, _ = q.shape
     S = k.shape[2]
     q_hat, k_hat = pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
-    # dropout is off, so cuDNN reads no philox state; the nested-tensor arguments stay undefined
-    seed = torch.zeros((), dtype=torch.int64, device=q.device)
     dq_hat, dk_hat, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q_hat, k_hat, v, out, lse.reshape(B, H, T, 1), seed, seed, None, None, None, T, S, 0.0, causal,
         scale=scale)
     del q_hat, k_hat
-    dq, dk, ddelta = pope_expand_bwd(dq_hat, dk_hat, q, k, pos_q, pos_k, inv_freq, delta, amplitude)
+    dq, dk, ddelta = pope_expand_bwd(dq_hat, dk_hat, q, k, pos_q, pos_k, inv_freq, delta, amplitude, out=out_dqdk)
     return dq, dk, dv, ddelta

@@ -222,6 +222,33 @@ def prune_configs(configs, named_args, **kwargs):
 # ----------------------------------------------------------------------------- host functions
 
 
+@triton.jit
+def delta_rows_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
+                      DV: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Delta_t = <dO_t, O_t> in fp32 [B, H, T] (one read of O and dO in their own dtype)."""
+    i_m, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    o_v = tl.arange(0, BLOCK_V)
+    m = (o_m < T)[:, None] & (o_v < DV)[None, :]
+    rows = o_m.to(tl.int64)[:, None]
+    b_o = tl.load(o + i_b.to(tl.int64) * s_ob + i_h.to(tl.int64) * s_oh + rows * s_ot + o_v[None, :], mask=m, other=0.0)
+    b_do = tl.load(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh + rows * s_dot + o_v[None, :], mask=m,
+                   other=0.0)
+    tl.store(dlt + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1), mask=o_m < T)
+
+
+def delta_rows(do: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Delta_t = <dO_t, O_t>, fp32 [B, H, T], of every flash-style backward here (last dims contiguous)."""
+    B, H, T, DV = out.shape
+    dlt = torch.empty((B, H, T), dtype=torch.float32, device=out.device)
+    bm = 16 if interpreting() else 64
+    delta_rows_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, out.stride(0), out.stride(1), out.stride(2),
+                                                   do.stride(0), do.stride(1), do.stride(2), T, H, DV=DV,
+                                                   BLOCK_V=block_d(DV), BLOCK_M=bm)
+    return dlt
+
+
 def _sorted_flags(pos_BL: torch.Tensor) -> torch.Tensor:
     """int32 [B or 1]: 1 where positions are non-decreasing (enables block skipping); no sync."""
     if pos_BL.shape[1] < 2:

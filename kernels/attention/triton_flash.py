@@ -41,6 +41,7 @@ from phaselab.kernels.attention.triton_common import (
     _dot_precision,
     _pos_stride,
     block_d,
+    delta_rows,
     interpreting,
 )
 from phaselab.kernels.attention.triton_pope_expand_bwd import (
@@ -306,20 +307,6 @@ def flash_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, flags,
 
 
 @triton.jit
-def flash_bwd_delta_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
-                           DV: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Delta_t = <dO_t, O_t> in fp32 [B, H, T] (one read of O and dO in their own dtype)."""
-    i_m, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // H, i_bh % H
-    m0 = i_m * BLOCK_M
-    b_o = _load_tile(o + i_b.to(tl.int64) * s_ob + i_h.to(tl.int64) * s_oh, m0, T, s_ot, DV, BLOCK_M, BLOCK_V, True)
-    b_do = _load_tile(do + i_b.to(tl.int64) * s_dob + i_h.to(tl.int64) * s_doh, m0, T, s_dot, DV, BLOCK_M,
-                      BLOCK_V, True)
-    o_m = m0 + tl.arange(0, BLOCK_M)
-    tl.store(dlt + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1), mask=o_m < T)
-
-
-@triton.jit
 def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, s_qt, s_dot, T, S, qk_scale, lo, hi,
                 DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
@@ -418,7 +405,7 @@ def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags, in
     if POPE:
         _chain_epilogue(dk_acc * sm_scale, k, dk, inv_freq, pos_k, pos_k, inv_freq, inv_freq, i_b, i_g, o_n,
                         s_kb, s_kh, s_ks, s_dkb, s_dkh, s_dks, s_pkb, s_pkb, S, i_n, DK // 2, BLOCK_D // 2, AMP,
-                        False, FAST)
+                        False, FAST, True)
     else:
         _store_tile(dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh, n0, S, s_dks, dk_acc * sm_scale,
                     DK, BLOCK_N, BLOCK_D)
@@ -489,7 +476,7 @@ def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags, inv_freq
     if POPE:
         _chain_epilogue(dq_acc * sm_scale, q, dq, ddelta_part, pos_q, pos_k, inv_freq, delta, i_b, i_h, o_m,
                         s_qb, s_qh, s_qt, s_dqb, s_dqh, s_dqt, s_pqb, s_pkb, T, i_bh.to(tl.int64) * n_part + i_m,
-                        DK // 2, BLOCK_D // 2, AMP, HAS_DELTA, FAST)
+                        DK // 2, BLOCK_D // 2, AMP, HAS_DELTA, FAST, True)
     else:
         _store_tile(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh, m0, T, s_dqt, dq_acc * sm_scale,
                     DK, BLOCK_M, BLOCK_D)
@@ -547,16 +534,6 @@ def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):
     return out, lse
 
 
-def flash_bwd_rows(do, out):
-    """Delta_t = <dO_t, O_t>, fp32 [B, H, T]."""
-    B, H, T, DV = out.shape
-    dlt = torch.empty((B, H, T), dtype=torch.float32, device=out.device)
-    bm = 16 if interpreting() else 64
-    flash_bwd_delta_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, *_strides(out, do), T, H, DV=DV,
-                                                         BLOCK_V=block_d(DV), BLOCK_M=bm)
-    return dlt
-
-
 def flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, causal: bool,
                    chain: PopeChain | None = None):
     """(dk, dv) in k's and v's dtype; chain (PoPE mode): q is q_hat [B,H,T,2D], k the raw keys."""
@@ -595,7 +572,7 @@ def flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, ca
 def flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, *, scale: float, causal: bool):
     """Backward launches; returns dq, dk, dv in the input dtypes (no atomics: deterministic)."""
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dlt = flash_bwd_rows(do, out)
+    dlt = delta_rows(do, out)
     dk, dv = flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
     dq, _ = flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
     return dq, dk, dv

@@ -44,12 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _pos_stride, block_d, interpreting
-from phaselab.kernels.attention.triton_flash import (
-    flash_bwd_dkdv,
-    flash_bwd_dq,
-    flash_bwd_rows,
-)
+from phaselab.kernels.attention.triton_common import _pos_stride, block_d, delta_rows, interpreting
+from phaselab.kernels.attention.triton_flash import flash_bwd_dkdv, flash_bwd_dq
 from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
 from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
 
@@ -57,6 +53,11 @@ from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_
 def _rows_per_block(D: int) -> int:
     # about 4096 elements per program; the interpreter walks programs one by one, so fewer rows
     return 16 if interpreting() else max(16, 4096 // block_d(D))
+
+
+# The standalone chain kernel's launch (rows per program, warps, volatile loads of x and the
+# positions), measured with benchmarks/pope_backward_tuning.py.
+CHAIN_LAUNCH = {"rows": None, "num_warps": 4, "volatile": True}
 
 
 @triton.jit
@@ -77,7 +78,8 @@ def pope_expand_kernel(x, out, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_
 @triton.jit
 def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_gb, s_gh, s_gl,
                       s_db, s_dh, s_dl, s_pb, s_pkb, L, NH, n_blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, BLOCK_L: tl.constexpr):
+                      AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, BLOCK_L: tl.constexpr,
+                      VOLATILE: tl.constexpr):
     """dx and (with delta) this tile's share of d delta from d x_hat, for `pope_expand` around
     another attention core (the flash core applies `_chain_epilogue` in its own epilogues)."""
     i_l, i_bh = tl.program_id(0), tl.program_id(1)
@@ -88,12 +90,12 @@ def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, s_xb
     g = tl.load(p_g, mask=(o_l < L)[:, None] & (o_2 < 2 * D)[None, :], other=0.0).to(tl.float32)
     _chain_epilogue(g, x, dx, ddelta_part, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl,
                     s_db, s_dh, s_dl, s_pb, s_pkb, L, i_bh.to(tl.int64) * n_blocks + i_l, D, BLOCK_D, AMP,
-                    HAS_DELTA, FAST)
+                    HAS_DELTA, FAST, VOLATILE)
 
 
-def _launch_args(x, pos, pos_k, inv_freq, delta, amplitude):
+def _launch_args(x, pos, pos_k, inv_freq, delta, amplitude, rows=None):
     B, NH, L, D = x.shape
-    bl = _rows_per_block(D)
+    bl = 16 if interpreting() else rows or _rows_per_block(D)
     grid = (triton.cdiv(L, bl), B * NH)
     meta = {"D": D, "BLOCK_D": block_d(D), "AMP": AMPLITUDE_CODES[amplitude], "HAS_DELTA": delta is not None,
             "FAST": not interpreting(), "BLOCK_L": bl}
@@ -109,16 +111,18 @@ def _expand_one(x, pos, pos_k, inv_freq, delta, amplitude):
     return out
 
 
-def _chain_one(x, dxh, pos, pos_k, inv_freq, delta, amplitude):
+def _chain_one(x, dxh, pos, pos_k, inv_freq, delta, amplitude, dx=None, launch=None):
     B, NH, L, D = x.shape
+    launch = CHAIN_LAUNCH if launch is None else launch
     dxh = dxh if dxh.stride(-1) == 1 else dxh.contiguous()
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    grid, meta, tensors = _launch_args(x, pos, pos_k, inv_freq, delta, amplitude)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if dx is None else dx
+    grid, meta, tensors = _launch_args(x, pos, pos_k, inv_freq, delta, amplitude, launch["rows"])
     part = torch.empty((B, NH, grid[0] if delta is not None else 1, meta["BLOCK_D"]), dtype=torch.float32,
                        device=x.device)  # every row is written when delta is given
     pope_chain_kernel[grid](x, dxh, dx, part, *tensors, x.stride(0), x.stride(1), x.stride(2), dxh.stride(0),
                             dxh.stride(1), dxh.stride(2), dx.stride(0), dx.stride(1), dx.stride(2), _pos_stride(pos),
-                            _pos_stride(pos_k), L, NH, grid[0], **meta)
+                            _pos_stride(pos_k), L, NH, grid[0], VOLATILE=launch["volatile"],
+                            num_warps=launch["num_warps"], **meta)
     ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
     return dx, ddelta
 
@@ -131,10 +135,14 @@ def pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softp
             _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude))
 
 
-def pope_expand_bwd(dq_hat, dk_hat, q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"):
-    """(dq, dk, ddelta fp32 [H, D] or None) from the gradients of q_hat and k_hat."""
-    dq, ddelta = _chain_one(q, dq_hat, pos_q, pos_k, inv_freq, delta, amplitude)
-    dk, _ = _chain_one(k, dk_hat, pos_k, pos_k, inv_freq, None, amplitude)
+def pope_expand_bwd(dq_hat, dk_hat, q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus",
+                    out: tuple | None = None):
+    """(dq, dk, ddelta fp32 [H, D] or None) from the gradients of q_hat and k_hat; `out`, if given,
+    is (dq, dk) to write into (q's and k's shapes and dtype, last dim contiguous: e.g. the slices
+    of full-size gradients that a head-grouped backward fills)."""
+    dq_out, dk_out = (None, None) if out is None else out
+    dq, ddelta = _chain_one(q, dq_hat, pos_q, pos_k, inv_freq, delta, amplitude, dq_out)
+    dk, _ = _chain_one(k, dk_hat, pos_k, pos_k, inv_freq, None, amplitude, dk_out)
     return dq, dk, ddelta
 
 
@@ -174,7 +182,7 @@ def pope_expand_attention_bwd(do, q, k, v, delta, out, lse, flags, pos_q, pos_k,
     operand's expansion from a buffer the prologue writes just before (module docstring). The
     forward is `pope_expand_fwd` then `flash_fwd` (ops.pope_fwd), which saves only out and lse."""
     cfg = {"scale": scale, "causal": causal, "chain": PopeChain(inv_freq, delta, amplitude)}
-    dlt = flash_bwd_rows(do, out)
+    dlt = delta_rows(do, out)
     q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
     dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
     del q_hat  # before k_hat exists: one 2D-wide buffer at a time

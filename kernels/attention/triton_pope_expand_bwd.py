@@ -101,15 +101,16 @@ def _chain_ddelta(gx, gy, b_x, c, s, m, AMP: tl.constexpr, FAST: tl.constexpr):
 @triton.jit
 def _chain_epilogue(acc, x, dx, part, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl,
                     s_db, s_dh, s_dl, s_pb, s_pkb, L, i_part, D: tl.constexpr, HALF: tl.constexpr,
-                    AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr):
+                    AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, VOLATILE: tl.constexpr):
     """A flash backward epilogue: acc [R, 2 HALF] fp32 (scale applied) is d x_hat of rows o_l of
     head i_h; stores dx [R, D] of the raw x in dx's dtype and, with HAS_DELTA, the rows' share of
     d delta at part[i_part, :HALF] (fp32). The phases are recomputed here in fp32 from x and the
-    positions (as the prologue formed them), not read back."""
+    positions (as the prologue formed them), not read back. VOLATILE (`_row_tile`): True after a
+    block loop; the standalone chain kernel, which has none, passes False."""
     gx, gy = tl.split(tl.reshape(acc, [acc.shape[0], HALF, 2]))
     o_d = tl.arange(0, HALF)
     b_x, c, s, m = _row_tile(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, o_d, s_xb, s_xh, s_xl, s_pb, s_pkb,
-                             L, D, HAS_DELTA, FAST, True)
+                             L, D, HAS_DELTA, FAST, VOLATILE)
     p_d = dx + i_b.to(tl.int64) * s_db + i_h.to(tl.int64) * s_dh + o_l.to(tl.int64)[:, None] * s_dl + o_d[None, :]
     tl.store(p_d, _chain_dx(gx, gy, b_x, c, s, AMP).to(dx.dtype.element_ty), mask=m)
     if HAS_DELTA:
