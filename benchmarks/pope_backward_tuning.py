@@ -49,8 +49,7 @@ def chain_rows(B: int, H: int, N: int, D: int, warmup: int, iters: int) -> list[
         launch = {"rows": r, "num_warps": w, "volatile": vol}
 
         def chain(launch=launch):
-            triton_pope_expand._chain_one(q, dqh, pos, pos, inv_freq, delta, "softplus", launch=launch)
-            triton_pope_expand._chain_one(k, dkh, pos, pos, inv_freq, None, "softplus", launch=launch)
+            triton_pope_expand.pope_expand_bwd(dqh, dkh, q, k, pos, pos, inv_freq, delta, launch=launch)
 
         try:
             ms = attention.time_ms(chain, warmup, iters)

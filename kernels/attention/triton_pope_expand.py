@@ -55,19 +55,16 @@ def _rows_per_block(D: int) -> int:
     return 16 if interpreting() else max(16, 4096 // block_d(D))
 
 
-# The standalone chain kernel's launch (rows per program, warps, volatile loads of x and the
-# positions), measured with benchmarks/pope_backward_tuning.py.
-CHAIN_LAUNCH = {"rows": None, "num_warps": 4, "volatile": True}
+# The standalone chain kernel's launch (rows per program: None is `_rows_per_block`; warps; volatile
+# loads of x and the positions): H200, D=64, 64k tokens, benchmarks/results/pope-backward-tuning-h200.md
+# (0.53 ms for dq and dk of 16 heads at 4k against 0.78 with the flash epilogues' volatile loads).
+CHAIN_LAUNCH = {"rows": None, "num_warps": 4, "volatile": False}
 
 
 @triton.jit
-def pope_expand_kernel(x, out, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_ob, s_oh, s_ol, s_pb, s_pkb,
-                       L, NH, D: tl.constexpr, BLOCK_D: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr,
-                       FAST: tl.constexpr, BLOCK_L: tl.constexpr):
-    """out[..., 2c] = mu cos(phase_c), out[..., 2c + 1] = mu sin(phase_c) for x [B, NH, L, D]."""
-    i_l, i_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = i_bh // NH, i_bh % NH
-    o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
+def _expand_store(x, out, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl, s_ob, s_oh, s_ol, s_pb,
+                  s_pkb, L, D: tl.constexpr, BLOCK_D: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr,
+                  FAST: tl.constexpr):
     x_hat = _expand_rows(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl, s_pb, s_pkb, L, D,
                          BLOCK_D, AMP, HAS_DELTA, FAST)
     o_2 = tl.arange(0, 2 * BLOCK_D)
@@ -76,73 +73,138 @@ def pope_expand_kernel(x, out, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_
 
 
 @triton.jit
-def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_gb, s_gh, s_gl,
-                      s_db, s_dh, s_dl, s_pb, s_pkb, L, NH, n_blocks, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                      AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, BLOCK_L: tl.constexpr,
-                      VOLATILE: tl.constexpr):
-    """dx and (with delta) this tile's share of d delta from d x_hat, for `pope_expand` around
-    another attention core (the flash core applies `_chain_epilogue` in its own epilogues)."""
+def pope_expand_kernel(x, out, pos, x2, out2, pos2, pos_k, inv_freq, delta, s_xb, s_xh, s_xl, s_ob, s_oh, s_ol,
+                       s_pb, s_x2b, s_x2h, s_x2l, s_o2b, s_o2h, s_o2l, s_p2b, s_pkb, L, NH, D: tl.constexpr,
+                       BLOCK_D: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr,
+                       BLOCK_L: tl.constexpr):
+    """out[..., 2c] = mu cos(phase_c), out[..., 2c + 1] = mu sin(phase_c) for x [B, NH, L, D]; the
+    programs of grid axis 2 = 1 do the same for x2 into out2 (the keys: positions pos2, no delta),
+    so q and k of one shape take one launch."""
     i_l, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = i_bh // NH, i_bh % NH
     o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    if tl.program_id(2) == 0:
+        _expand_store(x, out, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl, s_ob, s_oh, s_ol, s_pb,
+                      s_pkb, L, D, BLOCK_D, AMP, HAS_DELTA, FAST)
+    else:
+        _expand_store(x2, out2, pos2, pos_k, inv_freq, delta, i_b, i_h, o_l, s_x2b, s_x2h, s_x2l, s_o2b, s_o2h,
+                      s_o2l, s_p2b, s_pkb, L, D, BLOCK_D, AMP, False, FAST)
+
+
+@triton.jit
+def _chain_store(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, i_b, i_h, i_part, o_l, s_xb, s_xh, s_xl,
+                 s_gb, s_gh, s_gl, s_db, s_dh, s_dl, s_pb, s_pkb, L, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                 AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr, VOLATILE: tl.constexpr):
     o_2 = tl.arange(0, 2 * BLOCK_D)
     p_g = dxh + i_b.to(tl.int64) * s_gb + i_h.to(tl.int64) * s_gh + o_l.to(tl.int64)[:, None] * s_gl + o_2[None, :]
     g = tl.load(p_g, mask=(o_l < L)[:, None] & (o_2 < 2 * D)[None, :], other=0.0).to(tl.float32)
     _chain_epilogue(g, x, dx, ddelta_part, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, s_xb, s_xh, s_xl,
-                    s_db, s_dh, s_dl, s_pb, s_pkb, L, i_bh.to(tl.int64) * n_blocks + i_l, D, BLOCK_D, AMP,
-                    HAS_DELTA, FAST, VOLATILE)
+                    s_db, s_dh, s_dl, s_pb, s_pkb, L, i_part, D, BLOCK_D, AMP, HAS_DELTA, FAST, VOLATILE)
 
 
-def _launch_args(x, pos, pos_k, inv_freq, delta, amplitude, rows=None):
+@triton.jit
+def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, x2, dxh2, dx2, pos2, pos_k, inv_freq, delta,
+                      s_xb, s_xh, s_xl, s_gb, s_gh, s_gl, s_db, s_dh, s_dl, s_pb,
+                      s_x2b, s_x2h, s_x2l, s_g2b, s_g2h, s_g2l, s_d2b, s_d2h, s_d2l, s_p2b, s_pkb, L, NH, n_blocks,
+                      D: tl.constexpr, BLOCK_D: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr,
+                      FAST: tl.constexpr, BLOCK_L: tl.constexpr, VOLATILE: tl.constexpr):
+    """dx and (with delta) this tile's share of d delta from d x_hat, for `pope_expand` around
+    another attention core (the flash core applies `_chain_epilogue` in its own epilogues); grid
+    axis 2 = 1 does dx2 from dxh2 (the keys: positions pos2, no delta) in the same launch."""
+    i_l, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = i_bh // NH, i_bh % NH
+    o_l = i_l * BLOCK_L + tl.arange(0, BLOCK_L)
+    i_part = i_bh.to(tl.int64) * n_blocks + i_l
+    if tl.program_id(2) == 0:
+        _chain_store(x, dxh, dx, ddelta_part, pos, pos_k, inv_freq, delta, i_b, i_h, i_part, o_l, s_xb, s_xh, s_xl,
+                     s_gb, s_gh, s_gl, s_db, s_dh, s_dl, s_pb, s_pkb, L, D, BLOCK_D, AMP, HAS_DELTA, FAST, VOLATILE)
+    else:
+        _chain_store(x2, dxh2, dx2, ddelta_part, pos2, pos_k, inv_freq, delta, i_b, i_h, i_part, o_l, s_x2b, s_x2h,
+                     s_x2l, s_g2b, s_g2h, s_g2l, s_d2b, s_d2h, s_d2l, s_p2b, s_pkb, L, D, BLOCK_D, AMP, False, FAST,
+                     VOLATILE)
+
+
+def _launch_args(x, delta, amplitude, rows=None, pairs=1):
     B, NH, L, D = x.shape
     bl = 16 if interpreting() else rows or _rows_per_block(D)
-    grid = (triton.cdiv(L, bl), B * NH)
+    grid = (triton.cdiv(L, bl), B * NH, pairs)
     meta = {"D": D, "BLOCK_D": block_d(D), "AMP": AMPLITUDE_CODES[amplitude], "HAS_DELTA": delta is not None,
             "FAST": not interpreting(), "BLOCK_L": bl}
-    return grid, meta, (pos, pos_k, inv_freq, delta if delta is not None else inv_freq)
+    return grid, meta
+
+
+def _s3(t):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _expand(members, pos_k, inv_freq, delta, amplitude):
+    """x_hat for each (x, pos) of `members` (1 or 2 of one shape; only the first takes delta)."""
+    x, pos = members[0]
+    B, NH, L, D = x.shape
+    outs = [torch.empty((B, NH, L, 2 * D), dtype=x.dtype, device=x.device) for _ in members]
+    (x2, pos2), out2 = members[-1], outs[-1]
+    grid, meta = _launch_args(x, delta, amplitude, pairs=len(members))
+    pope_expand_kernel[grid](x, outs[0], pos, x2, out2, pos2, pos_k, inv_freq, delta if delta is not None else inv_freq,
+                             *_s3(x), *_s3(outs[0]), _pos_stride(pos), *_s3(x2), *_s3(out2), _pos_stride(pos2),
+                             _pos_stride(pos_k), L, NH, **meta)
+    return outs
+
+
+def _chain(members, pos_k, inv_freq, delta, amplitude, launch=None):
+    """(dx for each (x, dx_hat, pos, out or None) of `members`, d delta or None): 1 or 2 members of
+    one shape, only the first with delta."""
+    launch = CHAIN_LAUNCH if launch is None else launch
+    x, _, _, _ = members[0]
+    B, NH, L, D = x.shape
+    grid, meta = _launch_args(x, delta, amplitude, launch["rows"], pairs=len(members))
+    args = []
+    for xm, dxh, pos, dx in members:
+        dxh = dxh if dxh.stride(-1) == 1 else dxh.contiguous()
+        dx = torch.empty(xm.shape, dtype=xm.dtype, device=xm.device) if dx is None else dx
+        args.append((xm, dxh, dx, pos))
+    (x1, g1, d1, p1), (x2, g2, d2, p2) = args[0], args[-1]
+    part = torch.empty((B, NH, grid[0] if delta is not None else 1, meta["BLOCK_D"]), dtype=torch.float32,
+                       device=x.device)  # every row is written when delta is given
+    pope_chain_kernel[grid](x1, g1, d1, part, p1, x2, g2, d2, p2, pos_k, inv_freq,
+                            delta if delta is not None else inv_freq, *_s3(x1), *_s3(g1), *_s3(d1), _pos_stride(p1),
+                            *_s3(x2), *_s3(g2), *_s3(d2), _pos_stride(p2), _pos_stride(pos_k), L, NH, grid[0],
+                            VOLATILE=launch["volatile"], num_warps=launch["num_warps"], **meta)
+    ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
+    return [a[2] for a in args], ddelta
 
 
 def _expand_one(x, pos, pos_k, inv_freq, delta, amplitude):
-    B, NH, L, D = x.shape
-    out = torch.empty((B, NH, L, 2 * D), dtype=x.dtype, device=x.device)
-    grid, meta, tensors = _launch_args(x, pos, pos_k, inv_freq, delta, amplitude)
-    pope_expand_kernel[grid](x, out, *tensors, x.stride(0), x.stride(1), x.stride(2), out.stride(0), out.stride(1),
-                             out.stride(2), _pos_stride(pos), _pos_stride(pos_k), L, NH, **meta)
-    return out
+    return _expand([(x, pos)], pos_k, inv_freq, delta, amplitude)[0]
 
 
-def _chain_one(x, dxh, pos, pos_k, inv_freq, delta, amplitude, dx=None, launch=None):
-    B, NH, L, D = x.shape
-    launch = CHAIN_LAUNCH if launch is None else launch
-    dxh = dxh if dxh.stride(-1) == 1 else dxh.contiguous()
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if dx is None else dx
-    grid, meta, tensors = _launch_args(x, pos, pos_k, inv_freq, delta, amplitude, launch["rows"])
-    part = torch.empty((B, NH, grid[0] if delta is not None else 1, meta["BLOCK_D"]), dtype=torch.float32,
-                       device=x.device)  # every row is written when delta is given
-    pope_chain_kernel[grid](x, dxh, dx, part, *tensors, x.stride(0), x.stride(1), x.stride(2), dxh.stride(0),
-                            dxh.stride(1), dxh.stride(2), dx.stride(0), dx.stride(1), dx.stride(2), _pos_stride(pos),
-                            _pos_stride(pos_k), L, NH, grid[0], VOLATILE=launch["volatile"],
-                            num_warps=launch["num_warps"], **meta)
-    ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
-    return dx, ddelta
+def _one_launch(q, k) -> bool:
+    """q and k take one launch when they have the same [B, heads, length] (dtype is q's for both)."""
+    return q.shape == k.shape and q.dtype == k.dtype
 
 
 def pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"):
     """(q_hat [B,H,T,2D], k_hat [B,G,S,2D]) in q's dtype, layout "interleaved". q, k last dim
-    contiguous; pos int64
-    contiguous [B|1, T|S]; inv_freq fp32 [D]; delta fp32 [H, D] or None."""
+    contiguous; pos int64 contiguous [B|1, T|S]; inv_freq fp32 [D]; delta fp32 [H, D] or None.
+    One launch where q and k have one shape, else one each."""
+    if _one_launch(q, k):
+        q_hat, k_hat = _expand([(q, pos_q), (k, pos_k)], pos_k, inv_freq, delta, amplitude)
+        return q_hat, k_hat
     return (_expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude),
             _expand_one(k, pos_k, pos_k, inv_freq, None, amplitude))
 
 
 def pope_expand_bwd(dq_hat, dk_hat, q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus",
-                    out: tuple | None = None):
+                    out: tuple | None = None, launch: dict | None = None):
     """(dq, dk, ddelta fp32 [H, D] or None) from the gradients of q_hat and k_hat; `out`, if given,
     is (dq, dk) to write into (q's and k's shapes and dtype, last dim contiguous: e.g. the slices
-    of full-size gradients that a head-grouped backward fills)."""
+    of full-size gradients that a head-grouped backward fills); `launch` overrides CHAIN_LAUNCH."""
     dq_out, dk_out = (None, None) if out is None else out
-    dq, ddelta = _chain_one(q, dq_hat, pos_q, pos_k, inv_freq, delta, amplitude, dq_out)
-    dk, _ = _chain_one(k, dk_hat, pos_k, pos_k, inv_freq, None, amplitude, dk_out)
+    members = [(q, dq_hat, pos_q, dq_out), (k, dk_hat, pos_k, dk_out)]
+    if _one_launch(q, k):
+        (dq, dk), ddelta = _chain(members, pos_k, inv_freq, delta, amplitude, launch)
+        return dq, dk, ddelta
+    (dq,), ddelta = _chain(members[:1], pos_k, inv_freq, delta, amplitude, launch)
+    (dk,), _ = _chain(members[1:], pos_k, inv_freq, None, amplitude, launch)
     return dq, dk, ddelta
 
 

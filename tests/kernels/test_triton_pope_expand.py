@@ -51,11 +51,15 @@ def seeded_like(x, seed=7):
 @needs_interpreter
 @pytest.mark.parametrize("amplitude", ["softplus", "relu", "identity"])
 @pytest.mark.parametrize("offset", [5, 2**24 + 7])
-def test_prologue_matches_reference_pope_expand(amplitude, offset):
+@pytest.mark.parametrize("one_launch", [False, True], ids=["q-k-apart", "q-k-one-launch"])
+def test_prologue_matches_reference_pope_expand(amplitude, offset, one_launch):
     """q_hat / k_hat (D=48, padded to 64 in registers; 21 rows, no block multiple) equal
-    reference.pope_expand at positions relative to the row's first key, in float64."""
-    q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, 4, 2, 21, 30, 48, torch.float32, "cpu",
+    reference.pope_expand at positions relative to the row's first key, in float64; q and k of
+    one shape share a launch (grid axis 2), GQA / T != S take one each."""
+    H, G, S = (3, 3, 21) if one_launch else (4, 2, 30)
+    q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, H, G, 21, S, 48, torch.float32, "cpu",
                                                          offset=offset, broadcast=False)
+    assert triton_pope_expand._one_launch(q, k) == one_launch
     q, k = 4 * q, 4 * k  # softplus' tails too
     qh, kh = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
     rel_q, rel_k = pos_q - pos_k[:, :1], pos_k - pos_k[:, :1]
@@ -66,12 +70,15 @@ def test_prologue_matches_reference_pope_expand(amplitude, offset):
 
 
 @needs_interpreter
-def test_expansion_backward_matches_autograd_of_reference():
-    """The chain kernel's dq, dk, d delta against autograd through reference.pope_expand (float64)."""
-    q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, 2, 1, 19, 19, 32, torch.float32, "cpu", offset=3,
+@pytest.mark.parametrize("G", [1, 2], ids=["q-k-apart", "q-k-one-launch"])
+def test_expansion_backward_matches_autograd_of_reference(G):
+    """The chain kernel's dq, dk, d delta against autograd through reference.pope_expand (float64),
+    with q and k in one launch (G = H) and in two (GQA)."""
+    q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, 2, G, 19, 19, 32, torch.float32, "cpu", offset=3,
                                                          broadcast=False)
+    assert triton_pope_expand._one_launch(q, k) == (G == 2)
     gq = seeded_like(torch.empty(2, 2, 19, 64), 1)
-    gk = seeded_like(torch.empty(2, 1, 19, 64), 2)
+    gk = seeded_like(torch.empty(2, G, 19, 64), 2)
     leaves = [t.clone().requires_grad_() for t in (q, k, delta)]
     qh, kh = triton_pope_expand.pope_expand(leaves[0], leaves[1], pos_q, pos_k, inv_freq, leaves[2])
     torch.autograd.backward([qh, kh], [gq, gk])
