@@ -28,7 +28,10 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
 TFLOP/s count each method's real FLOPs (MATH §6): plain 4/14 L^2 D, PoPE 6/22 (every PoPE path; the
 padded-v SDPA paths do more work than that),
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
-at the same shape and mode. Peak memory is the allocator's peak above the inputs.
+at the same shape and mode. Peak memory is the allocator's peak above the inputs. Host ms is what
+one call costs the CPU while the GPU is held busy (`host_ms`): near the ms column, a method is
+bound by its launches. `--profile K` adds K profiled calls per row, kernels by device time
+(`step_profile.py`).
 
 Usage (on a GPU machine; benchmarks/README.md):
     benchmarks/run_on_gpu.sh attention --out attention-h200
