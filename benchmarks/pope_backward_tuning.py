@@ -61,7 +61,7 @@ def chain_rows(B: int, H: int, N: int, D: int, warmup: int, iters: int) -> list[
 
 
 def group_rows(lengths: list[int], tokens: int, H: int, D: int, sizes: list[int], warmup: int, iters: int) -> list[dict]:
-    rows = []
+    rows, shipped = [], pope_cudnn.GROUP_BYTES
     for N in lengths:
         B = max(1, tokens // N)
         base = attention.bench_one("sdpa-cudnn", B, H, N, D, "fwd+bwd", warmup, iters)
@@ -76,6 +76,7 @@ def group_rows(lengths: list[int], tokens: int, H: int, D: int, sizes: list[int]
                         "cudnn_ms": base["ms"], "cudnn_peak_gib": base["peak_gib"], "cudnn_host_ms": base["host_ms"]}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    pope_cudnn.GROUP_BYTES = shipped
     return rows
 
 

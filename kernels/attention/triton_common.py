@@ -223,7 +223,7 @@ def prune_configs(configs, named_args, **kwargs):
 
 
 @triton.jit
-def delta_rows_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
+def do_o_rows_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
                       DV: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_M: tl.constexpr):
     """Delta_t = <dO_t, O_t> in fp32 [B, H, T] (one read of O and dO in their own dtype)."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
@@ -238,12 +238,12 @@ def delta_rows_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
     tl.store(dlt + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1), mask=o_m < T)
 
 
-def delta_rows(do: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def do_o_rows(do: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Delta_t = <dO_t, O_t>, fp32 [B, H, T], of every flash-style backward here (last dims contiguous)."""
     B, H, T, DV = out.shape
     dlt = torch.empty((B, H, T), dtype=torch.float32, device=out.device)
     bm = 16 if interpreting() else 64
-    delta_rows_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, out.stride(0), out.stride(1), out.stride(2),
+    do_o_rows_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, out.stride(0), out.stride(1), out.stride(2),
                                                    do.stride(0), do.stride(1), do.stride(2), T, H, DV=DV,
                                                    BLOCK_V=block_d(DV), BLOCK_M=bm)
     return dlt

@@ -41,7 +41,7 @@ from phaselab.kernels.attention.triton_common import (
     _dot_precision,
     _pos_stride,
     block_d,
-    delta_rows,
+    do_o_rows,
     interpreting,
 )
 from phaselab.kernels.attention.triton_pope_expand_bwd import (
@@ -572,7 +572,7 @@ def flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, ca
 def flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, *, scale: float, causal: bool):
     """Backward launches; returns dq, dk, dv in the input dtypes (no atomics: deterministic)."""
     do = do if do.stride(-1) == 1 else do.contiguous()
-    dlt = delta_rows(do, out)
+    dlt = do_o_rows(do, out)
     dk, dv = flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
     dq, _ = flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
     return dq, dk, dv

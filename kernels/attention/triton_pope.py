@@ -53,7 +53,7 @@ from phaselab.kernels.attention.triton_common import (
     _pos_stride,
     _sorted_flags,
     block_d,
-    delta_rows,
+    do_o_rows,
     interpreting,
     prune_configs,
 )
@@ -431,7 +431,7 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()
-    dlt = delta_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T], one read of each
+    dlt = do_o_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T], one read of each
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     # d(delta) partials: one row per (batch*head, key block), zero where a block does not exist
     # (the block count depends on the tuned BLOCK_N); summed on the host in a fixed order.

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _pos_stride, block_d, delta_rows, interpreting
+from phaselab.kernels.attention.triton_common import _pos_stride, block_d, do_o_rows, interpreting
 from phaselab.kernels.attention.triton_flash import flash_bwd_dkdv, flash_bwd_dq
 from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
 from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
@@ -244,7 +244,7 @@ def pope_expand_attention_bwd(do, q, k, v, delta, out, lse, flags, pos_q, pos_k,
     operand's expansion from a buffer the prologue writes just before (module docstring). The
     forward is `pope_expand_fwd` then `flash_fwd` (ops.pope_fwd), which saves only out and lse."""
     cfg = {"scale": scale, "causal": causal, "chain": PopeChain(inv_freq, delta, amplitude)}
-    dlt = delta_rows(do, out)
+    dlt = do_o_rows(do, out)
     q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
     dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
     del q_hat  # before k_hat exists: one 2D-wide buffer at a time

@@ -56,7 +56,7 @@ from phaselab.kernels.attention.triton_common import (
     _pos_stride,
     _sorted_flags,
     block_d,
-    delta_rows,
+    do_o_rows,
     interpreting,
     prune_configs,
 )
@@ -470,7 +470,7 @@ def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, p
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()
-    dlt = delta_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T], one read of each
+    dlt = do_o_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T], one read of each
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     # fp32 dQ accumulator of the atomic mode (never low-precision atomics: bf16/fp16 adds would lose dQ's low bits)
     dq32 = torch.zeros(q.shape if not deterministic else (1, 1, 1, 1), dtype=torch.float32, device=q.device)
