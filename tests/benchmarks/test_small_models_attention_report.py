@@ -79,3 +79,27 @@ def test_every_attention_method_has_a_flop_kind():
     assert set(attention.METHODS) == set(attention.METHOD_KIND)
     assert set(attention.METHOD_KIND.values()) <= set(attention.FLOPS_PER_L2D)
     assert attention.METHOD_KIND["pope-expand-cudnn-dv"] == "pope" and attention.METHOD_KIND["tapa-public"] == "tapa"
+
+
+def test_attention_table_reports_host_ms_ratios_and_profiles():
+    """attention.py's table: the host ms column, ratios to both SDPA backends from add_ratios, an
+    error row that keeps its columns, and a --profile section per profiled row."""
+    prof = {"steps": 3, "wall_ms_per_step": 4.0, "busy_ms_per_step": 3.0, "idle_share": 0.25,
+            "categories": {"attention": {"ms_per_step": 3.0, "share": 1.0}},
+            "top": [{"name": "pope_chain_kernel", "category": "attention", "calls_per_step": 2.0,
+                     "ms_per_step": 0.5, "share": 0.167}]}
+    base = {"N": 1024, "B": 64, "H": 16, "D": 64, "mode": "fwd+bwd", "status": "ok", "tflops": 100.0, "peak_gib": 0.5}
+    rows = [{**base, "method": "sdpa-flash", "ms": 3.0, "host_ms": 0.4},
+            {**base, "method": "sdpa-cudnn", "ms": 2.0, "host_ms": 0.3},
+            {**base, "method": "pope-cudnn", "ms": 4.0, "host_ms": 2.5, "profile": prof},
+            {**base, "method": "pope-expand", "status": "OOM"}]
+    attention.add_ratios(rows)
+    assert rows[2]["x_sdpa-cudnn"] == pytest.approx(2.0) and rows[2]["x_sdpa-flash"] == pytest.approx(4 / 3)
+    md = attention.table(rows)
+    lines = md.splitlines()
+    assert lines[0].endswith("| peak GiB | host ms |")
+    assert "| 64 | 1024 | 64 | fwd+bwd | pope-cudnn | 4.000 | 100 | 1.33 | 2.00 | 0.50 | 2.500 |" in lines
+    assert "| 64 | 1024 | 64 | fwd+bwd | pope-expand | OOM | | | | | |" in lines
+    assert all(line.count("|") == 12 for line in lines[:6])
+    assert "### pope-cudnn fwd+bwd D=64 N=1024: 3 profiled steps, wall 4.0 ms/step, busy 3.0 ms/step" in md
+    assert "| `pope_chain_kernel` | 2 | 0.500 | 16.7 % |" in md
