@@ -2,7 +2,8 @@
 `reference.pope_expand` (MATH §3.3, layout "interleaved") and `reference.attention` with a pope
 `ScoreMod`.
 
-1. prologue (`pope_expand_fwd`, a Triton kernel): from raw q [B,H,T,D], k [B,G,S,D] the 2D-wide
+1. prologue (`pope_expand_fwd`; one Triton launch for q and k of one shape, else one each): from
+   raw q [B,H,T,D], k [B,G,S,D] the 2D-wide
        q_hat = mu(q) [cos, sin](m theta - delta_h),   k_hat = mu(k) [cos, sin](n theta)
    in layout "interleaved" ([x_0, y_0, x_1, ...]: the backward splits a gradient tile into its x
    and y parts in registers) and q's dtype; mu = softplus | relu | identity; angles, cos/sin and
