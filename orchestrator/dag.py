@@ -180,10 +180,13 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
     """Expand, convert, hash and deduplicate (see the module docstring). ``code``: the sources
     read now (None), an index whose per-kind import closures key each stage, or one fixed
     version for every stage (tests)."""
-    index = code_index() if code is None else code
+    index = code   # None: the sources are read when the first stage key needs them
     per_kind: dict[str, CodeVersion] = {}
 
     def code_of(kind: str) -> CodeVersion:
+        nonlocal index
+        if index is None:
+            index = code_index()
         if isinstance(index, CodeVersion):
             return index
         if kind not in per_kind:
@@ -193,7 +196,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
     order = _template_order(spec)
     nodes: dict[str, StageNode] = {}
     cache: dict[str, Any] = {}
-    cells = expand_cells(spec, marks)
+    cells = expand_cells(spec, marks)   # an oversized grid is refused here, before any source is read
     cell_stages: dict[str, dict[str, str]] = {}
     issues = IssueList(when_issues(spec, marks))   # every problem of the grid in one error
     for cell in cells:
@@ -222,6 +225,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
     issues.raise_any()
     if not nodes:
         raise GridError([Issue(marks.at(("stages",)), "stages", "no stage matches any cell")])
+    assert index is not None   # every node's key read it
     full = index if isinstance(index, CodeVersion) else index.version()
     return Dag(spec=spec, cells=cells, nodes=nodes, code=full, yaml_submitted=yaml_submitted,
                yaml_resolved=yaml_resolved, cell_stages=cell_stages)
