@@ -238,14 +238,18 @@ def do_o_rows_kernel(o, do, dlt, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, T, H,
     tl.store(dlt + i_bh.to(tl.int64) * T + o_m, tl.sum(b_o.to(tl.float32) * b_do.to(tl.float32), 1), mask=o_m < T)
 
 
+def _strides(*ts: torch.Tensor) -> tuple[int, ...]:
+    """The batch, head and row strides of each [B, H, L, D] tensor, in order (kernel arguments)."""
+    return tuple(s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2)))
+
+
 def do_o_rows(do: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Delta_t = <dO_t, O_t>, fp32 [B, H, T], of every flash-style backward here (last dims contiguous)."""
     B, H, T, DV = out.shape
     dlt = torch.empty((B, H, T), dtype=torch.float32, device=out.device)
     bm = 16 if interpreting() else 64
-    do_o_rows_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, out.stride(0), out.stride(1), out.stride(2),
-                                                   do.stride(0), do.stride(1), do.stride(2), T, H, DV=DV,
-                                                   BLOCK_V=block_d(DV), BLOCK_M=bm)
+    do_o_rows_kernel[(triton.cdiv(T, bm), B * H)](out, do, dlt, *_strides(out, do), T, H, DV=DV, BLOCK_V=block_d(DV),
+                                                   BLOCK_M=bm)
     return dlt
 
 

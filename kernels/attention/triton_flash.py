@@ -40,6 +40,7 @@ from phaselab.kernels.attention.triton_common import (
     _count_le,
     _dot_precision,
     _pos_stride,
+    _strides,
     block_d,
     do_o_rows,
     interpreting,
@@ -513,10 +514,6 @@ def _pos_args(pos_q, pos_k, flags, dummy):
 def _common(dk_width, v, causal, pos_q):
     return {"DK": dk_width, "DV": v.shape[-1], "BLOCK_D": block_d(dk_width), "BLOCK_V": block_d(v.shape[-1]),
             "CAUSAL": causal, "HAS_POS": pos_q is not None, "DOT_PREC": _dot_precision(v.dtype)}
-
-
-def _strides(*ts):
-    return tuple(s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2)))
 
 
 def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):

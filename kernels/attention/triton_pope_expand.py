@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _pos_stride, block_d, do_o_rows, interpreting
+from phaselab.kernels.attention.triton_common import _pos_stride, _strides, block_d, do_o_rows, interpreting
 from phaselab.kernels.attention.triton_flash import flash_bwd_dkdv, flash_bwd_dq
 from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
 from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
@@ -127,15 +127,11 @@ def pope_chain_kernel(x, dxh, dx, ddelta_part, pos, x2, dxh2, dx2, pos2, pos_k, 
 
 def _launch_args(x, delta, amplitude, rows=None, pairs=1):
     B, NH, L, D = x.shape
-    bl = 16 if interpreting() else rows or _rows_per_block(D)
+    bl = rows or _rows_per_block(D)
     grid = (triton.cdiv(L, bl), B * NH, pairs)
     meta = {"D": D, "BLOCK_D": block_d(D), "AMP": AMPLITUDE_CODES[amplitude], "HAS_DELTA": delta is not None,
             "FAST": not interpreting(), "BLOCK_L": bl}
     return grid, meta
-
-
-def _s3(t):
-    return t.stride(0), t.stride(1), t.stride(2)
 
 
 def _expand(members, pos_k, inv_freq, delta, amplitude):
@@ -146,7 +142,7 @@ def _expand(members, pos_k, inv_freq, delta, amplitude):
     (x2, pos2), out2 = members[-1], outs[-1]
     grid, meta = _launch_args(x, delta, amplitude, pairs=len(members))
     pope_expand_kernel[grid](x, outs[0], pos, x2, out2, pos2, pos_k, inv_freq, delta if delta is not None else inv_freq,
-                             *_s3(x), *_s3(outs[0]), _pos_stride(pos), *_s3(x2), *_s3(out2), _pos_stride(pos2),
+                             *_strides(x, outs[0]), _pos_stride(pos), *_strides(x2, out2), _pos_stride(pos2),
                              _pos_stride(pos_k), L, NH, **meta)
     return outs
 
@@ -167,8 +163,8 @@ def _chain(members, pos_k, inv_freq, delta, amplitude, launch=None):
     part = torch.empty((B, NH, grid[0] if delta is not None else 1, meta["BLOCK_D"]), dtype=torch.float32,
                        device=x.device)  # every row is written when delta is given
     pope_chain_kernel[grid](x1, g1, d1, part, p1, x2, g2, d2, p2, pos_k, inv_freq,
-                            delta if delta is not None else inv_freq, *_s3(x1), *_s3(g1), *_s3(d1), _pos_stride(p1),
-                            *_s3(x2), *_s3(g2), *_s3(d2), _pos_stride(p2), _pos_stride(pos_k), L, NH, grid[0],
+                            delta if delta is not None else inv_freq, *_strides(x1, g1, d1), _pos_stride(p1),
+                            *_strides(x2, g2, d2), _pos_stride(p2), _pos_stride(pos_k), L, NH, grid[0],
                             VOLATILE=launch["volatile"], num_warps=launch["num_warps"], **meta)
     ddelta = None if delta is None else part.sum(dim=(0, 2))[:, :D].contiguous()
     return [a[2] for a in args], ddelta
