@@ -115,7 +115,9 @@ def test_the_heartbeat_stops_when_the_stage_is_cancelled_or_relaunched(tmp_path:
 @pytest.mark.ray
 def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_path: Path) -> None:
     events: list[tuple[str, str]] = []
-    store, controller, h, _ = _setup(tmp_path, 4.0, heartbeat_s=0.25, stale_after_s=2.0,
+    # 10 s of stage: the window in which this test must see the first beat and freeze the worker,
+    # wide enough for a loaded 2-core CI machine (4 s was missed there once)
+    store, controller, h, _ = _setup(tmp_path, 10.0, heartbeat_s=0.25, stale_after_s=2.0,
                                      on_event=lambda kind, node, detail: events.append((kind, detail)))
     local_ray.shared()
     frozen = None
@@ -132,6 +134,8 @@ def test_a_frozen_worker_is_found_by_its_silence_and_its_stage_relaunched(tmp_pa
             time.sleep(0.05)
         frozen = json.loads(running.read_text())["pid"]
         os.kill(frozen, signal.SIGSTOP)
+        row = store.get_stage(h)
+        assert (row.state, row.attempts) == ("RUNNING", 1), "the stage ended before its worker was frozen"
         thread.join(timeout=120)
         assert not thread.is_alive()
         summary = result["summary"]
