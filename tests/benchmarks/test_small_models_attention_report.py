@@ -73,6 +73,34 @@ def test_tapa_public_names_a_missing_checkout(tmp_path, monkeypatch):
         attention.tapa_public(None, None, None, None, {})
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1", reason="CPU: the prologue under the interpreter")
+def test_pope_expand_flex_computes_pope_attention(monkeypatch):
+    """The user path the PoPE rows are compared with (our prologue + FlexAttention, v D wide):
+    forward against the float64 reference on an awkward shape. Eager flex_attention stands in for
+    the compiled one (the same function; CPU has no FlexAttention backward, so forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from phaselab.kernels.attention import reference
+    from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+
+    monkeypatch.setattr(attention, "_FLEX", {"fn": flex_attention})
+    B, H, N, D = 2, 3, 37, 8
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, N, D, generator=gen) for _ in range(3))
+    pos = torch.arange(N)[None]
+    ctx = {"inv_freq": pope_inv_freq(D), "delta": -2 * torch.pi * torch.rand(H, D, generator=gen)}
+    with torch.no_grad():
+        out = attention.pope_expand_flex(q, k, v, pos, ctx)
+    want = reference.attention(q.double(), k.double(), v.double(), pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5,
+                               score_mod=ScoreMod(kind="pope", params={"inv_freq": ctx["inv_freq"],
+                                                                       "delta": ctx["delta"]}),
+                               compute_dtype=torch.float64)
+    assert out.shape == (B, H, N, D) and out.dtype == torch.float32
+    err = ((out.double() - want).norm() / want.norm()).item()
+    assert err < 1e-5, err
+    assert set(attention._FLEX) == {"fn", N}   # one block mask per length
+
+
 def test_every_attention_method_has_a_flop_kind():
     """The TFLOP/s column needs each method's FLOP count (MATH §6): a method without a kind would
     fail only on the GPU, after the earlier rows had spent their time."""
