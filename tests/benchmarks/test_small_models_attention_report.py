@@ -1,6 +1,6 @@
 """Reporting paths of benchmarks/small_models.py (--profile sections) and benchmarks/attention.py
-(the tapa-public method, loaded at run time from a checkout), on synthetic inputs: no GPU, no
-training."""
+(the tapa-public method, loaded at run time from a checkout; the pope-expand-flex path's numbers),
+on synthetic inputs: no GPU, no training."""
 
 from __future__ import annotations
 
