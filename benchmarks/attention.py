@@ -121,7 +121,10 @@ def pope_expand_flex(q, k, v, pos, ctx):
     if "fn" not in _FLEX:
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     if N not in _FLEX:
-        _FLEX[N] = create_block_mask(lambda b, h, m, n: n <= m, None, None, N, N, device=q.device)
+        # built block by block where compiled: eager, it evaluates the mask at all N^2 pairs
+        # (over 40 GiB at N=64k, out of memory at 128k), which no user would pay for
+        _FLEX[N] = create_block_mask(lambda b, h, m, n: n <= m, None, None, N, N, device=q.device,
+                                     _compile=q.is_cuda)
     qh, kh = _expanded(q, k, pos, ctx)
     return _FLEX["fn"](qh, kh, v, block_mask=_FLEX[N], scale=q.shape[-1] ** -0.5)
 
