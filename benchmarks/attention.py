@@ -119,6 +119,9 @@ def pope_expand_flex(q, k, v, pos, ctx):
 
     N = q.shape[2]
     if "fn" not in _FLEX:
+        # one compile per length and grad mode; past dynamo's recompile limit (8) flex_attention
+        # would fall back to its unfused form, which materialises the scores (OOM at 128k)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
     if N not in _FLEX:
         # built block by block where compiled: eager, it evaluates the mask at all N^2 pairs
