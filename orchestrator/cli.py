@@ -121,6 +121,17 @@ def _mlflow_settings(catalog: str | None, enabled: bool) -> dict[str, str] | Non
     return {"tracking_uri": default_tracking_uri(catalog), "artifact_root": default_artifact_root(catalog)}
 
 
+def stage_env(catalog: str | None, ml: dict[str, str] | None) -> dict[str, str]:
+    """The environment every stage task gets through Ray's runtime_env (remote nodes do not
+    inherit the driver's): where the catalog and MLflow are, and the kernels' autotune switch
+    (PHASELAB_AUTOTUNE=1: the Triton kernels time every config on the stage's own shapes)."""
+    env = {"PHASELAB_CATALOG_URL": catalog or os.environ.get("PHASELAB_CATALOG_URL"),
+           "MLFLOW_TRACKING_URI": ml["tracking_uri"] if ml else None,
+           "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+           "PHASELAB_AUTOTUNE": os.environ.get("PHASELAB_AUTOTUNE")}
+    return {k: v for k, v in env.items() if v}
+
+
 def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: str | None,
              num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool) -> Any:
     from phaselab.orchestrator.controller import Controller, init_ray
@@ -128,10 +139,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
     console = make_console()
     store = open_store(catalog, create=True)
     ml = _mlflow_settings(catalog, mlflow)
-    env_vars = {k: v for k, v in {"PHASELAB_CATALOG_URL": catalog or os.environ.get("PHASELAB_CATALOG_URL"),
-                                  "MLFLOW_TRACKING_URI": ml["tracking_uri"] if ml else None,
-                                  "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
-                                  }.items() if v}
+    env_vars = stage_env(catalog, ml)
 
     from phaselab.orchestrator.notify import Notifier
     from phaselab.orchestrator.progress import RunView, watch_run

@@ -23,7 +23,7 @@ def _ray_auth_headers() -> dict[str, str] | None:
 # Settings a submitted controller needs; they travel in the job's environment (runtime_env),
 # never in its entrypoint, which the Jobs API, the job log and the process list show.
 JOB_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES",
-           "PHASELAB_RESOURCE_WAIT_S", "RAY_AUTH_TOKEN")
+           "PHASELAB_RESOURCE_WAIT_S", "PHASELAB_AUTOTUNE", "RAY_AUTH_TOKEN")
 
 
 def job_request(address: str, grid: str, catalog_url: str, runs_root: Path | None,

@@ -39,8 +39,9 @@ def test_submitted_job_carries_the_catalog_password_in_its_environment_only(tmp_
     from phaselab.orchestrator.jobs import job_request
 
     url = "postgresql+psycopg://phaselab:s3cret-pw@db.internal:5432/catalog"
-    for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES"):
+    for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-123")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     req = job_request("http://head:8265", "quickstart", url, tmp_path / "runs", version=3)
@@ -48,4 +49,22 @@ def test_submitted_job_carries_the_catalog_password_in_its_environment_only(tmp_
                                  f"{(tmp_path / 'runs').resolve()} --version 3")
     assert "s3cret" not in req["entrypoint"] and "tok-123" not in req["entrypoint"]
     assert req["runtime_env"] == {"env_vars": {"PHASELAB_CATALOG_URL": url, "RAY_AUTH_TOKEN": "tok-123",
-                                               "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000"}}
+                                               "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
+                                               "PHASELAB_AUTOTUNE": "1"}}
+
+
+def test_stage_tasks_get_the_catalog_mlflow_and_autotune_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remote Ray nodes do not inherit the driver's environment: what a stage needs travels in
+    its runtime_env, the Triton autotune switch only where the user set it."""
+    from phaselab.orchestrator.cli import stage_env
+
+    for name in ("PHASELAB_CATALOG_URL", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_AUTOTUNE"):
+        monkeypatch.delenv(name, raising=False)
+    ml = {"tracking_uri": "sqlite:///runs/mlflow.db", "artifact_root": "runs/mlartifacts"}
+    assert stage_env("sqlite:///runs/catalog.db", ml) == {
+        "PHASELAB_CATALOG_URL": "sqlite:///runs/catalog.db", "MLFLOW_TRACKING_URI": "sqlite:///runs/mlflow.db",
+        "MLFLOW_DISABLE_TELEMETRY": "true"}
+    monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
+    monkeypatch.setenv("PHASELAB_CATALOG_URL", "postgresql+psycopg://db/catalog")
+    assert stage_env(None, None) == {"PHASELAB_CATALOG_URL": "postgresql+psycopg://db/catalog",
+                                     "MLFLOW_DISABLE_TELEMETRY": "true", "PHASELAB_AUTOTUNE": "1"}
