@@ -194,16 +194,21 @@ def _fwd_configs() -> list[triton.Config]:
             for bm, bn, w, s in [(128, 64, 8, 2), (128, 128, 8, 2), (256, 64, 8, 2)]]
 
 
-def _bwd_configs() -> list[triton.Config]:
+def _bwd_configs(first: tuple[int, int, int, int] | None = None) -> list[triton.Config]:
+    """The backward kernels' autotune list; `first` (BLOCK_M, BLOCK_N, warps, stages) moves one of
+    them to the front, where `prune_configs` takes it without PHASELAB_AUTOTUNE."""
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     # 32-key tiles: TAPA's D=128 dQ kernel spills at its tuned 64x64/4-warp tile (69M local loads
     # at 16k, benchmarks/results/ncu/tapa-16k.csv) and not at 64x32 or 128x32 (kernel_sass.py);
     # with 64x32 TAPA's fwd+bwd went from 2.04x to 1.96x FlashAttention-2
     # (benchmarks/results/attention-h200-tapa-d128.md)
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2),
-                                 (64, 32, 4, 2), (128, 32, 8, 2)]]
+    tiles = [(64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 32, 4, 2),
+             (128, 32, 8, 2)]
+    if first is not None:
+        tiles.remove(first)
+        tiles.insert(0, first)
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
 
 
 def prune_configs(configs, named_args, **kwargs):

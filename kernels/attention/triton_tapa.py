@@ -252,7 +252,10 @@ def _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA: tl
 
 # The autotuner times every config on the real arguments: in the atomic mode each timing run would
 # add its dQ share again, so dq32 is zeroed before each; ATOMIC_DQ is in the key (two kernels).
-@triton.autotune(configs=_bwd_configs(), **(_TUNE | {"key": [*_TUNE["key"], "ATOMIC_DQ"]}),
+# Untuned, 32x64 first: the autotuner's pick at the 124M model's shape (B 32, H 12, N 1024, D 64),
+# 11.82 against 16.49 ms a training step at 64x64 (benchmarks/results/train-h200-autotune.md,
+# train-h200-tapa-profile.md). 128-wide heads still take the first 8-warp config (prune_configs).
+@triton.autotune(configs=_bwd_configs(first=(32, 64, 4, 2)), **(_TUNE | {"key": [*_TUNE["key"], "ATOMIC_DQ"]}),
                  reset_to_zero=["dq32"])
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
 def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_sorted,
