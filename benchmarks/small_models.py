@@ -1,4 +1,4 @@
-"""Small models at GPU speed: steps/s and GPU busy fraction of the paper's small recipes.
+"""Small models at GPU speed: steps/s and GPU busy fraction of the papers' small models.
 
 Part 1 (one process): the Indirect Indexing model (``ii-8l512``, batch 64 x 48) and the JSB model
 (``jsb-6l256``, batch 4 x 2048) for RoPE (sdpa), PoPE and TAPA (triton), each with three steps:
@@ -45,16 +45,19 @@ import step_profile
 import torch
 
 from phaselab.catalog.tracking import RecordingTracker
+from phaselab.orchestrator.dag import stage_config
 from phaselab.workloads.data import build_dataset
-from phaselab.workloads.recipes import recipe
 from phaselab.workloads.train.api import build_model, parse_spec
 from phaselab.workloads.train.fast_step import engine_for
 from phaselab.workloads.train.loop import resolve_device, train
 from phaselab.workloads.train.optim import build_optimizer
 
-RECIPES = {"ii-8l512": "pope.ii_paper", "jsb-6l256": "pope.jsb"}
+# model -> (shipped grid, training stage, axes of the cell whose config is taken); the encoding
+# is then set on that config, so every encoding runs the paper's configuration from the grid
+GRIDS = {"ii-8l512": ("pope_indirect_indexing", "train", {"variant": "pope"}),
+         "jsb-6l256": ("pope_jsb", "train", {"pe": "pope"})}
 BACKEND = {"rope": "sdpa", "pope": "triton", "tapa": "triton"}
-# mode -> overrides of the recipe's sections; graphs-thread builds batches in the trainer's own
+# mode -> overrides of the grid config's sections; graphs-thread builds batches in the trainer's own
 # background thread (data.num_workers 0) instead of worker processes, to show what they buy
 MODES = {"eager": {}, "compiled": {"train": {"compile": True}}, "graphs": {"train": {"cuda_graphs": True}},
          "graphs-thread": {"train": {"cuda_graphs": True}, "data": {"num_workers": 0}},
@@ -98,7 +101,10 @@ class BusySampler:
 def spec_for(name: str, encoding: str, mode: str, *, steps: int, tiny: bool) -> dict[str, Any]:
     """``encoding`` is ``pe`` or ``pe:backend`` (e.g. ``tapa:reference``; default BACKEND[pe])."""
     pe, _, backend = encoding.partition(":")
-    spec = recipe(RECIPES[name])(pe=pe, seed=0)
+    grid, stage, axes = GRIDS[name]
+    config = stage_config(grid, stage, **axes)
+    spec = {k: json.loads(json.dumps(config[k])) for k in ("model", "data", "train") if k in config}
+    spec["model"]["pe"]["kind"] = pe
     spec["train"] |= {"steps": steps, "decay_steps": steps, "warmup": 10, "eval_every": 0,
                       "eval_batches": 1, "final_eval_batches": 1, "ckpt_every": 0,
                       "log_every": max(5, steps // 20)} | MODES[mode].get("train", {})
@@ -254,7 +260,7 @@ def markdown(rows: list[dict], packs: list[dict], meta: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(RECIPES))
+    ap.add_argument("--models", default=",".join(GRIDS))
     ap.add_argument("--encodings", default="rope,pope,tapa")
     ap.add_argument("--modes", default="eager,compiled,graphs")
     ap.add_argument("--steps", type=int, default=400)

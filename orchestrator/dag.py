@@ -235,3 +235,21 @@ def plan_grid(source: str | Path, overrides: Iterable[str] = ()) -> Dag:
     """load_grid + build_dag: the whole offline planning step (no catalog, no Ray)."""
     spec, marks, text, resolved = load_grid(source, list(overrides))
     return build_dag(spec, marks, yaml_submitted=text, yaml_resolved=resolved)
+
+
+def stage_config(source: str | Path, stage: str, overrides: Iterable[str] = (), **axes: Any) -> Mapping[str, Any]:
+    """The typed config of ``stage`` in the one cell of grid ``source`` whose axes include
+    ``axes`` (``seed=0`` unless given): how benchmarks, the demo and tests take a paper's
+    configuration from the grid that runs it rather than from a copy.
+
+    Raises ValueError naming the cells and stages there are when none or several match."""
+    dag = plan_grid(source, overrides)
+    want = {"seed": 0, **axes}
+    cells = {c.key for c in dag.cells if all(c.axes.get(k) == v for k, v in want.items())}
+    found = [n for n in dag.nodes.values() if any(c in cells and name == stage for c, name in n.members)]
+    if len(found) != 1:
+        raise ValueError(f"grid {dag.spec.grid!r}: {len(found)} stages named {stage!r} in the cells "
+                         f"with {want} (cells: {[c.key for c in dag.cells]}; stages: "
+                         f"{sorted({name for n in dag.nodes.values() for _, name in n.members})})")
+    return found[0].config
+

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import pytest
@@ -70,7 +70,7 @@ def _names(body: list[ast.stmt]) -> dict[str, ast.AST]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def module_names(module: str) -> dict[str, ast.AST]:
     return _names(ast.parse(modules()[module].read_text()).body)
 

@@ -102,7 +102,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Recursive merge of plain config mappings: nested mappings merge, anything else replaces.
-    The one merge used by presets and recipes before ``from_dict`` validates the result."""
+    The one merge used by presets and configs built on a grid's before ``from_dict`` validates the result."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):

@@ -1,11 +1,12 @@
 """The offline demo: tiny RoPE, PoPE and TAPA models on Indirect Indexing.
 
-    python -m phaselab.workloads.demo                 # < 5 min on 2 CPU cores (1200 steps each)
-    python -m phaselab.workloads.demo --steps 300     # quicker
-    python -m phaselab.workloads.demo --paper-task    # EXPERIMENTS §2.1 generator (20-40 letters)
+    python -m phaselab.orchestrator.demo                 # < 5 min on 2 CPU cores (1200 steps each)
+    python -m phaselab.orchestrator.demo --steps 300     # quicker
+    python -m phaselab.orchestrator.demo --paper-task    # EXPERIMENTS §2.1 generator (20-40 letters)
 
-Each encoding trains the same tiny transformer (``recipes.pope.ii_demo``: 2 layers, width 64,
-4 heads, batch 64, lr 3e-3 → 3e-4) through the one training path (``train.api.run_training``);
+Each encoding trains the same tiny transformer: the configuration of the shipped
+``pope_indirect_indexing`` grid's training stage with the changes in ``DEMO`` (2 layers, width 64,
+4 heads, batch 64, lr 3e-3 → 3e-4), through the one training path (``train.api.run_training``);
 the table reports exact-match target accuracy measured on a 2000-example held-out test split
 (argmax of the model's logits on the target token, EXPERIMENTS §2.1) — nothing in it is fixed.
 
@@ -32,6 +33,17 @@ from phaselab.catalog.tracking import NullTracker
 
 ENCODINGS = ("rope", "pope", "tapa")
 DEFAULT_STEPS = 1200
+GRID, STAGE = "pope_indirect_indexing", "train"
+# What the demo changes in the grid's training config, besides the step count: a 2-layer,
+# 64-wide model, a short warm-up and a higher peak lr (tiny models tolerate it; the paper's 2e-4
+# needs its 100k steps), evaluation on the test split only, at the end
+DEMO = {"model": {"n_layer": 2, "d_model": 64, "n_head": 4},
+        "data": {"ii": {"n_valid": 500, "n_test": 2000}},
+        "train": {"lr": 3e-3, "min_lr": 3e-4, "eval_every": 0, "eval_batches": 2, "eval_batch_size": 250,
+                  "final_eval_splits": ["test"], "cuda_graphs": False}}
+# the default short task: 8-12 letters, shifts of +-4, and the block that holds its longest
+# example (12 + ",c," + "+4" + ",t" = 19 tokens)
+SHORT = {"ii": {"n_min": 8, "n_max": 12, "max_shift": 4}, "block_size": 24}
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,27 @@ class ProgressTracker(NullTracker):
             self.last_step = step
 
 
+def demo_spec(pe: str, *, seed: int = 0, steps: int = DEFAULT_STEPS, short: bool = True) -> dict[str, Any]:
+    """The training spec of one demo run: the grid's config with ``DEMO`` (and ``SHORT``)."""
+    from phaselab.orchestrator.dag import stage_config
+    from phaselab.workloads.config import merge
+
+    config = stage_config(GRID, STAGE, variant="pope", seed=seed)
+    spec = merge({k: config[k] for k in ("model", "data", "train")}, DEMO)
+    spec["model"]["pe"] = {**spec["model"]["pe"], "kind": pe}
+    spec["train"] |= {"steps": steps, "decay_steps": steps, "warmup": max(1, steps // 20),
+                      "ckpt_every": steps, "log_every": max(1, steps // 50)}
+    if short:
+        spec["data"] = merge(spec["data"], SHORT)
+        spec["model"]["block_size"] = SHORT["block_size"]
+    return spec
+
+
 def run_demo(*, steps: int = DEFAULT_STEPS, encodings: Sequence[str] = ENCODINGS, seed: int = 0,
              out_dir: Path, console: Any = None, paper_task: bool = False) -> list[DemoRow]:
     """Train one tiny model per encoding and return its measured accuracies."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from phaselab.workloads.recipes.pope import ii_demo
     from phaselab.workloads.train.api import run_training
 
     rows = []
@@ -72,10 +99,9 @@ def run_demo(*, steps: int = DEFAULT_STEPS, encodings: Sequence[str] = ENCODINGS
     with Progress(*columns, console=console, transient=False) as progress:
         for pe in encodings:
             task = progress.add_task(pe, total=steps, info="")
-            # Evaluation kept cheap (ii_demo): valid on 2 x 250 examples at the end of training only,
+            # Evaluation kept cheap (DEMO): valid on 2 x 250 examples at the end of training only,
             # then the reported number on the whole 2000-example test split.
-            spec = ii_demo(pe, seed=seed, steps=steps, short=not paper_task,
-                           log_every=max(1, steps // 50))
+            spec = demo_spec(pe, seed=seed, steps=steps, short=not paper_task)
             t0 = time.perf_counter()
             outcome = run_training(spec, out_dir=Path(out_dir) / pe,
                                    tracker=ProgressTracker(progress, task))
@@ -108,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
-    parser = argparse.ArgumentParser(prog="python -m phaselab.workloads.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m phaselab.orchestrator.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimiser steps per encoding")
     parser.add_argument("--pe", nargs="+", default=list(ENCODINGS), choices=ENCODINGS)
     parser.add_argument("--seed", type=int, default=0)
