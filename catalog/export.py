@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog.fingerprint import git_state
+from phaselab.catalog.fingerprint import git_state, what_ran
 from phaselab.catalog.store import CatalogStore
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: the stages carry what ran (attn_impl, deterministic, precision, graph_mode, device)
 FORMATS = ("parquet", "csv")
 PARTITION_COLUMNS = ("grid", "stage_kind")
 
@@ -45,6 +45,9 @@ _STAGE_FIELDS = [
     ("gpu_seconds", "float64"), ("backend", "string"), ("mlflow_run_id", "string"),
     ("ray_run_name", "string"), ("storage_uri", "string"), ("config_json", "string"),
     ("cache_key_parts_json", "string"), ("node_id", "string"),   # Ray node of the latest attempt
+    # what ran, as the stage's worker reported it (catalog.fingerprint.what_ran)
+    ("attn_impl", "string"), ("deterministic", "bool"), ("precision", "string"), ("graph_mode", "string"),
+    ("device", "string"),
 ]
 
 
@@ -52,7 +55,7 @@ def _schema(spec: list[tuple[str, str]]) -> Any:
     import pyarrow as pa
 
     types = {"int16": pa.int16(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
-             "timestamp": pa.timestamp("us", tz="UTC")}
+             "bool": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC")}
     nullable = {"schema_version", "grid", "stage_kind", "stage_hash"}
     return pa.schema([pa.field(n, types[t], nullable=n not in nullable) for n, t in spec])
 
@@ -82,7 +85,8 @@ def metric_rows(store: CatalogStore, grid: str) -> list[dict[str, Any]]:
 def stage_rows(store: CatalogStore, grid_id: int, grid: str) -> list[dict[str, Any]]:
     rows = []
     for s in store.stages_for_grid(grid_id, current_only=True):
-        row = {name: getattr(s, name, None) for name, _ in _STAGE_FIELDS}
+        ran = what_ran(s.env)
+        row = {name: getattr(s, name, ran.get(name)) for name, _ in _STAGE_FIELDS}
         row.update(schema_version=SCHEMA_VERSION, grid=grid, stage_kind=s.kind,
                    config_json=_canonical(s.config), cache_key_parts_json=_canonical(s.cache_key_parts))
         rows.append(row)

@@ -13,9 +13,12 @@ dirty_diff_hash sha256 of ``git diff HEAD --binary`` plus untracked file names; 
 device          GPU name (e.g. "NVIDIA H200") or "cpu"
 world_size      number of training ranks
 seeds           per-rank seeds (list) or one seed
-attn_backend    attention backend(s) that ran: a name or {layer: backend}
+attn_backend    attention backend(s) that ran: a name or {call site: backend}
 packages        {distribution: version or None} for the packages of DESIGN §4
-deterministic   whether the backward was deterministic
+deterministic   whether the backward was deterministic (None: not known)
+provenance      what the process that ran the model reported (``workloads.provenance``):
+                attention call sites and implementations, determinism, precision, graph
+                mode, device; None for stages that run no model
 python, platform, host, cuda, nccl, extra
 ============== =====================================================================
 """
@@ -83,16 +86,38 @@ def device_info() -> dict[str, str | None]:
 
 
 def env_fingerprint(*, seeds: Any = None, world_size: int | None = None, attn_backend: Any = None,
-                    deterministic: bool | None = None, repo: Path | None = None,
-                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    deterministic: bool | None = None, provenance: Mapping[str, Any] | None = None,
+                    repo: Path | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The fingerprint dict documented in the module docstring (JSON-safe)."""
     sha, dirty = git_state(repo)
     env: dict[str, Any] = {
         "git_sha": sha, "dirty_diff_hash": dirty, **device_info(), "world_size": world_size,
         "seeds": seeds, "attn_backend": dict(attn_backend) if isinstance(attn_backend, Mapping)
-        else attn_backend, "deterministic": deterministic, "packages": package_versions(),
+        else attn_backend, "deterministic": deterministic,
+        "provenance": None if provenance is None else dict(provenance), "packages": package_versions(),
         "python": platform.python_version(), "platform": platform.platform(),
         "host": socket.gethostname(), "extra": dict(extra or {}),
     }
+    if provenance and provenance.get("device"):   # the device the model ran on, wherever that was
+        env["device"] = provenance["device"]
     json.dumps(env)  # fail here, not in the catalog, if a caller passed something unserialisable
     return env
+
+
+def what_ran(env: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The flat fields that exports and table footnotes carry from a stage's fingerprint:
+    ``attn_backend`` ("sdpa", "sdpa,triton"), ``attn_impl`` ("pope=cudnn,sdpa=cudnn"),
+    ``deterministic``, ``precision``, ``graph_mode`` ("eager", "compile", "cuda_graphs",
+    "compile+cuda_graphs") and ``device``; None where the stage recorded nothing."""
+    env = env or {}
+    ran = env.get("provenance") or {}
+    attention = ran.get("attention") or {}
+    backend = env.get("attn_backend")
+    if isinstance(backend, Mapping):
+        backend = ",".join(sorted(set(map(str, backend.values())))) or None
+    impls = ",".join(f"{op}={'|'.join(map(str, v))}" for op, v in sorted((attention.get("impls") or {}).items()))
+    modes = [m for m in ("compile", "cuda_graphs") if ran.get(m)]
+    return {"attn_backend": backend, "attn_impl": impls or None, "deterministic": env.get("deterministic"),
+            "precision": ran.get("precision"), "graph_mode": ("+".join(modes) or "eager") if ran else None,
+            "device": ran.get("device") or env.get("device")}
+

@@ -93,6 +93,7 @@ _TARGETS: dict[str, str] = {
 }
 _INSTANCES: dict[str, AttentionBackend] = {}
 _USED: dict[str, str] = {}
+_IMPLS: dict[str, dict[str, bool]] = {}   # op -> {implementation: its backward is deterministic}
 
 
 def register(name: str, target: str) -> None:
@@ -172,6 +173,18 @@ def backends_used() -> Mapping[str, str]:
     return dict(_USED)
 
 
+def record_impl(op: str, impl: str, *, deterministic: bool) -> None:
+    """Record that ``op`` ("pope", "tapa", "sdpa", ...) ran as ``impl`` ("cudnn", "fused", ...)
+    and whether that implementation's backward is deterministic (provenance of a run)."""
+    _IMPLS.setdefault(op, {})[impl] = bool(deterministic)
+
+
+def impls_used() -> Mapping[str, Mapping[str, bool]]:
+    """A copy of op -> {implementation: deterministic} recorded so far."""
+    return {op: dict(v) for op, v in _IMPLS.items()}
+
+
 def reset() -> None:
     """Forget the recorded uses (between runs and tests); registrations and instances stay."""
     _USED.clear()
+    _IMPLS.clear()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
@@ -214,7 +215,7 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
                 child["artifact"] = {"name": "checkpoint", "uri": str(Path(child["checkpoint"]).resolve()),
                                      "sha256": sha, "bytes": size, "kind": "checkpoint"}
             children.append(child)
-        env = _fingerprint(payload)
+        env = _fingerprint(payload, out_dir)
         _log_attempt(out_dir, payload, recording, time.monotonic() - start, "succeeded")
         if ml is not None:
             ml.log_env(env)
@@ -257,23 +258,22 @@ def _log_attempt(out_dir: Path, payload: Mapping[str, Any], recording: Any, seco
             f.writelines(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n" for step, metrics in recording.metrics)
 
 
-def _fingerprint(payload: Mapping[str, Any]) -> dict[str, Any]:
+def _fingerprint(payload: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The attempt's environment, with what ran as the process that ran the model reported it
+    (``workloads.provenance``: a Ray Train worker under ``ray_train``, this process otherwise)."""
     from phaselab.catalog.fingerprint import env_fingerprint
+    from phaselab.workloads import provenance
 
-    backends = None
-    try:
-        import sys
+    ran = provenance.read(out_dir)
+    backends = (ran or {}).get("attention", {}).get("sites") or None
+    if backends is None and "phaselab.kernels.registry" in sys.modules:   # a stage without a model run
+        from phaselab.kernels.registry import backends_used
 
-        if "phaselab.kernels.registry" in sys.modules:
-            from phaselab.kernels.registry import backends_used
-
-            backends = dict(backends_used()) or None
-    except ImportError:
-        backends = None
+        backends = dict(backends_used()) or None
     train = payload["config"].get("train", {})
     return env_fingerprint(seeds=train.get("seed"), world_size=payload["resources"].get("num_workers", 1),
-                           attn_backend=backends, extra={"launcher": payload["launcher"],
-                                                         "pid": os.getpid()})
+                           attn_backend=backends, deterministic=(ran or {}).get("deterministic"),
+                           provenance=ran, extra={"launcher": payload["launcher"], "pid": os.getpid()})
 
 
 def _backend(env: Mapping[str, Any]) -> str | None:

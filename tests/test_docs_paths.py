@@ -27,6 +27,7 @@ NO_OUTSIDE = CHECKED + ["docs/EXPERIMENTS.md", "docs/MATH.md", "docs/STACK.md", 
 RUNTIME = (".phaselab", "runs", "mlruns", ".venv", ".whl", "out", "benchmarks/results/scaling-h200",
            "benchmarks/results/small-models-h200", "metrics.jsonl", "metrics.replayed.json", "model.pt",
            "outputs.json", "meta.json",   # an MLflow run artifact; a prepared shard folder's metadata
+           "provenance.json", "stage.yaml",   # what a stage run writes in its folder
            "grid.yaml", "my_grid.yaml")   # the last two: grids the tutorial and cluster guide have a user write
 EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "txt", "sh", "json", "jsonl", "cfg", "ini", "csv", "png",
               "ipynb", "lock", "mako", "db", "parquet", "pt")

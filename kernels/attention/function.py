@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import ops, pope_cudnn, triton_common
+from phaselab.kernels.attention import ops, pope_cudnn, tapa_phase, triton_common
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
+from phaselab.kernels.registry import record_impl
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -157,6 +158,7 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         if impl == "cudnn" and reason is not None:
             raise ValueError(f"pope impl='cudnn' cannot run this call: {reason}")
         impl = "cudnn" if reason is None else "expand"
+    record_impl("pope", impl, deterministic=impl != "cudnn")
     out, _lse, _aux = ops.pope_fwd(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale, bool(causal),
                                    amplitude, impl)
     return out
@@ -189,6 +191,9 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params  # validated (MATH §4.2)
     d_amp, _ = tapa_split(D, params["theta"])
+    # the forward's off-diagonal series is an import-time switch (tapa_phase.FWD_SERIES)
+    record_impl("tapa", "fused" if tapa_phase.FWD_SERIES.value else "fused-no-series",
+                deterministic=bool(deterministic))
     out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
                              params["phase"] == "linear", _check_scale(scale), bool(causal), bool(deterministic))
     return out

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.registry import record_impl
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
@@ -294,6 +295,7 @@ class ReferenceBackend:
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
                  deterministic: bool = False) -> Tensor:
         kwargs = {"scale": scale, "causal": causal, "score_mod": score_mod}
+        record_impl("reference", "torch", deterministic=True)
         if cu_seqlens is None:
             return attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, **kwargs)
         if q_BHTD.shape[0] != 1 or q_BHTD.shape[2] != k_BGSD.shape[2]:

@@ -24,7 +24,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
 from phaselab.kernels.attention.score_mod import ScoreMod
-from phaselab.kernels.registry import AttnCall, BackendUnsupported
+from phaselab.kernels.registry import AttnCall, BackendUnsupported, record_impl
 
 
 def _kernel_choice(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> contextlib.AbstractContextManager:
@@ -125,7 +125,11 @@ class SdpaBackend:
             if is_causal:  # an additive mask cannot be combined with is_causal
                 attn_mask = attn_mask.masked_fill(~visibility(pos_q, pos_k), float("-inf"))
                 is_causal = False
-        with _kernel_choice(q_BHTD, attn_mask, is_causal):
+        choice = _kernel_choice(q_BHTD, attn_mask, is_causal)
+        # torch's CUDA backward kernels accumulate with atomics (see unsupported_reason)
+        record_impl("sdpa", "torch" if isinstance(choice, contextlib.nullcontext) else "cudnn",
+                    deterministic=not (call.device_type == "cuda" and call.needs_grad))
+        with choice:
             out_BHTD = F.scaled_dot_product_attention(
                 q_BHTD, repeat_kv(k_BGSD, H), repeat_kv(v_BGSD, H), attn_mask=attn_mask,
                 is_causal=is_causal, scale=scale)

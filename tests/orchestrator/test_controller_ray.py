@@ -108,6 +108,8 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
         names = {m.name for m in store.metrics_for_stage(h)}
         assert names >= ({"ppl", "nll"} if node.kind == "eval" else {"loss", "acc"})
         assert (tmp_path / "runs" / h / "stage.yaml").is_file()
+    for h in dag.nodes:
+        _check_what_ran(store, h)
     ppl = [m for h, n in dag.nodes.items() if n.kind == "eval" for m in store.metrics_for_stage(h) if m.name == "ppl"]
     assert all(1.0 < m.value < 66.0 for m in ppl)    # a trained char model: better than uniform over 66
     n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
@@ -138,6 +140,26 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     assert again.seconds < 10
     assert (_count(store, "metric"), _count(store, "artifact")) == (n_metrics, n_artifacts)
     assert all(store.get_stage(h).attempts == 1 for h in dag.nodes)
+
+
+def _check_what_ran(store, stage_hash: str) -> None:
+    """The stage's worker reported what ran (workloads.provenance) and the catalog holds it: the
+    backend of every attention call site, the implementation each op took, determinism (on CPU
+    every implementation is), precision, graph mode and device (DESIGN §4)."""
+    from sqlalchemy import text
+
+    env = store.get_stage(stage_hash).env
+    ran = env["provenance"]
+    sites = ran["attention"]["sites"]
+    assert sites and set(sites) == {"h.0.attn"} and set(sites.values()) <= {"sdpa", "reference"}, ran
+    assert env["attn_backend"] == sites
+    assert set(ran["attention"]["impls"]) == set(sites.values()) and ran["attention"]["impls"].get("sdpa", ["torch"]) == ["torch"]
+    assert (env["deterministic"], ran["deterministic"], ran["device"], ran["precision"]) == (True, True, "cpu", "fp32")
+    assert ran["compile"] is False and ran["cuda_graphs"] is False
+    with store.engine.connect() as conn:
+        backends = conn.execute(text("SELECT attn_backend FROM attempt WHERE stage_hash = :h"),
+                                {"h": stage_hash}).scalars().all()
+    assert backends and all(set(b.split(",")) == set(sites.values()) for b in backends), backends
 
 
 def _check_mlflow(uri: str, dag, store) -> None:
@@ -298,6 +320,17 @@ def test_ray_train_launcher_names_the_run_by_the_stage_hash(tmp_path: Path, ray_
     assert (runs / "ray_train" / h).is_dir()                    # Ray Train V2 storage: <runs>/ray_train/<hash>
     ckpt = store.artifacts_for_stage(h)[0]
     assert Path(ckpt.uri).is_file() and {m.name for m in store.metrics_for_stage(h)} >= {"loss", "acc"}
+    # what ran is reported by the Ray Train worker, not the stage's task (which ran no model)
+    _check_what_ran(store, h)
+    import pyarrow.dataset as ds
+
+    from phaselab.catalog.export import export_grid
+
+    export_grid(store, dag.spec.grid, "parquet", tmp_path / "export")
+    (row,) = ds.dataset(tmp_path / "export" / "stages", format="parquet", partitioning="hive").to_table().to_pylist()
+    assert row["backend"] in ("sdpa", "reference")
+    assert (row["attn_impl"], row["deterministic"], row["precision"], row["graph_mode"], row["device"]) == \
+        (f"{row['backend']}=torch", True, "fp32", "eager", "cpu")
 
 
 TUNE = """\

@@ -85,6 +85,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.workloads import provenance
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension
@@ -451,6 +452,15 @@ def selection_records(info: Mapping[str, Any], records: list[MetricRecord]) -> l
                          unit=unit, step=step, task=task, split=info["metric"].split("/")[0])]
 
 
+def _write_provenance(spec: Mapping[str, Any], out_dir: Path) -> None:
+    """What the suite ran (``workloads.provenance``), in ``out_dir/provenance.json``."""
+    from phaselab.workloads.train.loop import resolved_precision
+
+    device = resolve_device(str(spec.get("device", "auto")))
+    provenance.write(out_dir, provenance.what_ran(
+        device=device, precision=resolved_precision(str(spec.get("precision", "auto")), device)))
+
+
 def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracker: Tracker,
              extend: Mapping[str, Any] | ContextExtension | None = None,
              best: Path | None = None) -> list[MetricRecord]:
@@ -474,7 +484,9 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     chosen, info = select_checkpoint(select, checkpoint=Path(checkpoint), best=best)
+    provenance.reset()   # record the attention implementations of this evaluation only
     out = SUITE_TABLE[suite].run(spec, chosen, out_dir, ext)
+    _write_provenance(spec, out_dir)
     if info is not None:
         out.records = out.records + selection_records(info, out.records)
     tracker.log_records(out.records)

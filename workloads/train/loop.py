@@ -158,12 +158,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """What ``train.precision`` means on ``device``: "auto" is bf16 on CUDA, fp32 elsewhere."""
+    return "bf16" if precision == "bf16" or (precision == "auto" and device.type == "cuda") else "fp32"
+
+
 def autocast_for(precision: str, device: torch.device, *, cache: bool = True
                  ) -> Callable[[], contextlib.AbstractContextManager]:
     """bf16 autocast on CUDA for "auto"; fp32 (no autocast) on CPU. Master weights stay fp32.
     ``cache`` False turns off autocast's cache of cast weights (CUDA graph capture)."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    if not use_bf16:
+    if resolved_precision(precision, device) != "bf16":
         return contextlib.nullcontext
     return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.workloads import provenance
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.data import build_dataset
 from phaselab.workloads.train.checkpoint import (
@@ -45,7 +46,7 @@ from phaselab.workloads.train.checkpoint import (
     write_json,
 )
 from phaselab.workloads.train.fast_step import engine_for
-from phaselab.workloads.train.loop import LoopResult, data_position, evaluate, train
+from phaselab.workloads.train.loop import LoopResult, data_position, evaluate, resolved_precision, train
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import stop_on_sigterm
 
@@ -94,6 +95,7 @@ class TrainSession:
         self.cfg, self.ranks, self.tracker, self.out_dir = parsed.train, ranks, tracker, Path(out_dir)
         self.resolved = with_eval_splits(to_dict(parsed), spec)
         self.splits = periodic_splits(spec)
+        provenance.reset()   # record the attention implementations of this run only
         seed_everything(self.cfg.seed)  # model init is part of the seeded run
         dataset = build_dataset(parsed.data)
         self.dataset = dataset if trace_batches is None else BatchTrace(dataset, trace_batches, ranks.rank)
@@ -222,6 +224,16 @@ class TrainSession:
         return on_eval
 
     # -- the end -----------------------------------------------------------------------------------
+    def what_ran(self) -> dict[str, Any]:
+        """This rank's provenance (``workloads.provenance``): attention backends and
+        implementations, determinism, precision, graph mode, device."""
+        model_cfg = getattr(self.model, "cfg", None)
+        attention = getattr(model_cfg, "attention", None)
+        return provenance.what_ran(device=self.engine.device,
+                                   precision=resolved_precision(self.cfg.precision, self.engine.device),
+                                   compile=self.cfg.compile, cuda_graphs=self.cfg.cuda_graphs,
+                                   deterministic_requested=getattr(attention, "deterministic", None))
+
     def finish(self, result: LoopResult) -> Final:
         """Final evaluation of a finished run, written on rank 0 to ``out_dir/metrics.json`` and
         ``out_dir/records.json``. Every rank evaluates the same batches (under ZeRO-3 each
@@ -234,6 +246,7 @@ class TrainSession:
         if self.ranks.rank == 0:
             (self.out_dir / RECORDS_FILE).write_text(json.dumps([r.to_dict() for r in records], indent=1))
             (self.out_dir / METRICS_FILE).write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+            provenance.write(self.out_dir, self.what_ran())
         return Final(metrics=final, records=records, evaluated=evaluated)
 
 
