@@ -51,6 +51,18 @@ DISTRIBUTIONS = ("grid", "choice", "uniform", "loguniform", "randint")
 
 @dataclass(frozen=True, kw_only=True)
 class TuneSpec:
+    """A Ray Tune search over the stage's own training config, one search per cell
+    (``docs/TUTORIAL.md`` §6 has a grid). ``space`` maps a dotted key of the stage's config
+    (``train.lr``, ``train.warmup``, ``model.dropout``) to one distribution: ``{grid: [...]}``
+    (every value; ``num_samples`` repeats the grid), ``{choice: [...]}``, ``{uniform: [lo, hi]}``,
+    ``{loguniform: [lo, hi]}`` or ``{randint: [lo, hi]}`` (``num_samples`` draws, seeded by
+    ``seed``). Each trial is a real training run; ``metric`` (logged at each evaluation, so the
+    stage needs ``train.eval_every`` > 0) and ``mode`` pick the best completed trial, whose
+    checkpoint the downstream stages receive. ``scheduler: asha`` stops the worse trials at
+    their evaluations once they have had ``grace_period`` of them, keeping 1 in
+    ``reduction_factor`` at each rung; ``fifo`` runs every trial to the end.
+    ``max_concurrent`` trials run at once."""
+
     space: dict[str, dict[str, list[Any]]]
     metric: str = "valid/loss"
     mode: Literal["min", "max"] = "min"
