@@ -28,7 +28,7 @@ RUNTIME = (".phaselab", "runs", "mlruns", ".venv", ".whl", "out", "benchmarks/re
            "benchmarks/results/small-models-h200", "metrics.jsonl", "metrics.replayed.json", "model.pt",
            "outputs.json", "meta.json",   # an MLflow run artifact; a prepared shard folder's metadata
            "provenance.json", "stage.yaml",   # what a stage run writes in its folder
-           "grid.yaml", "my_grid.yaml")   # the last two: grids the tutorial and cluster guide have a user write
+           "grid.yaml", "my_grid.yaml", "tune_grid.yaml")   # grids the tutorial and cluster guide have a user write
 EXTENSIONS = ("py", "md", "yaml", "yml", "toml", "txt", "sh", "json", "jsonl", "cfg", "ini", "csv", "png",
               "ipynb", "lock", "mako", "db", "parquet", "pt")
 SKIP_DIRS = {".git", ".venv", "__pycache__", ".ruff_cache", ".pytest_cache", "node_modules", ".phaselab"}
