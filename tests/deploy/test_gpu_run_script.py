@@ -64,10 +64,10 @@ def test_packed_files(packed: Path, tmp_path: Path) -> None:
     assert len({m["stage_hash"] for m in metrics}) == 8
     ppl = {(m["role"], json.loads(m["axes_json"])["pe"], m["context_len"]): m["value"]
            for m in metrics if m["name"] == "ppl"}
-    assert len(ppl) == 4 * 3 and all(1.0 < v < 70.0 for v in ppl.values())   # char vocab of 66
+    assert len(ppl) == 4 * 4 and all(1.0 < v < 70.0 for v in ppl.values())   # char vocab of 66
     table = (packed / "tables.md").read_text()
     assert "Quickstart: Tiny Shakespeare perplexity" in table
-    assert f"{ppl[('ppl', 'pope', 256)]:.2f}" in table
+    assert f"{ppl[('ppl', 'pope', 128)]:.2f}" in table
     with tarfile.open(packed / "figures.tar") as tar:
         assert sorted(tar.getnames()) == ["quickstart_ppl.pdf", "quickstart_ppl.png"]
     with gzip.open(packed / "curves.jsonl.gz", "rt") as f:

@@ -95,7 +95,7 @@ def test_runs_compare_by_encoding(tracked: tuple[str, Path]) -> None:
         assert curves[pe][128] == pytest.approx(ev.data.metrics["ppl/text/split_valid/ctx_128"])
         figures = {a.path for a in client.list_artifacts(ev.info.run_id, "figures")}
         assert "figures/ppl_vs_ctx.png" in figures
-    assert {pe: sorted(c) for pe, c in curves.items()} == {pe: [64, 128, 256] for pe in curves}
+    assert {pe: sorted(c) for pe, c in curves.items()} == {pe: [16, 32, 64, 128] for pe in curves}
     assert len({tuple(c.values()) for c in curves.values()}) == 3        # three different curves
 
 
