@@ -51,6 +51,19 @@ def test_graph_step_arithmetic_equals_plain_step(tmp_path, pe):
     assert b.metrics["test/loss"] == pytest.approx(a.metrics["test/loss"], rel=1e-4)
 
 
+def test_graph_step_throughput_counts_only_timed_windows(tmp_path):
+    """The first window of the graph loop is not timed (capture, warm-up); its steps are reported
+    after the fact in a quick host loop, and must not enter tokens/s (where they gave ~1e9)."""
+    tracker = RecordingTracker()
+    spec = _spec(24, graphs=True)
+    spec["train"] |= {"log_every": 4, "eval_every": 0, "ckpt_every": 0}   # windows of 4 steps
+    run_training(spec, out_dir=tmp_path / "run", tracker=tracker)
+    rates = _curves(tracker, "train/tokens_per_s")
+    assert 4 not in rates   # the first window: nothing timed, no rate
+    assert sorted(rates) == [8, 12, 16, 20, 24] and all(r > 0 for r in rates.values())
+    assert max(rates.values()) < 5 * min(rates.values()), rates   # none timed by the gap between two reports
+
+
 def test_graph_step_resume_is_bitwise(tmp_path):
     ref = RecordingTracker()
     run_training(_spec(10, graphs=True), out_dir=tmp_path / "ref", tracker=ref)

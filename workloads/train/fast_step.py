@@ -277,7 +277,7 @@ class GraphEngine:
                 if not math.isfinite(value):
                     raise TrainingDiverged(step, f"{what} is {value}")
             events.done(step + 1, loss, schedule.lookup(step), norm, tokens,
-                        can_save=synced and j == n - 1, seconds=seconds)
+                        can_save=synced and j == n - 1, seconds=seconds, untimed=seconds is None)
 
 
 @dataclass

@@ -342,14 +342,18 @@ class StepEvents:
         return step % self.cfg.log_every == 0 or step == self.cfg.steps
 
     def done(self, step: int, loss: float, lr: float, grad_norm: float, tokens: int, *,
-             can_save: bool = True, seconds: float | None = None) -> None:
+             can_save: bool = True, seconds: float | None = None, untimed: bool = False) -> None:
         """``seconds``: the step's device time when the caller measured it (graph loop); None
         takes the host time since the previous step (the first step of a call is not timed:
-        compilation, autotuning, allocator warm-up)."""
+        compilation, autotuning, allocator warm-up). ``untimed``: the caller knows the step's
+        time is not measurable (the graph loop's first window, reported after the fact, where
+        host time between reports says nothing), so it enters no throughput."""
         result = self.result
         result.losses[step - 1] = loss
         result.step = step
-        if seconds is None:
+        if untimed:
+            seconds = None
+        elif seconds is None:
             now = time.perf_counter()
             seconds, self._last = (None if self._last is None else now - self._last), now
         if seconds is not None:
