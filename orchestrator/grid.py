@@ -285,7 +285,7 @@ def resolve_cell(spec: GridSpec, cell: Cell, marks: Marks) -> list[ResolvedStage
                 origins["train.seed"] = ("seeds",)
         res = {**(spec.defaults.resources.model_dump(exclude_unset=True) if spec.defaults.resources else {}),
                **(st.resources.model_dump(exclude_unset=True) if st.resources else {})}
-        launcher = st.launcher or spec.defaults.launcher or stage.default_launcher
+        launcher = st.launcher or spec.defaults.launcher or stage.launcher_for(res, sections)
         rs = ResolvedStage(name=name, cell=cell, template=st, sections=sections,
                            origins=origins, resources=res, launcher=launcher)
         check_ranges(rs, marks)

@@ -137,8 +137,14 @@ def _stage_kinds() -> list[str]:
     for kind, stage in STAGES.items():
         out.append(f"| `{kind}` | {', '.join(f'`{s}`' for s in stage.sections)} | "
                    f"{', '.join(f'`{s}`' for s in stage.required) or '-'} | "
-                   f"`{getattr(stage, 'default_launcher', '') or '-'}` | {_what(stage)} |")
+                   f"{_launcher(stage)} | {_what(stage)} |")
     return [*out, ""]
+
+
+def _launcher(stage: Any) -> str:
+    """The launcher a stage of this kind gets when its grid names none."""
+    one, several = stage.launcher_for({}, {}), stage.launcher_for({"num_workers": 2}, {})
+    return f"`{one}`" if one == several else f"`{one}` (one worker), `{several}` (several or ZeRO)"
 
 
 def _eval_suites() -> list[str]:

@@ -279,6 +279,11 @@ class Stage:
         they enter the key beside the data digests."""
         return {}
 
+    def launcher_for(self, resources: Mapping[str, Any], sections: Mapping[str, Any]) -> Launcher:
+        """The launcher when the grid names none, from the stage's merged (raw) resources and
+        sections; ``default_launcher`` unless a kind decides per stage."""
+        return self.default_launcher
+
     def resources(self, res: Mapping[str, Any]) -> Resources:
         return Resources(**res)
 

@@ -1,8 +1,11 @@
 """Training stages: ``pretrain`` (from scratch); ``cpt`` and ``finetune`` subclass it and start
 from their upstream's checkpoint (CONTRACTS §3.4).
 
-Two launchers, chosen per stage in the grid (never as a fallback):
-- ``ray_train`` (default): ``ray_entry.fit`` — Ray Train V2 TorchTrainer, run name = stage hash,
+Two launchers, named per stage in the grid or, where it names none, chosen by
+:meth:`PretrainStage.launcher_for` (never as a fallback after a failure): ``ray_train`` for a
+stage with several workers or DeepSpeed ZeRO, ``ray_task`` for one process, where Ray Train adds
+only its start-up (~30 s a stage on the H200, ~25-30 s on CPU):
+- ``ray_train``: ``ray_entry.fit`` — Ray Train V2 TorchTrainer, run name = stage hash,
   storage under the runs root, so relaunching resumes (DESIGN §5.3). Costs ~25-30 s of trainer
   start-up per stage on CPU (STACK.md). Rank 0 writes per-step metrics to
   ``out_dir/metrics.jsonl`` (workers hold no MLflow run); the stage replays that file into its
@@ -132,6 +135,15 @@ class PretrainStage(Stage):
     output = "checkpoint"
     default_launcher = "ray_train"
     storage_roots = ("ray_train",)   # Ray Train's run storage, one folder per stage hash
+
+    def launcher_for(self, resources: Mapping[str, Any], sections: Mapping[str, Any]) -> str:
+        """``ray_train`` when the stage trains on several workers or under ZeRO, else
+        ``ray_task`` (one process: Ray Train's worker group would add its start-up and nothing
+        else; the controller retries and resumes a ray_task stage from its checkpoints)."""
+        workers = resources.get("num_workers", 1)
+        zero = (sections.get("train") or {}).get("zero_stage") if isinstance(sections.get("train"), Mapping) else None
+        several = not isinstance(workers, int) or isinstance(workers, bool) or workers > 1
+        return "ray_train" if several or zero is not None else "ray_task"
 
     def normalize(self, sections: Mapping[str, Any]) -> dict[str, Any]:
         sections = {**sections, "data": sections.get("data") or {}}

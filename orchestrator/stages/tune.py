@@ -149,6 +149,9 @@ class TuneStage(PretrainStage):
     sections = ("model", "data", "train", "tune")
     required = ("tune",)
     default_launcher = "ray_task"   # the trials are Tune's, never a Ray Train run
+
+    def launcher_for(self, resources: Mapping[str, Any], sections: Mapping[str, Any]) -> str:
+        return self.default_launcher
     child_kind = "trial"
     storage_roots = ("tune",)       # Tune's experiment state, one folder per stage hash
 
