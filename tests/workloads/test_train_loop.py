@@ -134,3 +134,28 @@ def test_sigterm_saves_a_checkpoint_then_resumes(tmp_path):
     out = run_training(_spec(6), out_dir=tmp_path, tracker=tracker)
     assert [s for s, m in tracker.metrics if "train/loss" in m][:3] == [4, 5, 6]
     assert out.metrics["step"] == 6
+
+
+def test_the_run_says_where_its_time_went(tmp_path, monkeypatch):
+    """``time/*`` metrics: setup, timed steps, evaluation, checkpoints and the untimed rest add up
+    to the run's wall time, and a slow checkpoint shows as checkpoint time, not training time."""
+    import time
+
+    from phaselab.workloads.train import checkpoint as ckpt_mod
+
+    real_save = ckpt_mod.CheckpointDir.save
+
+    def slow_save(self, *args, **kwargs):
+        time.sleep(0.25)
+        return real_save(self, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_mod.CheckpointDir, "save", slow_save)
+    t0 = time.perf_counter()
+    out = run_training(_spec(12, eval_every=4, ckpt_every=6), out_dir=tmp_path, tracker=RecordingTracker())
+    wall = time.perf_counter() - t0
+    t = {k.removeprefix("time/").removesuffix("_s"): v for k, v in out.metrics.items() if k.startswith("time/")}
+    assert set(t) == {"setup", "train", "eval", "ckpt", "other"} and all(v >= 0 for v in t.values())
+    assert t["ckpt"] >= 2 * 0.25   # steps 6 and 12
+    assert t["train"] > 0 and t["eval"] > 0
+    assert sum(t.values()) <= wall
+    assert sum(t.values()) - t["ckpt"] <= wall - 2 * 0.25   # the sleeps are counted once, as ckpt

@@ -306,6 +306,10 @@ class LoopResult:
     losses: dict[int, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
     stopped: Literal["done", "stop_after"] = "done"
+    # where the call's wall time went, in seconds: "loop" (all of it), "train" (timed steps),
+    # "eval" (periodic validation and its on_eval hook), "ckpt" (checkpoint saves); the rest of
+    # "loop" is untimed steps (compilation, graph capture, warm-up) and host overhead
+    times: dict[str, float] = field(default_factory=dict)
 
 
 SaveFn = Callable[[int, Mapping[str, float]], str | None]
@@ -331,6 +335,8 @@ class StepEvents:
         self.eval_bs = cfg.eval_batch_size or cfg.micro_batch(world)
         self._last: float | None = None   # host time of the previous step's end (eager loop)
         self.window_steps, self.window_tokens, self.window_s = 0, 0, 0.0
+        self.times = result.times
+        self.times.update(train=0.0, eval=0.0, ckpt=0.0)
 
     def is_eval_step(self, step: int) -> bool:
         return bool(self.cfg.eval_every and step % self.cfg.eval_every == 0) or step == self.cfg.steps
@@ -359,20 +365,27 @@ class StepEvents:
         if seconds is not None:
             self.window_steps, self.window_tokens = self.window_steps + 1, self.window_tokens + tokens
             self.window_s += seconds
+            self.times["train"] += seconds
         metrics = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
         if self.is_log_step(step):
             self._log(step, metrics)
         if (self.is_eval_step(step) or self.is_ckpt_step(step)) and not can_save:
             raise RuntimeError(f"step {step} evaluates or checkpoints, but the weights are ahead of it")
         if self.is_eval_step(step):
+            t0 = time.perf_counter()
             metrics |= self._validate(step)
+            self.times["eval"] += time.perf_counter() - t0
+            self._last = None if self._last is None else time.perf_counter()   # not the next step's time
         result.metrics = metrics
         preempted = can_save and self.stop_flag is not None and self.stop_flag.requested
         if self.is_ckpt_step(step) or preempted:
             t0 = time.perf_counter()
             path = self.save(step, metrics)
+            saved_s = time.perf_counter() - t0
+            self.times["ckpt"] += saved_s
+            self._last = None if self._last is None else time.perf_counter()
             if self.rank == 0:  # every rank saved; rank 0's wall time includes the callee's barrier
-                self.tracker.log_metrics({"ckpt/save_s": time.perf_counter() - t0}, step=step)
+                self.tracker.log_metrics({"ckpt/save_s": saved_s}, step=step)
             if preempted:
                 raise TrainingPreempted(step, path)
 
@@ -449,11 +462,13 @@ def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, s
     end = cfg.steps if stop_after is None else max(start_step, min(cfg.steps, stop_after))
     reset_peak_memory(engine.device)  # a restore or an earlier call must not count in the first window
     run_windows = getattr(engine, "run_windows", None)
+    t0 = time.perf_counter()
     if run_windows is not None:
         run_windows(dataset, cfg, events, start=start_step, end=end)
     else:
         _eager_steps(engine, dataset, cfg, events, start=start_step, end=end, rank=rank, world=world,
                      reduce=reduce)
+    result.times["loop"] = time.perf_counter() - t0
     if result.step < cfg.steps:
         result.stopped = "stop_after"
     return result

@@ -95,6 +95,8 @@ class TrainSession:
         self.cfg, self.ranks, self.tracker, self.out_dir = parsed.train, ranks, tracker, Path(out_dir)
         self.resolved = with_eval_splits(to_dict(parsed), spec)
         self.splits = periodic_splits(spec)
+        self.t0 = time.perf_counter()
+        self.setup_s = 0.0
         provenance.reset()   # record the attention implementations of this run only
         seed_everything(self.cfg.seed)  # model init is part of the seeded run
         dataset = build_dataset(parsed.data)
@@ -170,6 +172,7 @@ class TrainSession:
         def save(step: int, metrics: Mapping[str, float]) -> str:
             return publish(step, metrics, lambda folder: self.write(folder, step, metrics))
 
+        self.setup_s = time.perf_counter() - self.t0   # data, model, engine and the restore
         with stop_on_sigterm() as flag:
             return train(self.engine, self.dataset, self.cfg, tracker=self.tracker, start_step=self.start,
                          save=save, rank=ranks.rank, world=ranks.world, stop_after=stop_after,
@@ -239,15 +242,28 @@ class TrainSession:
         ``out_dir/records.json``. Every rank evaluates the same batches (under ZeRO-3 each
         forward gathers collectively)."""
         engine = self.engine
+        t0 = time.perf_counter()
         evaluated, records = final_evaluation(engine.module, self.dataset, self.cfg, step=result.step,
                                               device=engine.device, autocast=engine.autocast)
         records += minima_records(self.out_dir, self.dataset)
-        final = {"step": float(result.step), **result.metrics, **evaluated}
+        final = {"step": float(result.step), **result.metrics, **evaluated,
+                 **time_breakdown(self.setup_s, result.times, time.perf_counter() - t0)}
         if self.ranks.rank == 0:
             (self.out_dir / RECORDS_FILE).write_text(json.dumps([r.to_dict() for r in records], indent=1))
             (self.out_dir / METRICS_FILE).write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
             provenance.write(self.out_dir, self.what_ran())
         return Final(metrics=final, records=records, evaluated=evaluated)
+
+
+def time_breakdown(setup_s: float, loop: Mapping[str, float], final_eval_s: float) -> dict[str, float]:
+    """Where a run's time went, as ``time/*`` metrics in seconds: ``setup`` (data, model, engine,
+    restore), ``train`` (timed optimiser steps), ``eval`` (periodic and final evaluation),
+    ``ckpt`` (checkpoint saves) and ``other`` (untimed steps: compilation, graph capture and
+    warm-up, plus host overhead). ``train`` over the stage's wall time is its GPU efficiency."""
+    train_s, eval_s, ckpt_s = loop.get("train", 0.0), loop.get("eval", 0.0), loop.get("ckpt", 0.0)
+    other = max(0.0, loop.get("loop", 0.0) - train_s - eval_s - ckpt_s)
+    return {"time/setup_s": setup_s, "time/train_s": train_s, "time/eval_s": eval_s + final_eval_s,
+            "time/ckpt_s": ckpt_s, "time/other_s": other}
 
 
 @dataclass
