@@ -249,11 +249,30 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
 
         env_now = env_fingerprint()
     prow = plan_rows(dag, rows, all_rows, env_now)
+    warnings = _placement_warnings(dag, prow)
     if as_json:
         emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
-                     "cells": [c.key for c in dag.cells], "stages": prow})
+                     "cells": [c.key for c in dag.cells], "stages": prow, "warnings": warnings})
     else:
-        render_plan(make_console(), dag, prow)
+        console = make_console()
+        render_plan(console, dag, prow)
+        from rich.markup import escape
+
+        for line in warnings:
+            console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
+
+
+def _placement_warnings(dag: Any, prow: list[dict]) -> list[str]:
+    """The stages still to run that the cluster `run` would use cannot place: the local cluster
+    it would start (read without starting it); a RAY_ADDRESS cluster is checked by `run` itself."""
+    from phaselab.orchestrator.placement import local_node, plan_warnings
+
+    if os.environ.get("RAY_ADDRESS"):
+        return []
+    todo = {r["hash"] for r in prow if r["status"] not in ("cached",)}
+    node = local_node()
+    where = f"the local cluster `run` would start ({node['CPU']:g} CPUs, {node.get('GPU', 0):g} GPUs)"
+    return plan_warnings([n for h, n in dag.nodes.items() if h in todo], [node], where, can_grow=False)
 
 
 @app.command()

@@ -86,3 +86,57 @@ def live_nodes() -> list[Mapping[str, float]]:
     import ray
 
     return [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive")]
+
+
+def local_node(num_cpus: int | None = None) -> dict[str, float]:
+    """What the local Ray cluster ``phaselab run`` starts would offer, read without starting it:
+    ``num_cpus`` (else this machine's CPUs), about 70 % of its memory, the visible NVIDIA GPUs
+    (``nvidia-smi``; none where it is missing) and their ``accelerator_type`` as Ray derives it
+    from the GPU's name."""
+    import re
+    import shutil
+    import subprocess
+
+    node: dict[str, float] = {"CPU": float(num_cpus or os.cpu_count() or 1)}
+    try:   # Ray's "memory": what is left beside the object store (30 % by default)
+        node["memory"] = 0.7 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    names: list[str] = []
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10, check=False)
+            names = [n.strip() for n in out.stdout.splitlines() if n.strip()] if out.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            names = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[:len([d for d in visible.split(",") if d.strip()])]
+    if names:
+        node["GPU"] = float(len(names))
+        match = re.match(r"\w+\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)", names[0])   # Ray's pattern
+        if match:
+            node[f"accelerator_type:{match.group(1).replace(' ', '-')}"] = 1.0
+    return node
+
+
+def plan_warnings(nodes_of_dag: Iterable[Any], nodes: list[Mapping[str, float]], where: str, *,
+                  can_grow: bool) -> list[str]:
+    """One line per reason some stages cannot run on the cluster ``where`` describes ("the local
+    cluster (2 CPUs, 0 GPUs)"), with how many stages and one of them, as ``phaselab plan``
+    reports them before anything runs. ``can_grow``: an autoscaling cluster may add a node."""
+    total: dict[str, float] = {}
+    for have in nodes:
+        for k, v in have.items():
+            total[k] = total.get(k, 0.0) + v
+    by_reason: dict[str, list[str]] = {}
+    for node in nodes_of_dag:
+        why = unschedulable(node, total, nodes)
+        if why:
+            by_reason.setdefault(why, []).append(node.label)
+    then = (f"`phaselab run` would wait {RESOURCE_WAIT_ENV}={resource_wait():g} s for such a node, then fail them"
+            if can_grow else "`phaselab run` would fail them")
+    return [f"{len(labels)} stage(s), e.g. {labels[0]}: {why}, on {where}; {then}"
+            for why, labels in by_reason.items()]

@@ -132,3 +132,55 @@ def test_addresses_nobody_or_no_gcs_answers_are_named() -> None:
         check_cluster(f"127.0.0.1:{port}", timeout_s=2)
     thread.join(timeout=5)
     server.close()
+
+
+def test_plan_names_the_stages_a_cluster_cannot_run_grouped_by_reason(nodes_by_name) -> None:
+    from phaselab.orchestrator.placement import plan_warnings
+
+    nodes = list(nodes_by_name.values())
+    two_cpus = [{"CPU": 2.0, "memory": 8.0 * GB}]
+    lines = plan_warnings(nodes, two_cpus, "the local cluster (2 CPUs)", can_grow=False)
+    assert len(lines) == 2, lines   # 'train' wants GPUs, 'accel' an accelerator; 'plain' fits
+    assert any(ln.startswith("1 stage(s), e.g. train[pe=rope,seed=0]: asks for 2 CPUs / 2 GPUs")
+               and ln.endswith("on the local cluster (2 CPUs); `phaselab run` would fail them") for ln in lines), lines
+    assert any("accel[pe=rope,seed=0]: asks for accelerator 'simgpu'" in ln for ln in lines), lines
+    grows = plan_warnings(nodes, two_cpus, "the cluster at HEAD", can_grow=True)
+    assert all("would wait PHASELAB_RESOURCE_WAIT_S=" in ln for ln in grows)
+    assert plan_warnings(nodes, [HEAD, WORKER, {"CPU": 4.0, "GPU": 2.0, "memory": 8.0 * GB, "accelerator_type:H200": 1.0}],
+                         "x", can_grow=False) == []
+
+
+def test_the_local_cluster_is_read_without_starting_it(monkeypatch, tmp_path: Path) -> None:
+    """CPUs from the argument, GPUs and their accelerator type from nvidia-smi (Ray's name rule)."""
+    from phaselab.orchestrator.placement import local_node
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\necho 'NVIDIA H200'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    node = local_node(3)
+    assert (node["CPU"], node["GPU"], node["accelerator_type:H200"]) == (3.0, 2.0, 1.0) and node["memory"] > 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert local_node(3)["GPU"] == 1.0
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert "GPU" not in local_node(3)
+
+
+def test_plan_warns_before_anything_runs_when_the_local_cluster_has_no_gpu(monkeypatch, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    monkeypatch.setenv("PATH", str(tmp_path))        # no nvidia-smi: a machine without GPUs
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["plan", "pope_jsb", "--json"])
+    assert res.exit_code == 0, res.output
+    (line,) = json.loads(res.output)["warnings"]
+    assert line.startswith("12 stage(s), e.g. train[pe=rope,seed=0]: asks for 4 CPUs / 1 GPUs; the cluster has ")
+    assert "0 GPUs" in line and line.endswith("`phaselab run` would fail them")
+    res = CliRunner().invoke(app, ["plan", "quickstart", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["warnings"] == []
