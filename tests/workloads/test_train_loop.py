@@ -136,7 +136,8 @@ def test_sigterm_saves_a_checkpoint_then_resumes(tmp_path):
     assert out.metrics["step"] == 6
 
 
-def test_the_run_says_where_its_time_went(tmp_path, monkeypatch):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-loop"])
+def test_the_run_says_where_its_time_went(tmp_path, monkeypatch, graphs):
     """``time/*`` metrics: setup, timed steps, evaluation, checkpoints and the untimed rest add up
     to the run's wall time, and a slow checkpoint shows as checkpoint time, not training time."""
     import time
@@ -151,7 +152,8 @@ def test_the_run_says_where_its_time_went(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt_mod.CheckpointDir, "save", slow_save)
     t0 = time.perf_counter()
-    out = run_training(_spec(12, eval_every=4, ckpt_every=6), out_dir=tmp_path, tracker=RecordingTracker())
+    spec = _spec(12, eval_every=4, ckpt_every=6, cuda_graphs=graphs, log_every=4)
+    out = run_training(spec, out_dir=tmp_path, tracker=RecordingTracker())
     wall = time.perf_counter() - t0
     t = {k.removeprefix("time/").removesuffix("_s"): v for k, v in out.metrics.items() if k.startswith("time/")}
     assert set(t) == {"setup", "train", "eval", "ckpt", "other"} and all(v >= 0 for v in t.values())

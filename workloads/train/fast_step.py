@@ -278,6 +278,8 @@ class GraphEngine:
                     raise TrainingDiverged(step, f"{what} is {value}")
             events.done(step + 1, loss, schedule.lookup(step), norm, tokens,
                         can_save=synced and j == n - 1, seconds=seconds, untimed=seconds is None)
+        if synced:   # an evaluation or a checkpoint ran on the device since the mark: not step time
+            self._last_mark = _Mark.now(self.capture)
 
 
 @dataclass
