@@ -75,12 +75,26 @@ def sha256_hex(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
-def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS) -> dict:
+# Config fields added after stages were keyed, with the default they were added with: a stage
+# whose value is that default leaves the field out of its key, so adding a field does not change
+# the config part of the keys already in catalogs (DESIGN §5.4, "Adding a config field"). The
+# code part changes with the code as always. Entries are never removed.
+KEY_DEFAULTS: dict[str, Any] = {}
+
+
+def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS,
+                  key_defaults: Mapping[str, Any] | None = None) -> dict:
+    """``config`` without the IGNORED_KEYS and without the KEY_DEFAULTS fields at their default."""
+    defaults = KEY_DEFAULTS if key_defaults is None else key_defaults
+
+    def keep(path: str, value: Any) -> bool:
+        return path not in ignored and not (path in defaults and normalize(value) == normalize(defaults[path]))
+
     def walk(node: Any, prefix: str) -> Any:
         if not isinstance(node, Mapping):
             return node
         return {k: walk(v, f"{prefix}.{k}" if prefix else k) for k, v in node.items()
-                if (f"{prefix}.{k}" if prefix else k) not in ignored}
+                if keep(f"{prefix}.{k}" if prefix else k, v)}
     return walk(config, "")
 
 

@@ -143,3 +143,30 @@ def test_dedup_across_cells_and_grids(tmp_path: Path) -> None:
     # Another grid (other name, other stage names) plans the same pretrain: same node, same key.
     other = BASE.replace("grid: t", "grid: other").replace("  pretrain:\n", "  base:\n").replace("[pretrain]", "[base]")
     assert set(names["pretrain"]) == set(_by_name(_dag(tmp_path, other, name="o.yaml"))["base"])
+
+
+def test_a_field_added_with_its_default_in_key_defaults_keeps_existing_keys() -> None:
+    """The rule for adding a config field (DESIGN §5.4): a stage whose value is the default the
+    field was added with keys as before the field existed; any other value changes the key."""
+    from phaselab.orchestrator.hashing import make_key
+
+    old = {"train": {"steps": 10, "lr": 1e-3}}
+    with_field = {"train": {"steps": 10, "lr": 1e-3, "new_switch": "off"}}
+    other_value = {"train": {"steps": 10, "lr": 1e-3, "new_switch": "on"}}
+
+    def key(config: dict, defaults: dict) -> str:
+        import phaselab.orchestrator.hashing as hashing
+
+        saved = dict(hashing.KEY_DEFAULTS)
+        hashing.KEY_DEFAULTS.clear()
+        hashing.KEY_DEFAULTS.update(defaults)
+        try:
+            return make_key(kind="pretrain", config=config, upstream={}, code=CODE, data={}).digest
+        finally:
+            hashing.KEY_DEFAULTS.clear()
+            hashing.KEY_DEFAULTS.update(saved)
+
+    rule = {"train.new_switch": "off"}
+    assert key(with_field, rule) == key(old, rule) == key(old, {})
+    assert key(other_value, rule) != key(old, rule)
+    assert key(with_field, {}) != key(old, {})   # without the entry, the new field re-keys everything
