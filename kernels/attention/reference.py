@@ -233,7 +233,7 @@ def visibility(pos_q_BT: Tensor, pos_k_BS: Tensor) -> Tensor:
 
 def masked_softmax(logits_BHTS: Tensor, visible: Tensor | None) -> Tensor:
     """Softmax over keys; masked entries get probability 0 and a row with no visible key is all 0."""
-    if visible is None:
+    if visible is None or logits_BHTS.shape[-1] == 0:   # no key at all (S = 0): every row is 0
         return torch.softmax(logits_BHTS, dim=-1)
     masked = logits_BHTS.masked_fill(~visible, float("-inf"))
     row_max = masked.amax(dim=-1, keepdim=True)

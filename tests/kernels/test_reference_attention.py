@@ -175,6 +175,25 @@ def test_fully_masked_rows_are_zero_with_finite_gradients():
     assert torch.equal(q.grad[:, :, 0], torch.zeros(1, 2, 4))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_an_empty_key_set_gives_zeros_and_zero_gradients(kind, causal):
+    """S = 0 (no cached key yet): every row sees no key, so it outputs 0 (module docstring), as
+    the float64 loop does; causal masking must not reduce over the empty key axis."""
+    B, H, T, D = 1, 2, 3, 4
+    q = _rand(B, H, T, D, seed=1).requires_grad_(True)
+    k, v = _rand(B, 1, 0, D, seed=2), _rand(B, 1, 0, 5, seed=3)
+    pos_q, pos_k = torch.arange(T)[None], torch.zeros(1, 0, dtype=torch.int64)
+    mod = _mod(kind, H, D, **({"amplitude": "softplus"} if kind == "pope" else
+                              {"theta": 0.5, "phase": "quadratic", "phase_scale": 1.0} if kind == "tapa" else {}))
+    out = R.attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=0.5, causal=causal, score_mod=mod)
+    expected = _loop_attention(q.detach(), k, v, pos_q, pos_k, 0.5, causal, mod)
+    assert out.shape == (B, H, T, 5) and torch.equal(out.double(), expected)
+    assert torch.equal(out, torch.zeros(B, H, T, 5))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=[shape_id(dtype=torch.bfloat16),
                                                                         shape_id(dtype=torch.float16)])
 @pytest.mark.parametrize("kind", KINDS)
