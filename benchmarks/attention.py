@@ -320,18 +320,31 @@ def add_ratios(rows: list[dict]) -> None:
                 r[f"x_{base}"] = r["ms"] / b["ms"]
 
 
+def add_versus(rows: list[dict], path: str) -> None:
+    """x_versus: each row's ms over the same row (method, N, D, mode) of an earlier run's JSON,
+    e.g. untuned defaults against an autotuned run on the same machine."""
+    prev = {(r["method"], r["N"], r["D"], r["mode"]): r for r in json.loads(Path(path).read_text())["rows"]}
+    for r in rows:
+        b = prev.get((r["method"], r["N"], r["D"], r["mode"]))
+        if r.get("status") == "ok" and b is not None and b.get("status") == "ok":
+            r["x_versus"] = r["ms"] / b["ms"]
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB | host ms |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    vs = any("x_versus" in r for r in rows)
+    head = ("| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB | host ms |"
+            + (" x --versus |\n" if vs else "\n") + "|---" * (12 if vs else 11) + "|\n")
     lines = []
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | | |")
+            lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | | |"
+                         + (" |" if vs else ""))
             continue
         fx = f"{r['x_sdpa-flash']:.2f}" if "x_sdpa-flash" in r else "-"
         cx = f"{r['x_sdpa-cudnn']:.2f}" if "x_sdpa-cudnn" in r else "-"
+        vx = (f" {r['x_versus']:.3f} |" if "x_versus" in r else " - |") if vs else ""
         lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['ms']:.3f} | "
-                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |")
+                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |{vx}")
     profiles = [step_profile.markdown(f"{r['method']} {r['mode']} D={r['D']} N={r['N']}", r["profile"])
                 for r in rows if r.get("profile")]
     return head + "\n".join(lines) + "\n" + "".join("\n" + p + "\n" for p in profiles)
@@ -353,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", type=int, default=0, metavar="K",
                    help="also profile K more calls of each row (torch.profiler; kernels by device time, "
                         "step_profile.py) and print the tables")
+    p.add_argument("--versus", metavar="JSON", default=None,
+                   help="an earlier run's OUT.json: adds each row's ms over the same row there (x --versus)")
     p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     if args.tapa_public:
@@ -367,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHASELAB_")}}
 
     def save(rows: list[dict]) -> None:
+        if args.versus:
+            add_versus(rows, args.versus)
         if args.out:
             Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             md = "\n".join(f"- {k}: {v}" for k, v in meta.items())

@@ -6,6 +6,7 @@ sorted positions, autotuning configs and host-side conventions. Spec of the kern
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
@@ -211,16 +212,82 @@ def _bwd_configs(first: tuple[int, int, int, int] | None = None) -> list[triton.
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
 
 
-def prune_configs(configs, named_args, **kwargs):
-    """Without PHASELAB_AUTOTUNE=1 keep one config (tests and first calls compile one variant):
-    the first, or the first with 8 warps for 128-wide heads, whose fp32 accumulators spill at 4
-    warps (benchmarks/kernel_sass.py; kernels/attention/README.md). With it, time them all."""
-    width = max(kwargs.get(n, named_args.get(n, 0)) for n in ("BLOCK_D", "BLOCK_V"))
-    if os.environ.get("PHASELAB_AUTOTUNE", "0") != "1":
-        wide = [c for c in configs if c.num_warps == 8]
-        return wide[:1] if width >= 128 and wide else configs[:1]
-    # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads
-    return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
+# Untuned tiles (BLOCK_M, BLOCK_N, warps, stages) by kernel and register widths (q/k, v): the
+# autotuner's picks on the H200 for bf16 causal attention at N 1k-128k (the `configs` of every
+# PHASELAB_AUTOTUNE=1 row in benchmarks/results/attention-h200*.json; where picks differ by N, the
+# one at 4k and 16k). fp16 moves the same bytes and takes the same tiles; fp32 (and any width not
+# listed) keeps the first-config rule of `untuned_pick`. Checked against the autotuner in one run:
+# benchmarks/results/attention-h200-defaults.md.
+TUNE_DEFAULTS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
+    ("flash_fwd", 64, 64): (128, 64, 8, 3), ("flash_fwd", 128, 128): (128, 64, 8, 3),
+    ("flash_fwd", 128, 64): (128, 64, 4, 3),  # PoPE's expanded q_hat/k_hat (2D wide), v D wide
+    ("flash_dkdv", 64, 64): (32, 64, 4, 3), ("flash_dkdv", 128, 128): (32, 128, 8, 3),
+    ("flash_dkdv", 128, 64): (32, 64, 4, 3),
+    ("flash_dq", 64, 64): (128, 64, 8, 3), ("flash_dq", 128, 128): (128, 64, 8, 3),
+    ("flash_dq", 128, 64): (128, 64, 8, 3),
+    ("pope_fwd", 64, 64): (256, 64, 8, 2), ("pope_fwd", 128, 128): (128, 128, 8, 2),
+    ("pope_dkdv", 64, 64): (64, 128, 8, 2), ("pope_dkdv", 128, 128): (64, 128, 8, 2),
+    ("pope_dq", 64, 64): (128, 64, 8, 2), ("pope_dq", 128, 128): (128, 64, 8, 2),
+    ("tapa_fwd", 64, 64): (128, 64, 8, 2), ("tapa_fwd", 128, 128): (128, 64, 8, 2),
+    ("tapa_dkdv", 64, 64): (32, 64, 4, 2), ("tapa_dkdv", 128, 128): (64, 32, 4, 2),
+    ("tapa_dkdv_atomic", 64, 64): (64, 64, 4, 2), ("tapa_dkdv_atomic", 128, 128): (32, 64, 4, 2),
+    ("tapa_dq", 64, 64): (64, 64, 4, 2), ("tapa_dq", 128, 128): (64, 32, 4, 2),
+}
+
+# Autotuning results kept on disk (Triton's cache directory, keyed by Triton version, GPU, kernel
+# source, tuning key and config list), so a shape is tuned once per machine, not once per process.
+TUNE_CACHE: dict = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+
+
+def autotuning() -> bool:
+    """True when PHASELAB_AUTOTUNE=1: every config is timed (else `untuned_pick` chooses one)."""
+    return os.environ.get("PHASELAB_AUTOTUNE", "0") == "1"
+
+
+def _arg(named_args, kwargs, name, default=None):
+    return kwargs.get(name, named_args.get(name, default))
+
+
+def default_tile(kernel: str, configs, named_args, kwargs):
+    """The `TUNE_DEFAULTS` config of `kernel` among `configs` for this launch, or None.
+
+    kernel: "flash_fwd", "pope_dq", "tapa_dkdv", ...; configs: candidate `triton.Config`s (already
+    pruned to those that fit); named_args / kwargs: the launch's arguments, read for the widths
+    (BLOCK_D = q/k, BLOCK_V = v; a kernel with one of them has it for both), q's dtype (16-bit only)
+    and ATOMIC_DQ (TAPA's one-kernel backward has its own tiles).
+    """
+    bd, bv = _arg(named_args, kwargs, "BLOCK_D"), _arg(named_args, kwargs, "BLOCK_V")
+    if _arg(named_args, kwargs, "ATOMIC_DQ", False):
+        kernel += "_atomic"
+    tile = TUNE_DEFAULTS.get((kernel, bd or bv or 0, bv or bd or 0))
+    if tile is None or getattr(named_args.get("q"), "dtype", None) not in (torch.bfloat16, torch.float16):
+        return None
+    hit = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) == tile]
+    return hit[0] if hit else None
+
+
+def untuned_pick(kernel: str, configs, named_args, kwargs) -> list:
+    """The one config a PoPE or TAPA kernel runs without PHASELAB_AUTOTUNE=1: [`default_tile`]
+    where there is one, else [the first config], or for 128-wide heads the first with 8 warps (4
+    warps spill their fp32 accumulators: benchmarks/kernel_sass.py). Arguments as `default_tile`."""
+    tile = default_tile(kernel, configs, named_args, kwargs)
+    if tile is not None:
+        return [tile]
+    width = max(_arg(named_args, kwargs, n, 0) or 0 for n in ("BLOCK_D", "BLOCK_V"))
+    wide = [c for c in configs if c.num_warps == 8]
+    return wide[:1] if width >= 128 and wide else list(configs[:1])
+
+
+def pruner(kernel: str):
+    """`early_config_prune` of the PoPE and TAPA kernel `kernel` (a `TUNE_DEFAULTS` name)."""
+    def prune(configs, named_args, **kwargs):
+        """Without PHASELAB_AUTOTUNE=1 one config (`untuned_pick`); with it, all that fit."""
+        if not autotuning():
+            return untuned_pick(kernel, configs, named_args, kwargs)
+        width = max(_arg(named_args, kwargs, n, 0) or 0 for n in ("BLOCK_D", "BLOCK_V"))
+        # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads
+        return [c for c in configs if width < 128 or c.kwargs["BLOCK_M"] < 256]
+    return prune
 
 
 

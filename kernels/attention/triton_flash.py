@@ -28,20 +28,21 @@ streamed one as its expansion, and the epilogue stores the raw operand's gradien
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from phaselab.kernels.attention.triton_common import (
     LOG2E,
+    TUNE_CACHE,
     _bisect_iters,
     _count_le,
     _dot_precision,
     _pos_stride,
     _strides,
+    autotuning,
     block_d,
+    default_tile,
     do_o_rows,
     interpreting,
 )
@@ -103,18 +104,22 @@ def _fits(kind: str, c: triton.Config, bd: int, bv: int) -> bool:
 def _pruner(kind: str):
     def prune(configs, named_args, **kwargs):
         """The main configs that fit (else the fallbacks that fit, else the first given): all of
-        them with PHASELAB_AUTOTUNE=1, else the first (tests and first calls compile one variant)."""
+        them with PHASELAB_AUTOTUNE=1, else the measured tile (triton_common.default_tile) or the
+        first (tests and first calls compile one variant)."""
         bd, bv = (kwargs.get(n, named_args.get(n)) for n in ("BLOCK_D", "BLOCK_V"))
         main, rest = configs[:_MAIN[kind]], configs[_MAIN[kind]:]
         fit = ([c for c in main if _fits(kind, c, bd, bv)] or [c for c in rest if _fits(kind, c, bd, bv)]
                or list(configs[:1]))
-        return fit if os.environ.get("PHASELAB_AUTOTUNE", "0") == "1" else fit[:1]
+        if autotuning():
+            return fit
+        tile = default_tile(f"flash_{kind}", fit, named_args, kwargs)
+        return [tile] if tile is not None else fit[:1]
     return prune
 
 
 def _tune(kind: str) -> dict:
     return {"key": ["T", "S", "BLOCK_D", "BLOCK_V", "CAUSAL", "HAS_POS"] + (["POPE"] if kind != "fwd" else []),
-            "prune_configs_by": {"early_config_prune": _pruner(kind)}}
+            "prune_configs_by": {"early_config_prune": _pruner(kind)}, **TUNE_CACHE}
 
 
 # ----------------------------------------------------------------------------- jit helpers

@@ -43,6 +43,7 @@ from phaselab.kernels.attention.pope_phase import (
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODE,
     LOG2E,
+    TUNE_CACHE,
     _bisect_iters,
     _bwd_configs,
     _causal_key_range,
@@ -55,7 +56,7 @@ from phaselab.kernels.attention.triton_common import (
     block_d,
     do_o_rows,
     interpreting,
-    prune_configs,
+    pruner,
 )
 
 AMPLITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
@@ -66,8 +67,12 @@ _PART_BLOCK_N = min(c.kwargs["BLOCK_N"] for c in _bwd_configs())
 # ----------------------------------------------------------------------------- autotuning
 
 
-_TUNE = {"key": ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"],
-         "prune_configs_by": {"early_config_prune": prune_configs}}
+_KEY = ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"]
+
+
+def _tune(kernel: str) -> dict:
+    """autotune arguments of the kernel `kernel` (its untuned tile: triton_common.TUNE_DEFAULTS)."""
+    return {"key": _KEY, "prune_configs_by": {"early_config_prune": pruner(kernel)}, **TUNE_CACHE}
 
 
 # ----------------------------------------------------------------------------- forward
@@ -108,7 +113,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, p0
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_fwd_configs(), **_TUNE)
+@triton.autotune(configs=_fwd_configs(), **_tune("pope_fwd"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
 def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
                     s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
@@ -214,7 +219,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
 
 # The autotuner times every config on the real arguments: a config with larger key blocks would
 # leave the d(delta) rows of a smaller one behind, so the buffer is zeroed before each run.
-@triton.autotune(configs=_bwd_configs(), **_TUNE, reset_to_zero=["ddelta_part"])
+@triton.autotune(configs=_bwd_configs(), **_tune("pope_dkdv"), reset_to_zero=["ddelta_part"])
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t", "n_part_rows"])
 def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_k, q_sorted, inv_freq,
                          delta, s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,
@@ -337,7 +342,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
     return dqx, dqy
 
 
-@triton.autotune(configs=_bwd_configs(), **_TUNE)
+@triton.autotune(configs=_bwd_configs(), **_tune("pope_dq"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
 def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_freq, delta,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,

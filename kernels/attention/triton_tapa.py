@@ -46,6 +46,7 @@ from phaselab.kernels.attention.tapa_phase import (
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODE,
     LOG2E,
+    TUNE_CACHE,
     _bisect_iters,
     _bwd_configs,
     _causal_key_range,
@@ -58,11 +59,15 @@ from phaselab.kernels.attention.triton_common import (
     block_d,
     do_o_rows,
     interpreting,
-    prune_configs,
+    pruner,
 )
 
-_TUNE = {"key": ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"],
-         "prune_configs_by": {"early_config_prune": prune_configs}}
+_KEY = ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"]
+
+
+def _tune(kernel: str) -> dict:
+    """autotune arguments of the kernel `kernel` (its untuned tile: triton_common.TUNE_DEFAULTS)."""
+    return {"key": _KEY, "prune_configs_by": {"early_config_prune": pruner(kernel)}, **TUNE_CACHE}
 
 
 @triton.jit
@@ -129,7 +134,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=_fwd_configs(), **_TUNE)
+@triton.autotune(configs=_fwd_configs(), **_tune("tapa_fwd"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
 def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
                     s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_ot,
@@ -254,8 +259,8 @@ def _atomic_dq(p_dqbase, s_dqt, o_m, m_m, o_a, o_p, g_a, g_p, b_ka, b_kp, DA: tl
 # add its dQ share again, so dq32 is zeroed before each; ATOMIC_DQ is in the key (two kernels).
 # Untuned, 32x64 first: the autotuner's pick at the 124M model's shape (B 32, H 12, N 1024, D 64),
 # 11.82 against 16.49 ms a training step at 64x64 (benchmarks/results/train-h200-autotune.md,
-# train-h200-tapa-profile.md). 128-wide heads still take the first 8-warp config (prune_configs).
-@triton.autotune(configs=_bwd_configs(first=(32, 64, 4, 2)), **(_TUNE | {"key": [*_TUNE["key"], "ATOMIC_DQ"]}),
+# train-h200-tapa-profile.md), for widths without a TUNE_DEFAULTS tile (triton_common.untuned_pick).
+@triton.autotune(configs=_bwd_configs(first=(32, 64, 4, 2)), **(_tune("tapa_dkdv") | {"key": [*_KEY, "ATOMIC_DQ"]}),
                  reset_to_zero=["dq32"])
 @triton.jit(do_not_specialize=["T", "S", "n_iter_t"])
 def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_sorted,
@@ -367,7 +372,7 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
     return dqa, dqp, dqs
 
 
-@triton.autotune(configs=_bwd_configs(), **_TUNE)
+@triton.autotune(configs=_bwd_configs(), **_tune("tapa_dq"))
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s"])
 def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
                        s_qb, s_qh, s_qt, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_dob, s_doh, s_dot,

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+import torch.utils._device  # the nan_poison fixture clears its cache (imported lazily by torch)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
