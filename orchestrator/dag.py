@@ -37,6 +37,7 @@ from phaselab.orchestrator.hashing import (
 from phaselab.orchestrator.overrides import apply_overrides
 from phaselab.orchestrator.spec import GridSpec, validate_spec
 from phaselab.orchestrator.stages import STAGES, Resources, SectionError, data_digest
+from phaselab.orchestrator.stages.dataset import check_data
 from phaselab.orchestrator.yamlio import GridError, Issue, Marks, dotted, load_yaml, read_grid_text
 
 
@@ -131,13 +132,17 @@ def _typed(rs: ResolvedStage, marks: Marks, cache: dict[str, Any]) -> dict[str, 
 def _data_parts(rs: ResolvedStage, config: Mapping[str, Any], marks: Marks) -> dict[str, str]:
     stage = STAGES[rs.template.kind]
     out: dict[str, str] = {}
-    for name, cfg in stage.data_inputs(config).items():
-        try:
+    try:
+        for name, cfg in stage.data_inputs(config).items():
             out[name] = data_digest(cfg)
-        except (OSError, ValueError) as err:
-            path = ("stages", rs.name, "data")
-            raise GridError([Issue(marks.at(map_config_error(rs, "data", marks)), dotted(path),
-                                   f"cannot read the dataset: {err}")]) from None
+        problems = check_data(config)   # from metadata: vocabulary, block size, split sizes
+    except (OSError, ValueError) as err:
+        path = ("stages", rs.name, "data")
+        raise GridError([Issue(marks.at(map_config_error(rs, "data", marks)), dotted(path),
+                               f"cannot read the dataset: {err}")]) from None
+    if problems:
+        raise GridError([Issue(marks.at(map_config_error(rs, key, marks)), f"stages.{rs.name}.{key}",
+                               f"{msg} (stage {rs.name!r}, cell {rs.cell.key})") for key, msg in problems])
     return out | stage.key_digests(config)
 
 

@@ -80,6 +80,7 @@ def sha256_hex(text: str | bytes) -> str:
 # the config part of the keys already in catalogs (DESIGN §5.4, "Adding a config field"). The
 # code part changes with the code as always. Entries are never removed.
 KEY_DEFAULTS: dict[str, Any] = {}
+KEY_DEFAULTS |= {f"{sec}.real.{k}": None for sec in ("data", "eval.data") for k in ("dtype", "vocab_size")}
 
 
 def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS,

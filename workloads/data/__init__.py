@@ -70,10 +70,12 @@ class JsbConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TextConfig:
-    """Char-level or GPT-2 BPE text from one file (default: Tiny Shakespeare, 90/10 split)."""
+    """Text from a file, a folder of .txt files or a glob (default: Tiny Shakespeare), files in
+    sorted order, first `train_fraction` of the characters train, the rest valid (text_sources).
+    tokenizer: 'char', 'gpt2' (offline) or 'tiktoken:<encoding>'."""
 
     path: str = "tinyshakespeare.txt"
-    tokenizer: Literal["char", "gpt2"] = "char"
+    tokenizer: str = "char"
     train_fraction: float = 0.9
 
 
@@ -111,6 +113,10 @@ class RealScaleConfig:
     test_records: tuple[str, ...] = ("chr22",)
     val_fraction: float = 0.0005  # OpenWebText held-out fraction (nanoGPT's prepare.py)
     num_proc: int = 8
+    # kind "tokens" over a nanoGPT folder without meta.json (train.bin, val.bin, test.bin): the
+    # token dtype (None: uint16 when vocab_size <= 65536, else int32) and the vocabulary size
+    dtype: Literal["uint16", "uint32", "int32", "int64"] | None = None
+    vocab_size: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,6 +39,7 @@ from phaselab.workloads.data import (
     token_dtype,
 )
 from phaselab.workloads.data.dna import EOS_ID, DnaTokenizer, iter_fasta
+from phaselab.workloads.data.nanogpt import bare_digest, bare_meta
 from phaselab.workloads.data.text import StreamDataset
 from phaselab.workloads.data.tokenizers import CharTokenizer, Gpt2Tokenizer
 
@@ -142,10 +143,16 @@ class MemmapTokens(StreamDataset):
     shards_dir: Path
 
     @classmethod
-    def from_dir(cls, shards_dir: Path, *, block_size: int, name: str, cache_dir: str | None = None) -> MemmapTokens:
-        meta = read_meta(shards_dir)
+    def from_dir(cls, shards_dir: Path, *, block_size: int, name: str, cache_dir: str | None = None,
+                 real: RealScaleConfig | None = None) -> MemmapTokens:
+        """A prepared folder (meta.json), or with `real` a nanoGPT folder without one (nanogpt.py)."""
+        bare = real is not None and not (shards_dir / "meta.json").is_file()
+        meta = bare_meta(shards_dir, real) if bare else read_meta(shards_dir)
+        if bare:
+            meta["digest"] = bare_digest(shards_dir, meta)
         order = sorted(meta["splits"], key=lambda s: (SPLITS.index(s) if s in SPLITS else len(SPLITS), s))
-        arrays = {s: np.memmap(shards_dir / f"{s}.bin", dtype=meta["dtype"], mode="r") for s in order}
+        arrays = {s: np.memmap(shards_dir / meta["splits"][s].get("file", f"{s}.bin"), dtype=meta["dtype"], mode="r")
+                  for s in order}
         ds = cls(name=name, tokens_by_split=arrays, vocab_size=meta["vocab_size"], block_size=block_size,
                  digest=make_digest(meta["digest"], {"block_size": block_size}),
                  tokenizer=_tokenizer_from_meta(meta["tokenizer"], cache_dir))
@@ -157,12 +164,14 @@ class MemmapTokens(StreamDataset):
         if not cfg.real.shards_dir:
             raise ValueError("data kind 'tokens' needs real.shards_dir (a prepared shard folder)")
         return cls.from_dir(_shards_dir(cfg, ""), block_size=cfg.block_size or 1024,
-                            name=f"tokens:{Path(cfg.real.shards_dir).name}", cache_dir=cfg.cache_dir)
+                            name=f"tokens:{Path(cfg.real.shards_dir).name}", cache_dir=cfg.cache_dir,
+                            real=cfg.real)
 
     def documents(self, split: str) -> Iterator[np.ndarray]:
         """Each document's tokens in order, without its trailing EOT (e.g. one PG-19 book each)."""
         check_split(split, self.splits)
-        starts = np.load(self.shards_dir / f"{split}.docs.npy")
+        offsets = self.shards_dir / f"{split}.docs.npy"   # absent in a nanoGPT folder: one document
+        starts = np.load(offsets) if offsets.is_file() else np.zeros(1, dtype=np.int64)
         data = self.tokens(split)
         ends = np.append(starts[1:], len(data))
         trim = 1 if self.meta["eot_token_id"] is not None else 0

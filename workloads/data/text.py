@@ -34,7 +34,8 @@ from phaselab.workloads.data import (
     resolve_path,
     token_dtype,
 )
-from phaselab.workloads.data.tokenizers import Tokenizer, build_tokenizer
+from phaselab.workloads.data.text_sources import files_sha256, read_text, text_files
+from phaselab.workloads.data.tokenizers import Tokenizer, build_tokenizer, check_tokenizer_name
 
 _WINDOW_TAG = 0x57  # mixed into window-start seeds (distinct from other datasets' tags)
 
@@ -94,12 +95,12 @@ class StreamDataset:
 
 
 @functools.lru_cache(maxsize=8)
-def _tokenize_text(path: str, sha: str, tokenizer_kind: str, train_fraction: float,
+def _tokenize_text(paths: tuple[str, ...], sha: str, tokenizer_kind: str, train_fraction: float,
                    cache_dir: str | None) -> tuple[Tokenizer, np.ndarray, np.ndarray]:
-    text = Path(path).read_bytes().decode("utf-8")
+    text = read_text([Path(p) for p in paths])
     cut = int(len(text) * train_fraction)  # nanoGPT: split the characters, then tokenise each part
     train_text, valid_text = text[:cut], text[cut:]
-    tiktoken_dir = cache_root(cache_dir) / "tiktoken" if tokenizer_kind == "gpt2" else None  # char: no cache
+    tiktoken_dir = cache_root(cache_dir) / "tiktoken" if tokenizer_kind != "char" else None  # char: no cache
     tok = build_tokenizer(tokenizer_kind, text=train_text, cache_dir=tiktoken_dir)
     dtype = token_dtype(tok.vocab_size)
     if tokenizer_kind == "char":
@@ -114,23 +115,26 @@ def _tokenize_text(path: str, sha: str, tokenizer_kind: str, train_fraction: flo
 
 
 class TextDataset(StreamDataset):
-    """A UTF-8 text file, split by characters (first `train_fraction` train, rest valid), then
-    tokenised with 'char' (sorted character set of the training text) or 'gpt2' (offline BPE)."""
+    """UTF-8 text from a file, a folder of ``.txt`` files or a glob (``text_sources``: files in
+    sorted order, concatenated), split by characters (first `train_fraction` train, rest valid),
+    then tokenised with 'char' (sorted character set of the training text), 'gpt2' (offline BPE)
+    or 'tiktoken:<encoding>' (tokenizers.build_tokenizer)."""
 
     @classmethod
     def from_config(cls, cfg: DataConfig) -> TextDataset:
         tc = cfg.text
         if not 0.0 < tc.train_fraction < 1.0:
             raise ValueError(f"text.train_fraction must be in (0, 1), got {tc.train_fraction}")
-        if tc.tokenizer not in ("char", "gpt2"):
-            raise ValueError(f"text.tokenizer must be 'char' or 'gpt2', got {tc.tokenizer!r}")
-        path = resolve_path(tc.path, root=ASSETS_DIR, what="text.path")
-        if not path.is_file():
-            raise ValueError(f"text.path {path} does not exist")
-        sha = file_sha256(path)
-        tok, train, valid = _tokenize_text(str(path), sha, tc.tokenizer, tc.train_fraction, cfg.cache_dir)
+        check_tokenizer_name(tc.tokenizer)
+        base, files = text_files(tc.path, root=ASSETS_DIR)
+        single = len(files) == 1 and base / files[0].name == resolve_path(tc.path, root=ASSETS_DIR, what="text.path")
+        # one named file keeps the digest of its bytes alone (the keys of stages over it stay)
+        sha = file_sha256(files[0]) if single else files_sha256(base, files)
+        tok, train, valid = _tokenize_text(tuple(map(str, files)), sha, tc.tokenizer, tc.train_fraction,
+                                           cfg.cache_dir)
         block = cfg.block_size or 256
         digest = make_digest(sha, {"kind": "text", "tokenizer": tok.config(),
                                    "train_fraction": tc.train_fraction, "block_size": block})
-        return cls(name=f"text:{path.stem}:{tc.tokenizer}", tokens_by_split={"train": train, "valid": valid},
+        stem = files[0].stem if single else base.name
+        return cls(name=f"text:{stem}:{tc.tokenizer}", tokens_by_split={"train": train, "valid": valid},
                    vocab_size=tok.vocab_size, block_size=block, digest=digest, tokenizer=tok)

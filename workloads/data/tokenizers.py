@@ -153,14 +153,63 @@ class Gpt2Tokenizer:
         return {"name": self.name, **GPT2_SHA256}
 
 
+class TiktokenTokenizer:
+    """Any other tiktoken encoding ('tiktoken:<name>', e.g. 'tiktoken:cl100k_base'). Its BPE file
+    is read from the tiktoken cache under `cache_dir` (TIKTOKEN_CACHE_DIR): place it there, or let
+    tiktoken download it once where the network is allowed; a missing file is an error naming
+    the encoding, never another tokenizer. eot_token_id is the encoding's end-of-text token."""
+
+    def __init__(self, encoding: str, cache_dir: Path) -> None:
+        import tiktoken
+
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with _ENV_LOCK:
+            old = os.environ.get("TIKTOKEN_CACHE_DIR")
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
+            try:
+                self.encoding = tiktoken.get_encoding(encoding)
+            except ValueError as err:
+                raise ValueError(f"unknown tiktoken encoding {encoding!r}: {err}") from None
+            except Exception as err:   # noqa: BLE001 (requests/OSError: the BPE file is not there)
+                raise ValueError(f"tiktoken encoding {encoding!r} is not in {cache_dir} and could not be "
+                                 f"fetched ({type(err).__name__}: {err})") from None
+            finally:
+                if old is None:
+                    os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+                else:
+                    os.environ["TIKTOKEN_CACHE_DIR"] = old
+        self.name = f"tiktoken:{encoding}"
+        self.vocab_size = self.encoding.n_vocab
+        self.eot_token_id = self.encoding.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.encoding.decode([int(i) for i in ids])
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "n_vocab": self.vocab_size}
+
+
+def check_tokenizer_name(kind: str) -> None:
+    """'char', 'gpt2' or 'tiktoken:<encoding>'; anything else is a ValueError naming it."""
+    ok = kind in ("char", "gpt2") or (isinstance(kind, str) and kind.startswith("tiktoken:")
+                                      and kind.removeprefix("tiktoken:").replace("_", "").isalnum())
+    if not ok:
+        raise ValueError(f"unknown tokenizer {kind!r}; expected 'char', 'gpt2' or 'tiktoken:<encoding>'")
+
+
 def build_tokenizer(kind: str, *, text: str | None = None, cache_dir: Path | None = None) -> Tokenizer:
-    """'char' (alphabet from `text`) or 'gpt2' (tiktoken cache under `cache_dir`)."""
+    """'char' (alphabet from `text`), 'gpt2' (offline, tiktoken cache under `cache_dir`) or
+    'tiktoken:<encoding>' (TiktokenTokenizer)."""
+    check_tokenizer_name(kind)
     if kind == "char":
         if text is None:
             raise ValueError("the char tokenizer needs the training text to define its alphabet")
         return CharTokenizer.from_text(text)
+    if cache_dir is None:
+        raise ValueError(f"the {kind} tokenizer needs a cache_dir for tiktoken's files")
     if kind == "gpt2":
-        if cache_dir is None:
-            raise ValueError("the gpt2 tokenizer needs a cache_dir for tiktoken's files")
         return Gpt2Tokenizer(cache_dir)
-    raise ValueError(f"unknown tokenizer {kind!r}; expected 'char' or 'gpt2'")
+    return TiktokenTokenizer(kind.removeprefix("tiktoken:"), cache_dir)
