@@ -1,6 +1,7 @@
 """Engine and migration helpers for the catalog (DESIGN §5.1).
 
-- URL: explicit, else ``PHASELAB_CATALOG_URL``, else ``sqlite:///<cwd>/.phaselab/catalog.db``.
+- URL: explicit, else ``PHASELAB_CATALOG_URL``, else ``sqlite:///<project home>/.phaselab/catalog.db``
+  (the project home: ``catalog/home.py``).
 - SQLite: WAL journal (readers never block the writer), ``busy_timeout`` (writers wait instead of
   failing), foreign keys on, and every transaction opened with ``BEGIN IMMEDIATE``. A deferred
   transaction that reads and then writes can fail at once with SQLITE_BUSY when another writer
@@ -37,12 +38,14 @@ MIGRATION_LOCK_KEY = zlib.crc32(b"phaselab.catalog.migrations")
 
 
 def default_url(cwd: Path | None = None) -> str:
-    """``PHASELAB_CATALOG_URL`` if set, else a SQLite file under ``<cwd>/.phaselab/``."""
+    """``PHASELAB_CATALOG_URL`` if set, else a SQLite file under ``<project home>/.phaselab/``
+    (``home.project_home``: found from ``cwd``, default the working directory, up)."""
+    from phaselab.catalog.home import state_dir
+
     env = os.environ.get(CATALOG_URL_ENV)
     if env:
         return env
-    base = Path.cwd() if cwd is None else Path(cwd)
-    return f"sqlite:///{(base / '.phaselab' / 'catalog.db').resolve()}"
+    return f"sqlite:///{(state_dir(cwd) / 'catalog.db').resolve()}"
 
 
 def normalize_url(url: str) -> str:

@@ -76,11 +76,11 @@ def reachable(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def catalog_dir(catalog_url: str | None = None) -> Path:
-    """Folder of the SQLite catalog file (``<cwd>/.phaselab`` for a server catalog)."""
+    """Folder of the SQLite catalog file (``<project home>/.phaselab`` for a server catalog)."""
     from phaselab.catalog import db
 
     path = db.sqlite_path(db.normalize_url(db.default_url() if catalog_url is None else catalog_url))
-    return path.parent if path is not None else Path.cwd() / ".phaselab"
+    return path.parent if path is not None else state_dir()
 
 
 def default_tracking_uri(catalog_url: str | None = None) -> str:
@@ -101,6 +101,7 @@ def chunks(items: list[Any], n: int) -> Iterable[list[Any]]:
     for i in range(0, len(items), n):
         yield items[i:i + n]
 
+    from phaselab.catalog.home import state_dir
 
 def server_said_no(exc: Exception) -> bool:
     """An error the server answered with (a bad request): retrying the same call cannot help."""

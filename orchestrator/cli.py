@@ -16,7 +16,16 @@ from typing import Any
 import typer
 
 from phaselab.orchestrator import cli_catalog, cli_maint, cli_tracking, cli_train
-from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
+from phaselab.orchestrator.cli_common import (
+    CATALOG,
+    JSON,
+    RUNS,
+    emit,
+    fail,
+    make_console,
+    no_catalog,
+    open_store,
+)
 from phaselab.orchestrator.progress import failure_rows
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -72,7 +81,7 @@ def _get_grid(store: Any, name: str, as_json: bool) -> dict[str, Any]:
 
     hint = f"(run `phaselab run {name}` first)"
     if store is None:
-        fail(as_json, f"there is no catalog yet {hint}")
+        fail(as_json, no_catalog(hint=hint))
     try:
         grid = store.get_grid(name)
     except SQLAlchemyError as err:

@@ -8,7 +8,16 @@ from typing import Any
 
 import typer
 
-from phaselab.orchestrator.cli_common import CATALOG, JSON, RUNS, emit, fail, make_console, open_store
+from phaselab.orchestrator.cli_common import (
+    CATALOG,
+    JSON,
+    RUNS,
+    emit,
+    fail,
+    make_console,
+    no_catalog,
+    open_store,
+)
 
 FORMAT = typer.Option("parquet", "--format", help="parquet | csv")
 OUT = typer.Option(Path(".phaselab/export"), "--out", help="Output folder (hive-partitioned by grid, stage kind).")
@@ -39,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
         store = open_store(catalog, create=False)
         if store is None:
-            fail(as_json, "the catalog does not exist yet")
+            fail(as_json, no_catalog(catalog))
         try:
             summary = export_grid(store, grid, fmt, out)
         except ValueError as err:
@@ -61,7 +70,7 @@ def register(app: typer.Typer) -> None:
 
         store = None if from_export is not None else open_store(catalog, create=False)
         if store is None and from_export is None:
-            fail(as_json, "the catalog does not exist yet")
+            fail(as_json, no_catalog(catalog))
         try:
             if metric is not None:
                 rendered, figures = [_pivot(store, names, metric, rows, cols, where, seed_axis, better,
@@ -110,7 +119,7 @@ def register(app: typer.Typer) -> None:
 
         store = open_store(catalog, create=False)
         if store is None:
-            fail(as_json, "the catalog does not exist yet")
+            fail(as_json, no_catalog(catalog))
         base = out / f"{grid}_{kind}"
         try:
             if kind == "curves":

@@ -68,7 +68,10 @@ def version_stages(grid: Mapping[str, Any]) -> set[str] | None:
 
 
 def default_runs_root() -> Path:
-    return Path(os.environ.get("PHASELAB_RUNS_ROOT", Path.cwd() / ".phaselab" / "runs")).resolve()
+    """``PHASELAB_RUNS_ROOT``, else ``<project home>/.phaselab/runs`` (``catalog/home.py``)."""
+    from phaselab.catalog.home import state_dir
+
+    return Path(os.environ.get("PHASELAB_RUNS_ROOT") or state_dir() / "runs").resolve()
 
 
 def new_owner() -> str:
