@@ -104,3 +104,25 @@ def closure(entries: Iterable[str], graph: Mapping[str, Iterable[str]]) -> set[s
         parent = name.rpartition(".")[0]
         todo.extend(m for m in (*graph[name], parent) if m in graph and m not in seen)
     return seen
+
+
+def plugin_files(module: str) -> dict[str, Path]:
+    """The sources an out-of-package module (an encoding plugin) can reach: the ``*.py`` of its
+    top-level package (or the module alone, for a single file on PYTHONPATH), restricted to its
+    import closure. Found with ``find_spec`` (which imports only its parent packages); a module
+    without a source file is a ValueError."""
+    import importlib.util
+
+    top = module.partition(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None:
+        raise ValueError(f"plugin module {module!r} is not importable")
+    if spec.submodule_search_locations:
+        files = module_files(top, Path(next(iter(spec.submodule_search_locations))))
+    elif spec.origin and spec.origin.endswith(".py"):
+        files = {top: Path(spec.origin)}
+    else:
+        raise ValueError(f"plugin module {module!r} has no Python source to hash ({spec.origin})")
+    if module not in files:
+        raise ValueError(f"plugin module {module!r} is not under {top!r}'s sources")
+    return {name: files[name] for name in sorted(closure([module], import_graph(files)))}

@@ -79,7 +79,7 @@ def sha256_hex(text: str | bytes) -> str:
 # whose value is that default leaves the field out of its key, so adding a field does not change
 # the config part of the keys already in catalogs (DESIGN §5.4, "Adding a config field"). The
 # code part changes with the code as always. Entries are never removed.
-KEY_DEFAULTS: dict[str, Any] = {}
+KEY_DEFAULTS: dict[str, Any] = {"model.pe.options": {}}
 KEY_DEFAULTS |= {f"{sec}.real.{k}": None for sec in ("data", "eval.data") for k in ("dtype", "vocab_size")}
 
 
@@ -197,6 +197,24 @@ def _stage_modules() -> set[str]:
     return {m for m in sys.modules if m.startswith("phaselab.orchestrator.stages.")}
 
 
+def plugin_code(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The code of the encoding plugin ``config["model"]["pe"]["kind"]`` names (None for a
+    built-in): its "module:Class", its distribution's name==version when installed from an entry
+    point, and the AST hashes of its module's import closure (:func:`closure.plugin_files`), so
+    that editing the plugin re-keys the stages that use it and no other (docs/EXTENDING.md)."""
+    from phaselab.workloads.models import pe_registry
+
+    model = config.get("model")
+    pe = model.get("pe") if isinstance(model, Mapping) else None
+    kind = pe.get("kind") if isinstance(pe, Mapping) else None
+    if not isinstance(kind, str) or pe_registry.is_builtin(kind):
+        return None
+    target, dist = pe_registry.target(kind)
+    files = _closure.plugin_files(target.partition(":")[0])
+    modules = {name: ast_hash(path.read_text(encoding="utf-8"), str(path)) for name, path in files.items()}
+    return {"target": target, "dist": dist, "modules": modules}
+
+
 # ------------------------------------------------------------------------------------ the key
 @dataclass(frozen=True, slots=True)
 class CacheKey:
@@ -222,6 +240,9 @@ def make_key(*, kind: str, config: Mapping[str, Any], upstream: Mapping[str, str
         "kind": kind, "cache_schema": CACHE_SCHEMA, "config": strip_ignored(config, ignored),
         "upstream": dict(upstream), "code": code.digest, "data": dict(data), "salt": salt,
     })
+    plugin = plugin_code(config)
+    if plugin is not None:   # only stages of a plugin encoding get this part: built-ins keep their keys
+        parts["plugin"] = normalize(plugin)
     return CacheKey(digest=sha256_hex(canonical_json(parts)), parts=parts, code_modules=dict(code.modules))
 
 
@@ -243,6 +264,11 @@ def explain_parts(new: Mapping[str, Any], old: Mapping[str, Any], new_mods: Mapp
         changed = sorted(m for m in set(old_mods) | set(new_mods) if old_mods.get(m) != new_mods.get(m))
         lines.append("code: " + (", ".join(f"{m} ({'added' if m not in old_mods else 'removed' if m not in new_mods else 'changed'})"
                                           for m in changed) if changed else "changed (module list not stored)"))
+    pa, pb = old.get("plugin") or {}, new.get("plugin") or {}
+    if pa != pb:
+        ma, mb = pa.get("modules", {}), pb.get("modules", {})
+        changed = sorted(m for m in set(ma) | set(mb) if ma.get(m) != mb.get(m))
+        lines.append(f"plugin {pb.get('target', pa.get('target'))}: " + (", ".join(changed) or "version"))
     da, db = old.get("data", {}), new.get("data", {})
     for k in sorted(set(da) | set(db)):
         if da.get(k) != db.get(k):

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.attention.score_mod import ScoreMod, apply_score_fn, tapa_split
 from phaselab.kernels.registry import record_impl
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
@@ -197,7 +197,7 @@ def scores(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise TypeError(f"score_mod must be a ScoreMod or None, got {type(score_mod).__name__}")
     k_BHSD = repeat_kv(k_BGSD, q_BHTD.shape[1])
-    if score_mod is None or score_mod.kind == "alibi":
+    if score_mod is None or score_mod.kind in ("alibi", "custom"):
         return q_BHTD.to(dtype) @ k_BHSD.to(dtype).transpose(-1, -2)
     if score_mod.kind == "pope":
         return _pope_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
@@ -220,6 +220,8 @@ def logits(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
             raise ValueError(f"alibi slopes have shape {tuple(slopes_H.shape)}, expected "
                              f"({q_BHTD.shape[1]},) = query heads")
         out = out + alibi_bias(pos_q_BT, pos_k_BS, slopes_H, compute_dtype=dtype)
+    if score_mod is not None and score_mod.kind == "custom":   # an encoding's `score` (EXTENDING.md)
+        out = apply_score_fn(score_mod, out, pos_q_BT, pos_k_BS)
     return out
 
 

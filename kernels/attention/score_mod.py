@@ -8,6 +8,7 @@ defaults at construction, so every backend reads the same, explicit values:
             "amplitude": "softplus" | "relu" | "identity"}
     tapa:  {"alpha": 0.1, "theta": 0.5, "phase_scale": 2*pi, "phase": "quadratic" | "linear"}
     alibi: {"slopes": Tensor[H] (0 for heads without ALiBi)}
+    custom: {"fn": score -> score (see `apply_score_fn`), "name": the encoding's kind}
 
 For `pope` and `tapa` the q and k handed to the backend are the RAW projections (D wide,
 pre-softplus, un-rotated). `reference.logits(q, k, ..., score_mod=mod)` is the spec every fused
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # torch stays a lazy import so that importing this module stays cheap
     from torch import Tensor
 
-KINDS = ("pope", "tapa", "alibi")
+KINDS = ("pope", "tapa", "alibi", "custom")
 POPE_AMPLITUDES = ("softplus", "relu", "identity")
 TAPA_PHASES = ("quadratic", "linear")
 
@@ -38,8 +39,9 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # MATH §4.2: alpha = 0.1, theta = 0.5, phase_scale = 2*pi (paper); quadratic phase (Eq. 12).
     "tapa": {"alpha": 0.1, "theta": 0.5, "phase_scale": 2.0 * math.pi, "phase": "quadratic"},
     "alibi": {},
+    "custom": {"name": "custom"},
 }
-_REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",)}
+_REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",), "custom": ("fn",)}
 
 
 class FrozenParams(Mapping[str, Any]):
@@ -77,7 +79,7 @@ class ScoreMod:
     eq=False: params hold tensors, whose `==` is elementwise; identity is the only sound equality.
     """
 
-    kind: Literal["pope", "tapa", "alibi"]
+    kind: Literal["pope", "tapa", "alibi", "custom"]
     params: Mapping[str, Any]
 
     def __post_init__(self) -> None:
@@ -174,4 +176,26 @@ def _validate_alibi(p: dict[str, Any]) -> None:
     _check_float_tensor("alibi slopes", p["slopes"], 1)
 
 
-_VALIDATORS = {"pope": _validate_pope, "tapa": _validate_tapa, "alibi": _validate_alibi}
+def _validate_custom(p: dict[str, Any]) -> None:
+    if not callable(p["fn"]):
+        raise TypeError(f"custom fn must be callable, got {type(p['fn']).__name__}")
+
+
+def apply_score_fn(mod: ScoreMod, logits_BHTS: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor) -> Tensor:
+    """A "custom" ScoreMod applied to scaled logits [B, H, T, S]: fn(score, q_pos [B,1,T,1],
+    k_pos [B,1,1,S], head [1,H,1,1]) in plain PyTorch (differentiable in the encoding's
+    parameters). A result of another shape is a ValueError naming the encoding."""
+    import torch
+
+    H = logits_BHTS.shape[1]
+    head = torch.arange(H, device=logits_BHTS.device)[None, :, None, None]
+    out = mod.params["fn"](logits_BHTS, pos_q_BT[:, None, :, None], pos_k_BS[:, None, None, :], head)
+    if not isinstance(out, torch.Tensor) or out.shape != logits_BHTS.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"encoding {mod.params['name']!r}: score() returned {got}, expected the "
+                         f"score's shape {tuple(logits_BHTS.shape)} [B, H, T, S]")
+    return out
+
+
+_VALIDATORS = {"pope": _validate_pope, "tapa": _validate_tapa, "alibi": _validate_alibi,
+               "custom": _validate_custom}

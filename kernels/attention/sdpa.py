@@ -85,6 +85,9 @@ class SdpaBackend:
         if call.score_mod == "tapa":
             return ("TAPA's score A*cos(w*Phi) is not a dot product, so SDPA cannot compute it; use "
                     "'reference' or 'triton'")
+        if call.score_mod == "custom":
+            return ("an encoding's own score() is not a dot product plus a fixed mask; use "
+                    "'reference' (CPU) for it")
         if call.score_mod not in (None, "pope", "alibi"):
             return f"unknown score_mod {call.score_mod!r}"
         if call.score_mod == "alibi" and call.dtype not in (torch.float32, torch.float64):

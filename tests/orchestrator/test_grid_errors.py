@@ -21,7 +21,7 @@ CASES = [
     ("needs-unknown-stage", [("needs: [pretrain]", "needs: [pretrian]")], "pretrian]", "unknown stage 'pretrian'", "pretrain"),
     ("negative-cpus", [("  launcher: ray_task", "  launcher: ray_task\n  resources: {cpus: -1}")], "cpus", "greater than or equal to 0", None),
     ("zero-memory", [("  launcher: ray_task", "  launcher: ray_task\n  resources: {memory_gb: 0}")], "memory_gb", "greater than 0", None),
-    ("unknown-encoding", [("pe: [rope, pope]", "pe: [rope, popee]")], "kind: \"${pe}\"", "'popee' is not one of", None),
+    ("unknown-encoding", [("pe: [rope, pope]", "pe: [rope, popee]")], "pe: {kind: \"${pe}\"", "unknown pe.kind 'popee'; did you mean 'pope'?", None),
     ("unknown-train-key", [("steps: 2,", "steps: 2, lrr: 0.1,")], "lrr", "unknown key", "lr"),
     ("unknown-model-key", [("    kind: pretrain\n", "    kind: pretrain\n    model: {n_layers: 3}\n")], "n_layers", "unknown key", "n_layer"),
     ("unknown-preset", [("preset: tiny", "preset: tinyy")], "preset", "unknown model preset 'tinyy'", "tiny"),

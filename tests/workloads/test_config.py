@@ -73,7 +73,7 @@ def test_wrong_types_are_errors(key, value):
 
 
 def test_literals_are_validated():
-    with pytest.raises(ConfigError, match=r"pe\.kind: 'rotary' is not one of"):
+    with pytest.raises(ConfigError, match=r"pe: invalid PEConfig: unknown pe\.kind 'rotary'"):
         from_dict(ModelConfig, _model(pe={"kind": "rotary"}))
     with pytest.raises(ConfigError, match=r"pe\.pope\.delta_constraint"):
         from_dict(ModelConfig, _model(pe={"pope": {"delta_constraint": "clip"}}))

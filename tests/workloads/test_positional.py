@@ -34,7 +34,7 @@ def test_each_layer_builds_its_own_pe_module(kind):
     assert len({id(pe) for pe in pes}) == len(pes)
     expected = {"none": NoPE, "sinusoidal": NoPE, "learned": NoPE, "rope": RoPE, "pope": PoPE,
                 "tapa": TAPA, "alibi": ALiBi}[kind]
-    assert all(type(pe) is expected for pe in pes)
+    assert all(isinstance(pe, expected) for pe in pes)
     if kind == "pope":
         names = [n for n, _ in model.named_parameters() if n.endswith("pe.delta")]
         assert names == ["h.0.attn.pe.delta", "h.1.attn.pe.delta"]

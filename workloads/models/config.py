@@ -23,7 +23,9 @@ from typing import Any, Literal
 from phaselab.kernels.rotary.config import RopeConfig
 from phaselab.kernels.rotary.config import Scaling as ScalingRule
 
-PEKind = Literal["none", "rope", "pope", "tapa", "alibi", "sinusoidal", "learned"]
+# A kind is a name in the encoding registry (`pe_registry`: built-ins, `phaselab.encodings` entry
+# points) or a "package.module:Class" string; there is no closed list (docs/EXTENDING.md).
+PEKind = str
 
 
 def _require(ok: bool, message: str) -> None:
@@ -85,13 +87,29 @@ class AlibiConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PEConfig:
-    """Which positional encoding, plus the settings of each kind (only `kind`'s are used)."""
+    """Which positional encoding, plus the settings of each kind (only `kind`'s are used).
+
+    kind: a built-in (none, rope, pope, tapa, alibi, sinusoidal, learned), an installed
+    `phaselab.encodings` entry point, or "package.module:Class" (docs/EXTENDING.md).
+    options: the settings of an encoding that declares its own config dataclass (`config_cls`),
+    checked against it here, with "did you mean" for unknown keys; empty for the built-ins.
+    """
 
     kind: PEKind = "rope"
     rope: RopeConfig = field(default_factory=RopeConfig)
     pope: PopeConfig = field(default_factory=PopeConfig)
     tapa: TapaConfig = field(default_factory=TapaConfig)
     alibi: AlibiConfig = field(default_factory=AlibiConfig)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from phaselab.workloads.models import pe_registry
+
+        if pe_registry.is_builtin(self.kind):
+            _require(not self.options, f"pe.options is for plugin encodings; pe.kind={self.kind!r} "
+                                       f"takes its settings from pe.{self.kind}")
+            return
+        pe_registry.check_plugin(self)   # imports it, checks options and a tiny forward
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

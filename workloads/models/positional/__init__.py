@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from phaselab.workloads.models import pe_registry
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.positional.absolute import LearnedPE, SinusoidalPE
 from phaselab.workloads.models.positional.alibi import ALiBi
@@ -27,22 +28,13 @@ __all__ = [
     "with_extension",
 ]
 
-_ATTENTION_PE: dict[str, type[PositionalEncoding]] = {
-    "none": NoPE, "sinusoidal": NoPE, "learned": NoPE,
-    "rope": RoPE, "pope": PoPE, "tapa": TAPA, "alibi": ALiBi,
-}
-
-
 def build_pe(cfg: ModelConfig) -> PositionalEncoding:
-    """A NEW attention-side encoding for one layer (never shared between layers)."""
-    cls = _ATTENTION_PE[cfg.pe.kind]
+    """A NEW attention-side encoding for one layer (never shared between layers), of the class
+    the registry names for `cfg.pe.kind` (built-in, entry point or "module:Class")."""
+    cls = pe_registry.load(cfg.pe.kind)
     return cls(cfg.pe, n_head=cfg.n_head, n_kv_head=cfg.kv_heads, head_dim=cfg.head_dim)
 
 
 def build_input_pe(cfg: ModelConfig) -> nn.Module | None:
-    """The embedding-side encoding for "sinusoidal" / "learned" (max_len = block_size), else None."""
-    if cfg.pe.kind == "sinusoidal":
-        return SinusoidalPE(cfg.d_model)
-    if cfg.pe.kind == "learned":
-        return LearnedPE(cfg.block_size, cfg.d_model)
-    return None
+    """The embedding-side module of `cfg.pe.kind` (sinusoidal / learned, max_len = block_size), or None."""
+    return pe_registry.load(cfg.pe.kind).input_module(cfg)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from phaselab.workloads.models.config import ContextExtension
-from phaselab.workloads.models.positional.base import Fp32Buffers, check_positions
+from phaselab.workloads.models.positional.base import Fp32Buffers, NoPE, check_positions
 
 
 class SinusoidalPE(Fp32Buffers):
@@ -58,3 +58,20 @@ class LearnedPE(nn.Module):
         if ext.block_size is not None and ext.block_size > self.max_len:
             raise ValueError(f"learned positions cover {self.max_len} positions; extension "
                              f"block_size={ext.block_size} exceeds them")
+
+
+class SinusoidalNoPE(NoPE):
+    """pe.kind "sinusoidal": NoPE in attention (its name stays "none"), `SinusoidalPE` on the embeddings."""
+
+    @classmethod
+    def input_module(cls, cfg) -> nn.Module:
+        return SinusoidalPE(cfg.d_model)
+
+
+class LearnedNoPE(NoPE):
+    """pe.kind "learned": NoPE in attention (its name stays "none"), a `LearnedPE` table of
+    block_size rows on the embeddings."""
+
+    @classmethod
+    def input_module(cls, cfg) -> nn.Module:
+        return LearnedPE(cfg.block_size, cfg.d_model)

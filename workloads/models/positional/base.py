@@ -16,7 +16,7 @@ Shapes: q_BTHD (H query heads), k_BSGD (G kv heads), positions int64 pos_q_BT / 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -52,19 +52,61 @@ class Fp32Buffers(nn.Module):
 
 
 class PositionalEncoding(Fp32Buffers):
-    """Base class; subclasses override what they change. Defaults are NoPE behaviour.
+    """The public positional-encoding interface (docs/EXTENDING.md); built-ins and plugins alike.
+    Subclasses override what they change; the defaults are NoPE behaviour.
+
+    - `config_cls`: a frozen dataclass of the encoding's settings (grid: `pe.options`), parsed
+      into `self.config` (None when the class declares none);
+    - parameters and buffers: created in `__init__`, one module per layer (`register_fp32_buffer`
+      keeps a buffer fp32 under a bf16 cast);
+    - `prepare_qk`: a q/k transform (RoPE, xPos);
+    - `score`: a score modification in plain PyTorch over (score, query position, key position,
+      head), differentiable in the encoding's parameters; run inside the attention backend;
+    - `input_module`: the embedding side (absolute encodings);
+    - `score_mod`: a fused kernel's ScoreMod (PoPE, TAPA, ALiBi) instead of `score`.
 
     Args:
-        pe_cfg: the whole PEConfig (each class reads its own sub-config).
+        pe_cfg: the whole PEConfig (each class reads its own sub-config or `options`).
         n_head, n_kv_head, head_dim: the attention layer's shape (H, G, D).
     """
 
     name: ClassVar[str] = "none"
+    config_cls: ClassVar[type | None] = None
 
     def __init__(self, pe_cfg: PEConfig, *, n_head: int, n_kv_head: int, head_dim: int) -> None:
         super().__init__()
         self.pe_cfg = pe_cfg
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.config = type(self).parse_options(pe_cfg.options, kind=pe_cfg.kind)
+
+    @classmethod
+    def parse_options(cls, options: dict[str, Any], *, kind: str) -> Any:
+        """`options` converted to `config_cls` strictly (unknown keys get "did you mean")."""
+        from phaselab.workloads.config import ConfigError, from_dict
+
+        if cls.config_cls is None:
+            if options:
+                raise ValueError(f"encoding {kind!r} declares no config_cls, so it takes no pe.options "
+                                 f"(got {sorted(options)})")
+            return None
+        try:
+            return from_dict(cls.config_cls, options, path="options")
+        except ConfigError as err:
+            raise ValueError(f"encoding {kind!r}: {err}") from None
+
+    @classmethod
+    def input_module(cls, cfg: Any) -> nn.Module | None:
+        """The embedding-side module (called with the ModelConfig), or None: no absolute positions."""
+        return None
+
+    def score(self, score: Tensor, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
+        """The modified score, or NotImplemented for no score modification (the default).
+
+        Args: score [B, H, T, S] (already scaled by `softmax_scale`); q_pos [B, 1, T, 1] and
+        k_pos [B, 1, 1, S] int64 positions; head [1, H, 1, 1] int64. Returns a tensor of score's
+        shape. Written once in plain PyTorch; backends broadcast it (reference: elementwise).
+        """
+        return NotImplemented
 
     def qk_width(self, head_dim: int) -> int:
         """Width of q and k as handed to the backend (D; the sdpa backend expands PoPE itself)."""
@@ -76,8 +118,12 @@ class PositionalEncoding(Fp32Buffers):
         return q_BTHD, k_BSGD
 
     def score_mod(self) -> ScoreMod | None:
-        """Kernel-side part of the encoding, or None."""
-        return None
+        """Kernel-side part of the encoding, or None: a "custom" ScoreMod when `score` is defined."""
+        if type(self).score is PositionalEncoding.score:
+            return None
+        from phaselab.kernels.attention.score_mod import ScoreMod
+
+        return ScoreMod(kind="custom", params={"fn": self.score, "name": self.pe_cfg.kind})
 
     def softmax_scale(self, head_dim: int) -> float:
         """Multiplier of the score: 1/sqrt(D) (MATH §0, §5 NoPE)."""

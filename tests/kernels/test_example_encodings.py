@@ -1,0 +1,103 @@
+"""The example encodings outside the package (examples/encodings, docs/EXTENDING.md) against
+float64 formulas of their papers, in value and gradient, through the reference backend."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.utils._device  # tests/kernels/conftest.py clears its factory cache after each test
+
+from phaselab.kernels.attention.reference import attention
+from phaselab.workloads.config import from_dict
+from phaselab.workloads.models.config import PEConfig
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "encodings"
+H, D, T = 2, 8, 6
+
+
+@pytest.fixture(autouse=True)
+def _examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+
+
+def _pe(kind: str, **options):
+    from phaselab.workloads.models import pe_registry
+
+    cfg = from_dict(PEConfig, {"kind": kind, "options": options})
+    return pe_registry.load(kind)(cfg, n_head=H, n_kv_head=H, head_dim=D)
+
+
+def _kerple_attention64(q, k, v, r1, r2):
+    """softmax_causal(q·k/sqrt(D) - r1_h log(1 + r2_h |n-m|)) v in float64, loops over n, m."""
+    out = torch.zeros_like(v)
+    for h in range(H):
+        for n in range(T):
+            logits = torch.stack([q[0, h, n] @ k[0, h, m] / math.sqrt(D)
+                                  - r1[h] * torch.log1p(r2[h] * abs(n - m)) for m in range(n + 1)])
+            out[0, h, n] = torch.softmax(logits, 0) @ v[0, h, : n + 1]
+    return out
+
+
+def test_kerple_matches_its_float64_formula_in_value_and_gradient() -> None:
+    torch.manual_seed(0)
+    pe = _pe("phaselab_kerple:Kerple", r1_init=0.7, r2_init=1.3).double()
+    with torch.no_grad():
+        pe.raw_r.add_(torch.randn_like(pe.raw_r) * 0.3)   # heads differ
+    q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(T)[None]
+    got = attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5, score_mod=pe.score_mod(),
+                    compute_dtype=torch.float64)
+    raw = pe.raw_r.detach().clone().requires_grad_(True)
+    r1, r2 = torch.nn.functional.softplus(raw)
+    want = _kerple_attention64(q, k, v, r1, r2)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(want)
+    (got * weights).sum().backward()
+    (want * weights).sum().backward()
+    assert pe.raw_r.grad.abs().min() > 0
+    torch.testing.assert_close(pe.raw_r.grad, raw.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_kerple_keeps_its_parameters_per_layer_and_refuses_a_bad_option() -> None:
+    a, b = _pe("phaselab_kerple:Kerple"), _pe("phaselab_kerple:Kerple")
+    assert a.raw_r.data_ptr() != b.raw_r.data_ptr()
+    assert a.raw_r.dtype == torch.float32 and tuple(a.raw_r.shape) == (2, H)
+    torch.testing.assert_close(torch.nn.functional.softplus(a.raw_r), torch.ones(2, H))
+    with pytest.raises(ValueError, match="r1_init > 0"):
+        _pe("phaselab_kerple:Kerple", r1_init=-1.0)
+
+
+def test_xpos_matches_its_float64_formula_in_value_and_gradient() -> None:
+    """score(n, m) = Re Σ_i q_i conj(k_i) e^{i(n-m)θ_i} ζ_i^{(n-m)/γ} (complex half-split pairs)."""
+    torch.manual_seed(1)
+    pe = _pe("phaselab_xpos:XPos", scale_base=8.0)
+    q = torch.randn(1, T, H, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, T, H, D, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(T)[None]
+    q2, k2 = pe.prepare_qk(q, k, pos, pos)
+    got = torch.einsum("bthd,bshd->bhts", q2, k2)
+    i = torch.arange(D // 2, dtype=torch.float64)
+    theta, zeta = 10_000.0 ** (-2 * i / D), (2 * i / D + 0.4) / 1.4
+    qc, kc = torch.complex(q[..., : D // 2], q[..., D // 2:]), torch.complex(k[..., : D // 2], k[..., D // 2:])
+    rel = (pos[0][:, None] - pos[0][None, :]).to(torch.float64)[..., None]          # [T, S, 1]
+    phase = torch.polar(zeta ** (rel / 8.0), rel * theta)                            # [T, S, D/2]
+    want = torch.einsum("bthi,bshi,tsi->bhts", qc, kc.conj(), phase).real
+    # fp32 frequencies and angles inside the encoding (as RoPE's), so fp32 tolerances
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+    g_got = torch.autograd.grad(got.sum(), (q, k))
+    g_want = torch.autograd.grad(want.sum(), (q, k))
+    for a, b in zip(g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_a_score_of_the_wrong_shape_is_refused_naming_the_encoding() -> None:
+    from phaselab.kernels.attention.score_mod import ScoreMod
+
+    mod = ScoreMod(kind="custom", params={"fn": lambda s, qp, kp, h: s[..., :1], "name": "mine:Bad"})
+    q = torch.randn(1, H, T, D)
+    pos = torch.arange(T)[None]
+    with pytest.raises(ValueError, match=r"encoding 'mine:Bad': score\(\) returned \(1, 2, 6, 1\)"):
+        attention(q, q, q, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, score_mod=mod)
