@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from phaselab.orchestrator import cli_catalog, cli_maint, cli_tracking, cli_train
+from phaselab.orchestrator import cli_catalog, cli_data, cli_maint, cli_tracking, cli_train
 from phaselab.orchestrator.cli_common import (
     CATALOG,
     JSON,
@@ -474,6 +474,7 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
 cli_train.register(app)
 cli_maint.register(app)
 cli_catalog.register(app)
+cli_data.register(app)
 cli_tracking.register(app)
 
 

@@ -54,3 +54,23 @@ def test_block_and_split_sizes_checked_by_plan(tmp_path):
     path, _ = _grid(tmp_path, f"{{kind: tokens, block_size: 32, real: {{shards_dir: {folder}}}}}")
     with pytest.raises(GridError, match=r"cannot read the dataset: .*set data.real.vocab_size"):
         plan_grid(path)
+
+
+def test_data_prepare_command_writes_shards_a_grid_plans(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["alpha beta gamma " * 20] * 6}),
+                          "validation": datasets.Dataset.from_dict({"text": ["delta epsilon"]})}
+                         ).save_to_disk(str(tmp_path / "hf"))
+    res = CliRunner().invoke(app, ["data", "prepare", str(tmp_path / "hf"), "--out", str(tmp_path / "sh"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert '"documents": 6' in res.output and '"vocab_size": 50257' in res.output
+    model = "{preset: tiny, block_size: 32, vocab_size: 50304, pe: {kind: \"${pe}\"}}"
+    path, _ = _grid(tmp_path, f"{{kind: tokens, block_size: 32, real: {{shards_dir: {tmp_path / 'sh'}}}}}", model)
+    assert len(plan_grid(path).nodes) == 4
+    bad = CliRunner().invoke(app, ["data", "prepare", str(tmp_path / "hf"), "--out", str(tmp_path / "x"),
+                                   "--text-field", "body", "--json"])
+    assert bad.exit_code == 1 and "'body' is not a column" in bad.output
