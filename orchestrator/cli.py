@@ -70,7 +70,7 @@ def _plan(grid: str, overrides: list[str] | None, as_json: bool) -> Any:
 
     try:
         return plan_grid(grid, overrides or [])
-    except (GridError, FileNotFoundError, ValueError) as err:
+    except (GridError, OSError, ValueError) as err:   # OSError: a directory, an unreadable file
         fail(as_json, str(err))
 
 

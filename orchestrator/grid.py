@@ -199,7 +199,7 @@ def check_ranges(stage: ResolvedStage, marks: Marks) -> None:
     YAML line that set it. Values are only read: the cache key does not change."""
     issues: list[Issue] = []
     for name, value in limits.iter_leaves(dict(stage.sections), ""):
-        why = limits.out_of_range(name.rpartition(".")[2], value)
+        why = limits.out_of_range(name.rpartition(".")[2], value) or limits.not_finite(value)
         if why is None:
             continue
         path = map_config_error(stage, name, marks)

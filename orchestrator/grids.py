@@ -26,7 +26,11 @@ def resolve_grid_path(source: str | Path) -> Path:
     if path.is_file():
         return path
     text = str(source)
-    if text.endswith((".yaml", ".yml")) or "/" in text:
+    is_path = text.endswith((".yaml", ".yml")) or "/" in text
+    if path.is_dir() and (is_path or not (grids_dir() / f"{text}.yaml").is_file()):
+        raise IsADirectoryError(f"grid {text!r} is a directory; give a grid file (.yaml) or the "
+                                f"name of a shipped grid ({', '.join(shipped_grids())})")
+    if is_path:
         raise FileNotFoundError(f"grid file {text!r} does not exist")
     if not _NAME_RE.match(text):
         raise ValueError(f"grid name {text!r} must match {_NAME_RE.pattern}")

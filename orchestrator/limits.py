@@ -4,8 +4,10 @@ Every limit is checked before the thing it bounds is expanded or allocated: the 
 it is read, the YAML node count and nesting depth while the node tree is composed (an alias is
 counted once per place it is used, so a "billion laughs" file is refused in linear time), the
 cell and stage counts from the axis lengths before a single cell is built, and numeric config
-values where the stage sections are resolved. None of them changes a stage's cache key: they
-only refuse.
+values where the stage sections are resolved (``.inf`` and ``.nan`` are refused there too). The
+same limits hold for command-line overrides: their values are read by the grid files' loader and
+the document they make is counted again (``yamlio.check_tree``). None of them changes a stage's
+cache key: they only refuse.
 
 ==========================  =========  ===================================================
 limit                       default    bounds
@@ -19,8 +21,10 @@ limit                       default    bounds
 ``MAX_CELLS``               10 000     cells of a grid (axes product x zips x seeds)
 ``MAX_STAGES``              100 000    stage instances (cells x stage templates)
 ``MAX_STEPS``               10^8       any ``*steps`` / ``*_every`` key of a section
-``MAX_BATCH``               2^20       any ``*batch_size`` / ``*batches`` / ``grad_accum`` key
-``MAX_LENGTH``              2^24       any ``*len*`` / ``*length*`` / ``block_size`` key (tokens)
+``MAX_BATCH``               2^20       any ``*batch_size`` / ``grad_accum`` key (at least 1) and
+                                       ``*batches`` key
+``MAX_LENGTH``              2^24       any ``*len*`` / ``*length*`` / ``block_size`` key (tokens;
+                                       ``block_size`` at least 1)
 ``MAX_SEED``                2^32 - 1   ``seeds`` and any ``seed`` key
 ``MAX_INT``                 2^53       any other integer of a section (magnitude)
 ==========================  =========  ===================================================
@@ -31,6 +35,7 @@ limit                       default    bounds
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -57,8 +62,10 @@ STAGES_ENV = "PHASELAB_MAX_STAGES"
 _KEY_BOUNDS: tuple[tuple[re.Pattern[str], int, int, str], ...] = (
     (re.compile(r"^seed$"), 0, MAX_SEED, "seed"),
     (re.compile(r"(^|_)steps$|_every$"), 0, MAX_STEPS, "step count"),
-    (re.compile(r"batch_size$|batches$|^grad_accum$"), 0, MAX_BATCH, "batch size"),
-    (re.compile(r"len|length|^block_size$"), 0, MAX_LENGTH, "length in tokens"),
+    (re.compile(r"batch_size$|^grad_accum$"), 1, MAX_BATCH, "batch size"),
+    (re.compile(r"batches$"), 0, MAX_BATCH, "batch count"),
+    (re.compile(r"^block_size$"), 1, MAX_LENGTH, "length in tokens"),
+    (re.compile(r"len|length"), 0, MAX_LENGTH, "length in tokens"),
 )
 
 
@@ -98,6 +105,13 @@ def out_of_range(key: str, value: Any) -> str | None:
         return None
     shown = str(value) if len(str(value)) <= 24 else f"an integer of {len(str(abs(value)))} digits"
     return f"{what} must be in [{low}, {high}], got {shown}"
+
+
+def not_finite(value: Any) -> str | None:
+    """Why ``value`` is refused as a number (``.inf``, ``.nan``: no setting takes them), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"a number must be finite, got {value}"
+    return None
 
 
 def iter_leaves(value: Any, name: str) -> Iterator[tuple[str, Any]]:

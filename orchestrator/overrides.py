@@ -23,6 +23,15 @@ users think of it (as Hydra's overrides address the config, not the file):
 =====================  ==========================================================================
 
 A section name wins over a stage of the same name (``stages.<name>...`` reaches that stage).
+A key naming an axis of the grid (``pe=pope``, ``pe=[rope,pope]``, ``seed=0,1``) sets that axis's
+values, and a sweep of a key the grid binds to an axis (``train.lr=1e-3,3e-3`` where
+``train.lr: ${lr}``) sets the values of that axis. Numbers are typed inside lists too
+(``[3e-3,1e-2]`` is two floats).
+
+Values are read by the grid files' bounded loader, with the same limits (``limits``): nodes after
+alias expansion (one budget for all overrides of a command), depth counted from the grid's root,
+scalar and number sizes, sweep sizes; the document they make is counted again. A refusal names the
+override (its text) and the key.
 A sweep binds the key to ``${key}`` (the key as typed) and adds the axis, so sweeps are allowed
 only under ``defaults`` and ``stages`` (where interpolation applies).
 
@@ -37,11 +46,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from phaselab.orchestrator import limits
 from phaselab.orchestrator.stages import section_names
-from phaselab.orchestrator.yamlio import GridError, Issue, Mark, Marks, all_paths, dotted, suggest
+from phaselab.orchestrator.yamlio import (
+    GridError,
+    Issue,
+    Mark,
+    Marks,
+    all_paths,
+    check_tree,
+    dotted,
+    load_value,
+    suggest,
+)
 
 _KEY_RE = re.compile(r"^[A-Za-z_][\w-]*(\.[\w-]+)*$")
 _CALL_RE = re.compile(r"^(range|choice)\((.*)\)$", re.DOTALL)
@@ -66,8 +83,36 @@ def _sections() -> frozenset[str]:
     return frozenset(section_names()) | {"resources"}
 
 
+def override_mark(text: str) -> Mark:
+    """Where an override's problems are reported: its text (shortened past 120 characters)."""
+    shown = text if len(text) <= 120 else f"{text[:100]}... ({len(text)} characters)"
+    return Mark(f"<override {shown!r}>", 0, 0)
+
+
 def _fail(text: str, msg: str, key: str = "", suggestion: str | None = None) -> GridError:
-    return GridError([Issue(Mark(f"<override {text!r}>", 0, 0), key, msg, suggestion)])
+    return GridError([Issue(override_mark(text), key, msg, suggestion)])
+
+
+class _Budget:
+    """The YAML node budget all overrides share with each other (``limits.MAX_YAML_NODES``, as for
+    one file), spent as each value is read, so many small bombs are refused as one big one."""
+
+    def __init__(self) -> None:
+        self.left = limits.MAX_YAML_NODES
+
+    def spend(self, value: Any, text: str, key: str) -> None:
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            self.left -= 1
+            if self.left < 0:
+                raise _fail(text, f"the overrides hold more than {limits.MAX_YAML_NODES} YAML nodes "
+                                  "after alias expansion", key)
+            if isinstance(item, Mapping):
+                self.left -= len(item)
+                stack += item.values()
+            elif isinstance(item, list):
+                stack += item
 
 
 def _split_top(value: str) -> list[str]:
@@ -94,21 +139,30 @@ def _split_top(value: str) -> list[str]:
 _FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-def _scalar(text: str, raw: str) -> Any:
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as err:
-        raise _fail(text, f"cannot parse value {raw!r}: {err}") from None
-    # YAML 1.1 reads 3e-4 as a string; on the command line it means the number (as in Hydra).
+def _scalar(text: str, raw: str, path: tuple = (), budget: _Budget | None = None) -> Any:
+    """The value ``raw`` of override ``text`` for key ``path``, read by the grid files' bounded
+    loader (same limits; refusals name the override and the key)."""
+    value = load_value(raw, mark=override_mark(text), path=path) if raw.strip() else ""
+    (budget or _Budget()).spend(value, text, dotted(path))
+    return _numbers(value)
+
+
+def _numbers(value: Any) -> Any:
+    """YAML 1.1 reads 3e-4 as a string; on the command line it means the number (as in Hydra),
+    inside lists and mappings too (``[3e-3,1e-2]`` is two floats). Depth is bounded by the loader."""
     if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
         return float(value)
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
     return value
 
 
-def _sweep(text: str, raw: str) -> tuple[Any, ...] | None:
+def _sweep(text: str, raw: str, path: tuple, budget: _Budget) -> tuple[Any, ...] | None:
     call = _CALL_RE.match(raw.strip())
     if call and call.group(1) == "range":
-        args = [_scalar(text, a) for a in _split_top(call.group(2))]
+        args = [_scalar(text, a, path, budget) for a in _split_top(call.group(2))]
         if not (1 <= len(args) <= 3) or not all(isinstance(a, int) for a in args):
             raise _fail(text, f"range() takes 1 to 3 integers, got {call.group(2)!r}")
         if len(args) == 3 and args[2] == 0:
@@ -121,16 +175,21 @@ def _sweep(text: str, raw: str) -> tuple[Any, ...] | None:
         if not values:
             raise _fail(text, f"range({call.group(2)}) is empty")
         return values
-    if call:  # choice(a,b,...)
-        return tuple(_scalar(text, a) for a in _split_top(call.group(2)))
-    parts = _split_top(raw)
-    return tuple(_scalar(text, p) for p in parts) if len(parts) > 1 else None
+    parts = _split_top(call.group(2)) if call else _split_top(raw)   # choice(a,b,...) or a,b,...
+    if len(parts) > limits.MAX_SWEEP_VALUES:
+        raise _fail(text, f"a sweep of {len(parts)} values; a sweep takes at most {limits.MAX_SWEEP_VALUES}",
+                    dotted(path))
+    return tuple(_scalar(text, p, path, budget) for p in parts) if call or len(parts) > 1 else None
 
 
-def parse_override(text: str) -> Override:
-    """Parse one ``key=value`` string (see the module docstring)."""
+def parse_override(text: str, budget: _Budget | None = None) -> Override:
+    """Parse one ``key=value`` string (see the module docstring). ``budget``: the node budget
+    shared by the overrides of one command (a fresh one when None)."""
     if not isinstance(text, str) or not text:
         raise TypeError(f"an override must be a non-empty string, got {text!r}")
+    if len(text) > limits.MAX_YAML_BYTES:
+        raise _fail(text, f"an override of {len(text)} characters; at most {limits.MAX_YAML_BYTES}")
+    budget = budget or _Budget()
     if text.startswith("~"):
         key, _, _ = text[1:].partition("=")
         op = "delete"
@@ -140,17 +199,19 @@ def parse_override(text: str) -> Override:
         key, _, raw = text.partition("=")
         op = "force" if key.startswith("++") else "add" if key.startswith("+") else "set"
         key = key.lstrip("+")
-    if not _KEY_RE.match(key):
-        raise _fail(text, f"invalid key {key!r} (dotted names of letters, digits, _ and -)", key)
+    if len(key) > 1024 or not _KEY_RE.match(key):
+        raise _fail(text, f"invalid key {key[:100]!r} (dotted names of letters, digits, _ and -)", key[:100])
     path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+    if len(path) > limits.MAX_YAML_DEPTH:
+        raise _fail(text, f"a key nested deeper than {limits.MAX_YAML_DEPTH} levels", key[:100])
     if op == "delete":
         return Override(text=text, op=op, path=path)
-    sweep = _sweep(text, raw)
+    sweep = _sweep(text, raw, path, budget)
     if sweep is not None:
         if path[0] in TOP_LEVEL and path[0] not in ("defaults", "stages"):
             raise _fail(text, "sweeps are allowed only under 'defaults.' and 'stages.'", key)
         return Override(text=text, op=op, path=path, sweep=sweep)
-    return Override(text=text, op=op, path=path, value=_scalar(text, raw))
+    return Override(text=text, op=op, path=path, value=_scalar(text, raw, path, budget))
 
 
 # The grid document's own top-level keys (GridSpec's fields): a path starting with one of them is
@@ -211,9 +272,10 @@ def apply_overrides(doc: Mapping[str, Any], marks: Marks, overrides: Sequence[st
     out = copy.deepcopy(dict(doc))
     grid = isinstance(out.get("stages"), Mapping)
     issues: list[Issue] = []
+    budget = _Budget()
     for text in overrides:
         try:
-            ov = parse_override(text)
+            ov = parse_override(text, budget)
             if grid:
                 ov = _full(ov, out)
             _apply(out, marks, ov)
@@ -221,11 +283,46 @@ def apply_overrides(doc: Mapping[str, Any], marks: Marks, overrides: Sequence[st
             issues += err.issues
     if issues:
         raise GridError(issues)
+    check_tree(out, marks)   # the file's limits hold for the document the overrides made
     return out
 
 
+def axis_path(path: tuple, doc: Mapping[str, Any]) -> tuple | None:
+    """The grid path of the axis named by ``path`` as typed (``pe``, ``seed``, or ``train.lr``
+    for an axis of that name, or the key a whole ``${axis}`` binds), or None."""
+    axes = doc.get("axes") if isinstance(doc.get("axes"), Mapping) else {}
+    name = dotted(path)
+    if name == "seed":
+        return ("seeds",)
+    if isinstance(axes.get("product"), Mapping) and name in axes["product"]:
+        return ("axes", "product", name)
+    for i, group in enumerate(axes.get("zip") or []):
+        if isinstance(group, Mapping) and name in group:
+            return ("axes", "zip", i, name)
+    return None
+
+
+def _bound_axis(path: tuple, doc: Mapping[str, Any]) -> tuple | None:
+    """The axis path when the value at ``path`` is exactly ``${axis}`` of an existing axis."""
+    node: Any = doc
+    for p in path:
+        if not (isinstance(node, Mapping) and p in node):
+            return None
+        node = node[p]
+    ref = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}", node) if isinstance(node, str) else None
+    return axis_path(tuple(ref.group(1).split(".")), doc) if ref and ref.group(1) != "seed" else None
+
+
 def _full(ov: Override, doc: Mapping[str, Any]) -> Override:
-    """``ov`` with its grid path (:func:`grid_path`); a sweep keeps the key as typed for its axis."""
+    """``ov`` with its grid path (:func:`grid_path`); a sweep keeps the key as typed for its axis.
+    A key naming an axis (``pe=rope,pope``, ``pe=[pope]``, ``seed=0,1``), or a sweep of a key bound
+    to one (``train.lr=1e-3,3e-3`` where ``train.lr: ${lr}``), sets that axis's values."""
+    axis = axis_path(ov.path, doc) if ov.op != "delete" else None
+    bound = _bound_axis(grid_path(ov.path, doc), doc) if ov.sweep is not None else None
+    if axis is not None or bound is not None:
+        values = ov.sweep if ov.sweep is not None else ov.value
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        return Override(text=ov.text, op="set", path=axis or bound, value=values)
     path = grid_path(ov.path, doc)
     if ov.sweep is not None and path[0] not in ("defaults", "stages"):
         raise _fail(ov.text, "sweeps are allowed only under 'defaults.' and 'stages.'", dotted(ov.path))
@@ -235,7 +332,7 @@ def _full(ov: Override, doc: Mapping[str, Any]) -> Override:
 
 def _apply(out: dict, marks: Marks, ov: Override) -> None:
     text = ov.text
-    mark = Mark(f"<override {text!r}>", 0, 0)
+    mark = override_mark(text)
     parent = _parent(out, ov, create=ov.op in ("add", "force") or (ov.op == "set" and in_section(ov.path)))
     last = ov.path[-1]
     exists = (isinstance(parent, Mapping) and last in parent) or (
@@ -256,7 +353,7 @@ def _apply(out: dict, marks: Marks, ov: Override) -> None:
         axes["product"] = product
         product[axis] = list(ov.sweep)
         parent[last] = "${" + axis + "}"
-        marks.set(("axes", "product", axis), mark)
+        marks.replace(("axes", "product", axis), mark)
     else:
         parent[last] = ov.value
-    marks.set(ov.path, mark)
+    marks.replace(ov.path, mark)

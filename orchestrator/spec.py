@@ -33,12 +33,20 @@ converts each stage's merged sections; here they are free mappings.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import types
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from phaselab.orchestrator.stages import STAGES, section_names
@@ -52,6 +60,14 @@ Launcher = Literal["ray_train", "ray_task"]
 Scalar = str | int | float | bool | None
 
 
+def _not_bool(value: Any) -> Any:
+    """YAML's ``true`` is not the number 1: a boolean where a number goes is an error (pydantic's
+    lax mode would read it as 1, and ``seeds: [true]`` would run seed 1)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_number", "a boolean is not a number")
+    return value
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
@@ -61,11 +77,13 @@ class ResourcesSpec(_Frozen):
     each worker gets ``cpus``/``gpus``. ``accelerator`` is a Ray accelerator type (e.g. H200) or a
     custom node resource."""
 
-    cpus: float = Field(1.0, ge=0)
-    gpus: float = Field(0.0, ge=0)
-    memory_gb: float = Field(4.0, gt=0)
+    cpus: float = Field(1.0, ge=0, allow_inf_nan=False)
+    gpus: float = Field(0.0, ge=0, allow_inf_nan=False)
+    memory_gb: float = Field(4.0, gt=0, allow_inf_nan=False)
     accelerator: str | None = None
     num_workers: int = Field(1, ge=1)
+
+    _numbers = field_validator("cpus", "gpus", "memory_gb", "num_workers", mode="before")(_not_bool)
 
 
 class DefaultsSpec(_Frozen):
@@ -94,6 +112,8 @@ class StageTemplate(_Frozen):
     salt: str = ""
     max_retries: int = Field(3, ge=0)
 
+    _numbers = field_validator("max_retries", mode="before")(_not_bool)
+
     @field_validator("kind")
     @classmethod
     def _registered(cls, v: str) -> str:
@@ -120,6 +140,15 @@ class GridSpec(_Frozen):
     defaults: DefaultsSpec = Field(default_factory=DefaultsSpec)
     stages: dict[str, StageTemplate] = Field(min_length=1)
     salt: str = ""
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            for i, seed in enumerate(v):
+                if isinstance(seed, bool):
+                    raise PydanticCustomError("bool_number", "a boolean is not a number", {"item": i})
+        return v
 
     @field_validator("seeds")
     @classmethod
@@ -180,6 +209,9 @@ def _issue(err: dict, marks: Marks, model: type[GridSpec]) -> Issue:
                      f"{', '.join(valid)}", suggest(str(loc[-1]), valid))
     if err["type"] == "stage_kind":
         return Issue(marks.at(loc), dotted(loc), err["msg"], suggest(str(err["input"]), STAGES))
+    if err["type"] == "bool_number" and "item" in (err.get("ctx") or {}):   # a list's item
+        loc = (*loc, err["ctx"]["item"])
+        return Issue(marks.at(loc), dotted(loc), err["msg"])
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
     return Issue(marks.at(loc), dotted(loc), f"{err['msg']}{shown}")
@@ -243,6 +275,7 @@ def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
                 issues.append(Issue(marks.at(path), dotted(path), f"axis name {axis!r} must match {AXIS_PATTERN}"))
             if not values:
                 issues.append(Issue(marks.at(path), dotted(path), "an axis needs at least one value"))
+            issues += _duplicate_values(path, values, marks)
             names.append(axis)
     for i, rule in enumerate(spec.axes.exclude):
         for axis in rule:
@@ -250,6 +283,19 @@ def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
                 path = ("axes", "exclude", i, axis)
                 issues.append(Issue(marks.at(path), dotted(path), f"unknown axis {axis!r}", suggest(axis, names)))
     return names
+
+
+def _duplicate_values(path: tuple, values: list[Any], marks: Marks) -> list[Issue]:
+    """A value listed twice would make two cells with one key (the same stages, run once, counted
+    twice): refused at the second occurrence. ``true`` and ``1`` are different values here."""
+    seen: dict[str, int] = {}
+    for i, value in enumerate(values):
+        canon = json.dumps(value, sort_keys=True, default=str) + type(value).__name__
+        if canon in seen:
+            return [Issue(marks.at((*path, i)), dotted((*path, i)), f"value {value!r} is listed twice "
+                          f"(also at index {seen[canon]}); each axis value makes its own cells")]
+        seen[canon] = i
+    return []
 
 
 def _upstream_rules(spec: GridSpec, name: str, st: StageTemplate, marks: Marks) -> list[Issue]:

@@ -80,6 +80,14 @@ class Marks:
     def set(self, path: YamlPath, mark: Mark) -> None:
         self.by_path[tuple(path)] = mark
 
+    def replace(self, path: YamlPath, mark: Mark) -> None:
+        """``path`` now comes from ``mark`` (an override): the positions recorded under it
+        belonged to the value it replaced, so an error inside the new value points at ``mark``."""
+        path = tuple(path)
+        for old in [p for p in self.by_path if len(p) > len(path) and p[:len(path)] == path]:
+            del self.by_path[old]
+        self.by_path[path] = mark
+
 
 def _walk(node: yaml.Node, path: YamlPath, marks: Marks, issues: list[Issue]) -> None:
     if isinstance(node, yaml.MappingNode):
@@ -111,10 +119,10 @@ class _BoundedLoader(yaml.SafeLoader):
     adds the expanded size of the node it names (known once that node is complete), so the
     count is what a walk of the constructed data would visit, computed in linear time."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, base: YamlPath = ()) -> None:
         super().__init__(text)
-        self._path: list[Any] = []
-        self._depth = 0
+        self._path: list[Any] = list(base)   # a value placed at ``base`` (an override) starts there
+        self._depth = len(base)
         self._expanded = 0
         self._sizes: dict[int, int] = {}
 
@@ -165,14 +173,15 @@ class _BoundedLoader(yaml.SafeLoader):
                                  "characters; no setting takes more than 32 digits")
 
 
-def _compose(text: str, file: str) -> tuple[Any, yaml.Node | None]:
-    """(data, node tree) of ``text``; GridError on syntax errors and exceeded limits."""
+def _compose(text: str, file: str, base: YamlPath = ()) -> tuple[Any, yaml.Node | None]:
+    """(data, node tree) of ``text``; GridError on syntax errors and exceeded limits. ``base``:
+    the path the text's root is placed at (an override's key), counted in depth and named in errors."""
     if len(text) > limits.MAX_YAML_BYTES:
-        raise GridError([Issue(Mark(file, 1, 1), "", f"grid text of {len(text)} characters is over "
-                               f"the limit of {limits.MAX_YAML_BYTES}")])
+        raise GridError([Issue(Mark(file, 1, 1), dotted(base), f"grid text of {len(text)} characters "
+                               f"is over the limit of {limits.MAX_YAML_BYTES}")])
     loader = None
     try:
-        loader = _BoundedLoader(text)
+        loader = _BoundedLoader(text, base)
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
     except _LimitExceeded as err:
@@ -181,10 +190,10 @@ def _compose(text: str, file: str) -> tuple[Any, yaml.Node | None]:
     except yaml.MarkedYAMLError as err:
         m = err.problem_mark
         mark = Mark(file, m.line + 1, m.column + 1) if m is not None else Mark(file, 1, 1)
-        raise GridError([Issue(mark, "", f"YAML syntax error: {err.problem}")]) from None
+        raise GridError([Issue(mark, dotted(base), f"YAML syntax error: {err.problem}")]) from None
     except yaml.YAMLError as err:   # ReaderError: a character YAML does not allow
         line, col = _line_col(text, getattr(err, "position", 0) or 0)
-        raise GridError([Issue(Mark(file, line, col), "", f"not a YAML text: {err}")]) from None
+        raise GridError([Issue(Mark(file, line, col), dotted(base), f"not a YAML text: {err}")]) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -210,10 +219,45 @@ def load_yaml(text: str, *, file: str) -> tuple[Any, Marks]:
     return data, marks
 
 
+def load_value(text: str, *, mark: Mark, path: YamlPath) -> Any:
+    """The value an override gives the key ``path``, read by the same bounded loader as a grid
+    file, with the same limits (nodes after alias expansion, depth counted from the root of the
+    grid, scalar and number sizes); a refusal names ``mark`` (the override) and the key."""
+    try:
+        data, _ = _compose(text, mark.file, tuple(path))
+    except GridError as err:
+        raise GridError([Issue(mark, i.key or dotted(path), i.message) for i in err.issues]) from None
+    return data
+
+
+def check_tree(data: Any, marks: Marks) -> None:
+    """Refuse a document (a grid after its overrides) with more than ``limits.MAX_YAML_NODES``
+    nodes (shared values counted once per use, as in the file) or deeper than
+    ``limits.MAX_YAML_DEPTH``, at the key where the limit is crossed. Iterative and stopping at the
+    limit, so its time is bounded whatever the document."""
+    count, stack = 0, [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        count += 1
+        if count > limits.MAX_YAML_NODES:
+            raise GridError([Issue(marks.at(path), dotted(path), f"more than {limits.MAX_YAML_NODES} "
+                                   "YAML nodes after overrides and alias expansion")])
+        if len(path) > limits.MAX_YAML_DEPTH:
+            raise GridError([Issue(marks.at(path), dotted(path), f"nested deeper than "
+                                   f"{limits.MAX_YAML_DEPTH} levels")])
+        if isinstance(value, Mapping):
+            stack += [(v, (*path, k)) for k, v in value.items()]
+            count += len(value)   # the keys
+        elif isinstance(value, list):
+            stack += [(v, (*path, i)) for i, v in enumerate(value)]
+
+
 def read_grid_text(path: Path) -> str:
     """The text of a grid file: its size checked before it is read, UTF-8 without NUL bytes.
     GridError (naming the file, and the line of the first bad byte) otherwise."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"grid {str(path)!r} is a directory; give a grid file (.yaml) or a shipped grid's name")
     if not path.is_file():
         raise FileNotFoundError(f"grid file {str(path)!r} does not exist")
     size = path.stat().st_size
