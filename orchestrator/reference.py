@@ -106,11 +106,22 @@ def _dataclass_rows(cls: type, prefix: str, depth: int, nested: list[tuple[str, 
             nested.append((f"{prefix}{f.name}", tp))
             rows.append(f"| `{prefix}{f.name}` | section | see `{prefix}{f.name}.*` |")
             continue
-        shown = _type_name(tp)
+        shown = _open_kinds(cls, f.name) or _type_name(tp)
         if dataclasses.is_dataclass(default) and not isinstance(default, type):
             default = type(default).__name__ + "(...)"
         rows.append(f"| `{prefix}{f.name}` | {_cell(shown)} | {_cell(_default_text(default))} |")
     return rows
+
+
+def _open_kinds(cls: type, name: str) -> str | None:
+    """The type of a key whose values come from a registry (pe.kind: docs/EXTENDING.md), or None.
+    Built-ins only: the reference must not depend on what happens to be installed."""
+    from phaselab.workloads.models import pe_registry
+    from phaselab.workloads.models.config import PEConfig
+
+    if cls is PEConfig and name == "kind":
+        return " | ".join(f"'{n}'" for n in pe_registry.BUILTINS) + " | entry point | 'package.module:Class'"
+    return None
 
 
 def _section(title: str, cls: type, depth: int = 0) -> list[str]:
