@@ -38,7 +38,8 @@ def _summary_of(canonical: str) -> dict[str, Any]:
 
 
 def _token_folder_summary(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """kind ``tokens``: meta.json, or the .bin sizes and the grid's real.vocab_size (no hashing)."""
+    """kind ``tokens``: meta.json, or the .bin sizes and the grid's real.vocab_size (no hashing);
+    None when the folder is not on this machine."""
     from pathlib import Path
 
     from phaselab.workloads.config import from_dict
@@ -50,6 +51,8 @@ def _token_folder_summary(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     if not dc.real.shards_dir:
         raise ValueError("data kind 'tokens' needs real.shards_dir (a token folder)")
     folder = resolve_path(dc.real.shards_dir, root=cache_root(dc.cache_dir), what="real.shards_dir")
+    if not folder.is_dir():   # on the cluster's storage, not here: the stage reads it where it runs
+        return None
     meta = read_meta(folder) if (Path(folder) / "meta.json").is_file() else bare_meta(folder, dc.real)
     return {"vocab_size": meta["vocab_size"], "block_size": dc.block_size or 1024,
             "tokens": {s: info["tokens"] for s, info in meta["splits"].items()}}

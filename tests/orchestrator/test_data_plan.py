@@ -74,3 +74,7 @@ def test_data_prepare_command_writes_shards_a_grid_plans(tmp_path):
     bad = CliRunner().invoke(app, ["data", "prepare", str(tmp_path / "hf"), "--out", str(tmp_path / "x"),
                                    "--text-field", "body", "--json"])
     assert bad.exit_code == 1 and "'body' is not a column" in bad.output
+
+
+def test_token_folder_absent_here_is_left_to_the_stage(tmp_path):
+    assert data_summary({"kind": "tokens", "real": {"shards_dir": str(tmp_path / "on-the-cluster")}}) is None
