@@ -39,6 +39,7 @@ from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads.config import ConfigError, flatten, from_dict, to_dict
 from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
+from phaselab.workloads.paths import PathRefused, check_path, check_run_folder, shown
 from phaselab.workloads.train.checkpoint import BEST, LATEST, CheckpointDir
 from phaselab.workloads.train.loop import TrainConfig, resolve_device
 from phaselab.workloads.train.session import EVAL_SPLITS, MODEL_FILE, Ranks, TrainSession
@@ -107,10 +108,11 @@ def periodic_splits(spec: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(s for s in parse_eval_splits(train[EVAL_SPLITS]) if s != "valid")
 
 
-def resolve_model_file(path: Path) -> Path:
+def resolve_model_file(path: Path, *, what: str = "init_from") -> Path:
     """``model.pt`` itself, a checkpoint folder holding one, or a run's ``checkpoints/`` / run
-    folder (its newest complete checkpoint)."""
-    path = Path(path)
+    folder (its newest complete checkpoint). ``paths.PathRefused`` (a ValueError naming ``what``
+    and the path) when it is no usable path or holds no checkpoint."""
+    path = check_path(path, what=what, expect="exists")
     if path.is_file():
         return path
     for candidate in (path, path / "checkpoints"):
@@ -120,7 +122,7 @@ def resolve_model_file(path: Path) -> Path:
             latest = CheckpointDir(candidate).latest()
             if latest is not None:
                 return latest / MODEL_FILE
-    raise ValueError(f"init_from={str(path)!r} holds no model.pt and no complete checkpoint")
+    raise PathRefused(f"{what} {shown(path)} holds no model.pt and no complete checkpoint")
 
 
 def build_model(parsed: TrainSpec, dataset: Any, init_from: Path | None) -> torch.nn.Module:
@@ -141,7 +143,10 @@ def build_model(parsed: TrainSpec, dataset: Any, init_from: Path | None) -> torc
         return Transformer(cfg)
     from phaselab.workloads.models.checkpoint_io import load_model
 
-    source = load_model(resolve_model_file(init_from))
+    try:
+        source = load_model(resolve_model_file(init_from, what="checkpoint"))
+    except PathRefused as err:   # names the file; say that it came from init_from
+        raise PathRefused(f"init_from: {err}") from None
     ext = parsed.extend
     block = ext.block_size if ext is not None and ext.block_size is not None else dataset.block_size
     base_cfg = source.cfg
@@ -178,7 +183,9 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
 
     Args:
         spec: see the module docstring.
-        out_dir: the stage's folder; checkpoints go to ``out_dir/checkpoints``.
+        out_dir: the stage's folder; checkpoints go to ``out_dir/checkpoints``. Refused
+            (``paths.PathRefused``) when it is no usable folder path or a symlink in it leads
+            outside it.
         tracker: receives params, per-step metrics and the final MetricRecords.
         init_from: pretrained ``model.pt`` / checkpoint folder for CPT and fine-tunes.
         stop_after: debug/test only — stop after this many steps without a final checkpoint or
@@ -194,7 +201,8 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     if cfg.zero_stage is not None:
         raise ValueError(f"train.zero_stage={cfg.zero_stage} runs through ray_entry.fit (DeepSpeed); "
                          "run_training is the single-process reference path")
-    out_dir = Path(out_dir)
+    out_dir = check_path(out_dir, what="out_dir", expect="new_dir")
+    check_run_folder(out_dir)   # no symlink in it may lead the checkpoints and metrics elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
     session = TrainSession(parsed, spec, out_dir=out_dir, tracker=tracker, init_from=init_from and Path(init_from),
                            device=resolve_device(cfg.device), ranks=Ranks(), trace_batches=trace_batches)

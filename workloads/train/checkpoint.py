@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -37,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from phaselab.workloads.paths import confine
 
 _STEP_RE = re.compile(r"^step_(\d{7})$")
 LATEST = "latest"
@@ -82,13 +85,17 @@ class CheckpointDir:
         root: the folder (created if missing).
         keep: how many complete checkpoints to keep (>= 1); older ones are deleted after a
             successful save, never the one ``latest`` names.
+        within: the run folder ``root`` must stay inside after symlinks are resolved (default
+            ``root``'s parent): a save through a symlink leading elsewhere is refused
+            (``paths.PathRefused``), so a run folder never writes outside itself.
     """
 
-    def __init__(self, root: Path, *, keep: int = 2) -> None:
+    def __init__(self, root: Path, *, keep: int = 2, within: Path | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep!r}")
         self.root = Path(root)
         self.keep = keep
+        self.within = Path(within) if within is not None else self.root.parent
 
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints, ascending."""
@@ -101,7 +108,8 @@ class CheckpointDir:
         """The newest complete checkpoint folder, or None. Temp folders are never returned."""
         pointer = self.root / LATEST
         if pointer.is_file():
-            name = pointer.read_text().strip()
+            with open(pointer, "rb") as f:   # a step name is 12 bytes; never read a huge file whole
+                name = f.read(64).decode("utf-8", "replace").strip()
             if _STEP_RE.match(name) and (self.root / name).is_dir():
                 newest = self.steps()[-1]
                 # A kill between the folder rename and the pointer update leaves the pointer one
@@ -113,6 +121,7 @@ class CheckpointDir:
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Write a checkpoint for ``step``: ``write(tmp_dir)`` fills a temp folder, which is then
         fsync'ed and atomically renamed. Returns the final folder."""
+        confine(self.root, self.within, what="checkpoint folder")
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / step_name(step)
         tmp = self.root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -181,8 +190,15 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a ``train_state.pt`` written by the loop (tensors and plain containers only)."""
-    return torch.load(path, map_location=map_location, weights_only=True)
+    """Read a ``train_state.pt`` written by the loop (tensors and plain containers only);
+    ``UnreadableCheckpoint`` naming the file when it is damaged."""
+    from phaselab.workloads.models.checkpoint_io import UnreadableCheckpoint
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        raise UnreadableCheckpoint(f"training state {str(path)!r} is not readable ({type(err).__name__}: "
+                                   f"{' '.join(str(err).split())[:200]}); it may be truncated") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,7 +273,8 @@ class BestKeeper:
             write_model(tmp)
             write_json(tmp / BEST_FILE, {"step": step, "metric": metric, "value": float(value), "mode": mode})
 
-        return CheckpointDir(self.root / criterion_name(metric, mode), keep=1).save(step, write)
+        return CheckpointDir(self.root / criterion_name(metric, mode), keep=1,
+                             within=self.root.parent).save(step, write)
 
 
 class EvalMinima:
