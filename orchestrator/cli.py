@@ -151,7 +151,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
     env_vars = stage_env(catalog, ml)
 
     from phaselab.orchestrator.notify import Notifier
-    from phaselab.orchestrator.progress import RunView, watch_run
+    from phaselab.orchestrator.progress import Interrupted, RunView, watch_run
 
     view = RunView(dag, console)
     try:
@@ -181,7 +181,19 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
 
             for line in dashboard_banner(url, local=not (address or os.environ.get("RAY_ADDRESS"))):
                 console.print(line, markup=False)
-    return store, watch_run(controller, view, notifier, live=not as_json)
+    elif dashboard and not as_json:   # --dashboard asked for: say why there is none to open
+        console.print("dashboard: every stage is cached, so no Ray cluster was started and there is no "
+                      "dashboard to open (`phaselab status` shows the stages)", markup=False)
+    try:
+        summary = watch_run(controller, view, notifier, live=not as_json)
+    except Interrupted as stop:   # Ctrl-C: running stages are back to READY, nothing RUNNING is left
+        if as_json:
+            emit(True, {"ok": False, "interrupted": True, "grid": dag.spec.grid, "stopped": stop.stages,
+                        "continue": f"phaselab resume {dag.spec.grid}"})
+        else:
+            console.print(stop.advice(), markup=False)
+        raise typer.Exit(130) from None
+    return store, summary
 
 
 def _results(store: Any, dag: Any, as_json: bool) -> dict[str, Any]:

@@ -272,14 +272,59 @@ def failure_rows(dag: Any, summary: Any) -> list[dict[str, Any]]:
             for h, (cls, msg) in summary.failed.items()]
 
 
+class Interrupted(Exception):
+    """``phaselab run``/``resume`` stopped by Ctrl-C; ``stages`` are the labels of the stages it
+    stopped (back to READY, so ``resume`` relaunches them; finished ones stay cached)."""
+
+    def __init__(self, grid: str, stages: list[str]) -> None:
+        super().__init__(f"interrupted: {len(stages)} running stage(s) of {grid} stopped")
+        self.grid, self.stages = grid, stages
+
+    def advice(self) -> str:
+        return (f"interrupted: stopped {len(self.stages)} running stage(s)"
+                + (f" ({', '.join(self.stages)})" if self.stages else "")
+                + f"; finished stages are kept. Continue with `phaselab resume {self.grid}`")
+
+
+def stop_running(controller: Any) -> list[str]:
+    """After Ctrl-C: cancel this controller's Ray tasks and move every stage it owns from
+    RUNNING back to READY (message: how to continue), so that ``status`` shows none RUNNING
+    and ``resume`` relaunches them into the same run folders. Returns their labels."""
+    grid = controller.dag.spec.grid
+    if getattr(controller, "_inflight", None):
+        import ray
+
+        for ref in list(controller._inflight):
+            ray.cancel(ref, force=True)
+        controller._inflight.clear()
+    stopped = []
+    for row in controller.store.stages_for_grid(controller.grid_id):
+        if (row.state == "RUNNING" and row.owner == controller.owner and row.stage_hash in controller.dag.nodes
+                and controller.store.transition(
+                    row.stage_hash, "READY", expected={"RUNNING"}, failure_class="preemption",
+                    message=f"interrupted (Ctrl-C); `phaselab resume {grid}` continues it")):
+            stopped.append(controller.dag.nodes[row.stage_hash].label)
+    return stopped
+
+
 def watch_run(controller: Any, view: RunView, notifier: Any, *, live: bool) -> Any:
     """``controller.run()`` shown by ``view`` (when ``live``), then the grid-done notification;
-    returns the controller's Summary."""
+    returns the controller's Summary. Ctrl-C stops the running stages (``stop_running``; a
+    second Ctrl-C meanwhile is ignored) and raises :class:`Interrupted`."""
+    import signal
+
     if live:
         rows = controller.store.stages_for_grid(controller.grid_id)
         view.start({r.stage_hash: r.state for r in rows if r.stage_hash in controller.dag.nodes}, controller.runs_root)
     try:
         summary = controller.run()
+    except KeyboardInterrupt:
+        view.stop()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            raise Interrupted(controller.dag.spec.grid, stop_running(controller)) from None
+        finally:
+            signal.signal(signal.SIGINT, previous)
     finally:
         view.stop()
     notifier.grid_done(summary.ok, summary.counts(), failure_rows(controller.dag, summary), summary.seconds)

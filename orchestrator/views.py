@@ -149,17 +149,24 @@ def status_rows(rows: Iterable[Any], cells: Mapping[str, list[Mapping[str, Any]]
     the cells it belongs to (``cells``: hash -> ``store.cells_for_stage`` rows of this grid) with
     the first one's axis values, training progress while it runs (``progress.read_progress``)
     and the first line of its message (the failure reason of FAILED / BLOCKED stages)."""
+    from phaselab.orchestrator.controller import owner_is_dead
     from phaselab.orchestrator.progress import read_progress, total_steps
 
     out = []
     for i, r in enumerate(rows):
         member = sorted((cells or {}).get(r.stage_hash, []), key=lambda c: c["cell_id"])
-        running = r.state == "RUNNING"
+        running, state, msg = r.state == "RUNNING", r.state, (r.message or "").strip()
+        if running and owner_is_dead(getattr(r, "owner", None)):
+            # its controller process is gone (killed): not running, though the row says so
+            # until a controller reclaims it; the clock stops at its last heartbeat
+            running, state = False, "INTERRUPTED"
+            msg = f"controller gone ({r.owner}); `phaselab resume` continues it"
         prog = read_progress(r.storage_uri, total_steps(r.config)) if running else None
-        msg = (r.message or "").strip()
-        out.append({"hash": r.stage_hash, "kind": r.kind, "name": r.name, "state": r.state,
+        out.append({"hash": r.stage_hash, "kind": r.kind, "name": r.name, "state": state,
                     "failure_class": r.failure_class, "attempts": r.attempts,
-                    "seconds": _elapsed(r.started_at, r.finished_at) if (r.finished_at or running) else None,
+                    "seconds": _elapsed(r.started_at, r.finished_at or (r.heartbeat_at if state == "INTERRUPTED"
+                                                                           else None))
+                    if (r.finished_at or running or state == "INTERRUPTED") else None,
                     "heartbeat_at": r.heartbeat_at.isoformat() if r.heartbeat_at else None,
                     "cells": [c["cell_key"] for c in member], "axes": dict(member[0]["axes"]) if member else {},
                     "progress": prog, "message": msg.splitlines()[0][:300] if msg else None,
