@@ -36,7 +36,7 @@ from typing import Any
 
 from phaselab.orchestrator.controller_mlflow import MlflowRuns
 from phaselab.orchestrator.dag import Dag, StageNode
-from phaselab.orchestrator.failures import classify, message_of, policy_of, should_retry
+from phaselab.orchestrator.failures import failure_report, policy_of, should_retry
 from phaselab.orchestrator.placement import RESOURCE_WAIT_ENV, live_nodes, resource_wait, unschedulable
 from phaselab.orchestrator.ray_local import init_ray  # noqa: F401  (the CLI and tests import it from here)
 from phaselab.orchestrator.runner import worker_catalog_url
@@ -359,7 +359,7 @@ class Controller(MlflowRuns):
             try:
                 out = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a dead worker, classified from Ray's error
-                out = {"ok": False, "failure_class": classify(exc), "message": message_of(exc)}
+                out = failure_report(exc, where=self.out_dir(h))
             self._finish(h, out)
 
     def _finish(self, h: str, out: Mapping[str, Any]) -> None:

@@ -181,17 +181,17 @@ def execute(payload: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
-    from phaselab.orchestrator.failures import classify, message_of
+    from phaselab.orchestrator.failures import failure_report
     from phaselab.orchestrator.stages import STAGES, Resources, StageContext
 
     start = time.monotonic()
     out_dir = Path(payload["out_dir"])
-    out_dir.mkdir(parents=True, exist_ok=True)
     ml = None
     recording = None
-    _write_json(out_dir / "running.json", {"pid": os.getpid(), "attempt": payload.get("attempt"),
-                                           "started": time.time()})
-    try:
+    try:   # a full or read-only runs folder fails here already: reported like any other fault
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(out_dir / "running.json", {"pid": os.getpid(), "attempt": payload.get("attempt"),
+                                               "started": time.time()})
         _write_stage_file(payload, out_dir)
         tracker, recording, ml = _tracker(payload)
         ctx = StageContext(stage_hash=payload["stage_hash"], name=payload["name"], config=payload["config"],
@@ -232,9 +232,12 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
             raise
         if ml is not None:
             ml.end("FAILED")
-        _log_attempt(out_dir, payload, recording, time.monotonic() - start, classify(exc))
-        return {"ok": False, "failure_class": classify(exc), "message": message_of(exc),
-                "traceback": traceback.format_exc()[-8000:], "seconds": time.monotonic() - start}
+        report = failure_report(exc, where=out_dir)
+        try:   # on a full disk this log line cannot be written either; the report still goes back
+            _log_attempt(out_dir, payload, recording, time.monotonic() - start, str(report["failure_class"]))
+        except OSError as err:
+            log.warning("attempt log of stage %s not written: %s", payload["stage_hash"][:12], err)
+        return {**report, "traceback": traceback.format_exc()[-8000:], "seconds": time.monotonic() - start}
 
 
 def _write_json(path: Path, obj: Any) -> None:
