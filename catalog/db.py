@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import zlib
@@ -46,6 +47,57 @@ def default_url(cwd: Path | None = None) -> str:
     if env:
         return env
     return f"sqlite:///{(state_dir(cwd) / 'catalog.db').resolve()}"
+
+
+class StorageFault(OSError):
+    """A folder phaselab must write to cannot take writes (read-only, full, not writable, not a
+    folder); ``str()`` is one line naming the folder and the fix, ``errno`` the cause."""
+
+    def __init__(self, code: int, line: str, folder: Path) -> None:
+        super().__init__(code, line, str(folder))
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.line
+
+
+CATALOG_FIX = ("make it writable or free space there, or put the catalog elsewhere (--catalog, "
+               f"${CATALOG_URL_ENV}, or $PHASELAB_HOME for all of .phaselab)")
+_PROBE_BYTES = 1 << 20   # a catalog transaction with its WAL frames needs at least this much
+
+
+def check_writable(folder: Path, *, what: str, fix: str) -> None:
+    """Create ``folder`` if needed and prove it takes a write (a 1 MiB file, synced, removed),
+    before any work starts; raises :class:`StorageFault` naming ``what`` (e.g. "catalog
+    folder"), the folder, the cause and ``fix`` (the settings that move it elsewhere). A probe
+    write, not ``os.access``: root passes every permission check, yet a read-only mount or a
+    full disk still refuses it."""
+    folder = Path(folder)
+    probe = folder / f".phaselab-write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"\0" * _PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        code = err.errno or errno.EIO
+        why = {errno.EROFS: "is on a read-only file system",
+               errno.ENOSPC: "has no space left on its device",
+               errno.EDQUOT: "is over its disk quota",
+               errno.EACCES: f"is not writable by this user (uid {os.getuid()})",
+               errno.EPERM: f"is not writable by this user (uid {os.getuid()})",
+               errno.ENOTDIR: "is not a folder (a file is in its way)",
+               errno.EEXIST: "is not a folder (a file is in its way)"}.get(code, f"refused a write ({err.strerror})")
+        raise StorageFault(code, f"the {what} {folder} {why} [{errno.errorcode.get(code, code)}]: {fix}",
+                           folder) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
 
 
 def normalize_url(url: str) -> str:
@@ -93,8 +145,8 @@ def make_engine(url: str | None = None) -> Engine:
     url = normalize_url(default_url() if url is None else url)
     path = sqlite_path(url)
     if make_url(url).get_backend_name() == "sqlite":
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path is not None and not path.parent.is_dir():
+            check_writable(path.parent, what="catalog folder", fix=CATALOG_FIX)   # creates it
         # timeout= is pysqlite's own busy wait, used before our PRAGMA runs on a new connection.
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                                                   "check_same_thread": False})

@@ -247,8 +247,9 @@ class Attempt(Base):
     packages: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     env: Mapped[dict[str, Any]] = mapped_column(JSONType)   # {} until the attempt succeeds
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
-    # Where and when the attempt started (0003): written by the stage's worker when it begins,
-    # so an attempt lost with its node still says which node that was.
+    # Where and when the attempt started (0003): the row and its start are written by the claim
+    # that begins the attempt (so one that dies before its worker runs still has a row), the node
+    # by the stage's worker when it begins (so an attempt lost with its node still names it).
     node_id: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 

@@ -22,7 +22,8 @@ Methods (the orchestrator's contract, then additions):
 ``add_edge(up, down, relation)``        idempotent lineage edge
 ``get_stage / stages_for_grid``         :class:`StageRow` snapshots
 ``transition(hash, to, expected=)``     compare-and-set; SUCCEEDED only via finalize_success
-``claim(hash, owner) -> bool``          READY → RUNNING, attempts + 1 (SKIP LOCKED on Postgres)
+``claim(hash, owner) -> bool``          READY → RUNNING, attempts + 1 and its ``attempt`` row
+                                        (SKIP LOCKED on Postgres)
 ``heartbeat / stale_running``           liveness of RUNNING stages
 ``finalize_success(...)``               one transaction; re-finalising does not duplicate rows
 ``record_failure / record_attempt``     FAILED with a class; env fingerprint per attempt
@@ -116,6 +117,11 @@ class CatalogStore(StoreReads):
         return insert(model.__table__)
 
     def upgrade(self) -> None:
+        """Migrate to head, after proving a SQLite catalog's folder takes writes (a read-only or
+        full one raises :class:`db.StorageFault` before any work starts)."""
+        path = db.sqlite_path(self.url)
+        if path is not None:
+            db.check_writable(path.parent, what="catalog folder", fix=db.CATALOG_FIX)
         db.upgrade(self.engine)
 
     def revision(self) -> str | None:
@@ -278,7 +284,17 @@ class CatalogStore(StoreReads):
                                            node_id=None))   # the new attempt's worker sets it
                 if res.rowcount == 1:
                     won.append(h)
+                    self._open_attempt(conn, h, now)
         return won
+
+    def _open_attempt(self, conn: Connection, stage_hash: str, now: datetime) -> None:
+        """The ``attempt`` row of the attempt a claim just began, in the claim's transaction: an
+        attempt that dies before its worker starts (queued in Ray, killed, its node lost) still
+        has one. Its worker later adds the node (``record_attempt_start``), a success the env."""
+        attempt_no = conn.execute(select(Stage.attempts).where(Stage.stage_hash == stage_hash)).scalar_one()
+        stmt = self._insert(Attempt).values(stage_hash=stage_hash, attempt_no=attempt_no, env={},
+                                            recorded_at=now, started_at=now)
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["stage_hash", "attempt_no"]))
 
     def heartbeat(self, stage_hash: str) -> bool:
         """Refresh the heartbeat of a RUNNING stage; False if it is no longer RUNNING."""

@@ -116,6 +116,17 @@ class StoreReads:
                                 .order_by(Artifact.name)).mappings()
             return [ArtifactSpec(**dict(r)) for r in rows]
 
+    def stage_states(self, stage_hashes: list[str]) -> dict[str, str]:
+        """stage hash -> state for those of ``stage_hashes`` in the catalog (a read, in chunks of
+        500 bound parameters: SQLite's limit on variables is 32766, older builds 999)."""
+        out: dict[str, str] = {}
+        hashes = list(stage_hashes)
+        with self._tx() as conn:
+            for i in range(0, len(hashes), 500):
+                q = select(Stage.stage_hash, Stage.state).where(Stage.stage_hash.in_(hashes[i:i + 500]))
+                out.update({h: state for h, state in conn.execute(q)})
+        return out
+
     def attempts_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
         with self._tx() as conn:
             return [dict(m) for m in conn.execute(select(Attempt.__table__).where(

@@ -143,10 +143,14 @@ def stage_env(catalog: str | None, ml: dict[str, str] | None) -> dict[str, str]:
 
 def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: str | None,
              num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool) -> Any:
+    from phaselab.catalog.db import StorageFault
     from phaselab.orchestrator.controller import Controller, init_ray
 
     console = make_console()
-    store = open_store(catalog, create=True)
+    try:   # a read-only or full .phaselab is refused here, before any work starts
+        store = open_store(catalog, create=True)
+    except StorageFault as err:
+        fail(as_json, str(err))
     ml = _mlflow_settings(catalog, mlflow)
     env_vars = stage_env(catalog, ml)
 
@@ -167,8 +171,13 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
 
     controller = Controller(store, dag, runs_root=runs_root, env_vars=env_vars, mlflow=ml, on_event=event,
                             fixed_cluster=not (address or os.environ.get("RAY_ADDRESS")))
-    controller.submit(requeue=requeue)
-    if controller.pending():   # everything cached: no Ray cluster, no MLflow, done in seconds
+    try:
+        controller.check_runs_root()
+    except StorageFault as err:
+        fail(as_json, str(err))
+    # The cluster is reached before the grid version is registered: an unreachable one leaves
+    # no READY stage that no controller owns. Everything cached: no Ray, no MLflow, seconds.
+    if controller.needs_cluster(requeue=requeue):
         from phaselab.orchestrator.ray_local import ClusterAccessError
 
         try:
@@ -184,6 +193,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
     elif dashboard and not as_json:   # --dashboard asked for: say why there is none to open
         console.print("dashboard: every stage is cached, so no Ray cluster was started and there is no "
                       "dashboard to open (`phaselab status` shows the stages)", markup=False)
+    controller.submit(requeue=requeue)
     try:
         summary = watch_run(controller, view, notifier, live=not as_json)
     except Interrupted as stop:   # Ctrl-C: running stages are back to READY, nothing RUNNING is left

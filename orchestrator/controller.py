@@ -172,6 +172,23 @@ class Controller(MlflowRuns):
                 store.transition(h, "PLANNED", expected={"FAILED", "CANCELLED", "BLOCKED"})
         return self.grid_id
 
+    def check_runs_root(self) -> None:
+        """Raise ``db.StorageFault`` (one line: folder, cause, fix) unless the runs root takes
+        writes, before any work starts: a full or read-only one would fail every stage."""
+        from phaselab.catalog.db import check_writable
+
+        check_writable(self.runs_root, what="runs folder", fix=(
+            "make it writable or free space there, or put the stage outputs elsewhere (--runs-root, "
+            "$PHASELAB_RUNS_ROOT, or $PHASELAB_HOME for all of .phaselab)"))
+
+    def needs_cluster(self, *, requeue: bool = True) -> bool:
+        """Whether the DAG may launch work (a read): a stage not in the catalog, pending, or
+        with ``requeue`` FAILED/CANCELLED/BLOCKED. The CLI then reaches the cluster before
+        :meth:`submit`, so an unreachable one leaves no READY stage that no controller owns."""
+        states = self.store.stage_states(list(self.dag.nodes))
+        again = PENDING + DEAD_UPSTREAM if requeue else PENDING
+        return any(states.get(h) in (None, *again) for h in self.dag.nodes)
+
     def out_dir(self, stage_hash: str) -> Path:
         if not all(c in "0123456789abcdef" for c in stage_hash):   # only hashes become paths
             raise ValueError(f"stage hash {stage_hash!r} is not hex")

@@ -83,3 +83,20 @@ def test_the_stage_export_has_the_node(store: CatalogStore) -> None:
     assert "node_id" in stage_schema().names
     (row,) = stage_rows(store, store.get_grid("g")["id"], "g")
     assert row["node_id"] == NODE_1
+
+
+def test_every_claimed_attempt_has_a_row_however_early_it_died(store: CatalogStore) -> None:
+    """Attempt 1 dies before its worker ever runs (queued in Ray, then its controller was
+    killed); attempt 2 is lost after its worker said where it ran; attempt 3 fails: three rows."""
+    _ready_stage(store)
+    assert store.claim(H, "ctl-1")
+    assert [(r["attempt_no"], r["node_id"], r["env"]) for r in store.attempts_for_stage(H)] == [(1, None, {})]
+    assert store.transition(H, "READY", expected={"RUNNING"}, failure_class="preemption", message="reclaimed")
+    assert store.claim(H, "ctl-2") and store.record_attempt_start(H, 2, NODE_2)
+    assert store.transition(H, "READY", expected={"RUNNING"}, failure_class="preemption", message="lost")
+    (row,) = store.claim_ready("ctl-3")
+    assert store.record_failure(H, failure_class="resource", message="no space left on device at /x")
+    rows = store.attempts_for_stage(H)
+    assert [(r["attempt_no"], r["node_id"]) for r in rows] == [(1, None), (2, NODE_2), (3, None)]
+    assert row.attempts == 3 and all(r["started_at"] is not None for r in rows)
+    assert store.attempt_nodes([H]) == {H: [(1, None), (2, NODE_2), (3, None)]}

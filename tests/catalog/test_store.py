@@ -199,7 +199,9 @@ def test_failure_mid_finalize_commits_nothing(store: CatalogStore) -> None:
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", fail_on_artifact)
     assert store.get_stage(sh).state == "RUNNING"
-    assert _count(store, "metric") == 0 and _count(store, "artifact") == 0 and _count(store, "attempt") == 0
+    assert _count(store, "metric") == 0 and _count(store, "artifact") == 0
+    # the claim's attempt row stays as the claim wrote it: no fingerprint from the rolled-back finalize
+    assert [(r["attempt_no"], r["env"], r["git_sha"]) for r in store.attempts_for_stage(sh)] == [(1, {}, None)]
 
 
 def test_concurrent_finalize_from_8_threads(store: CatalogStore) -> None:
