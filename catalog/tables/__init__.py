@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from phaselab.catalog.tables.dataset import from_store
 from phaselab.catalog.tables.pivot import Pivot, pivot_spec
 from phaselab.catalog.tables.spec import TableSpec, build, render
 
@@ -67,6 +68,7 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
         return Rendered(spec.name, None, skipped=f"grid {' / '.join(spec.grids)} not in the catalog")
     built = build(spec, _frame(store, spec) if rows is None else rows, grid_hash="+".join(g["grid_hash"][:12] for g in present),
                   revision=store.revision() or "")
+    built.spec = from_store(store, spec, [g["id"] for g in present], built.inputs)   # the data the stages read
     text = render(built, fmt, now or datetime.now(UTC))
     path = _write(spec, fmt, text, out_dir)
     if record:
