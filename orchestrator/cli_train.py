@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -20,6 +20,7 @@ from phaselab.orchestrator.cli_common import JSON
 from phaselab.orchestrator.cli_common import emit as _emit
 from phaselab.orchestrator.cli_common import fail as _fail
 from phaselab.orchestrator.cli_common import make_console as _console
+from phaselab.workloads.paths import PathRefused
 
 CHECKPOINT = typer.Argument(..., help="model.pt, a checkpoint folder (step_N/), a run's checkpoints/ folder or "
                             "its checkpoints/latest pointer, or the run folder itself (its newest checkpoint).")
@@ -48,9 +49,9 @@ def _train_config(config: Path, overrides: list[str], *, allow_outside: bool = F
     from phaselab.orchestrator.overrides import apply_overrides, parse_override
     from phaselab.orchestrator.stages import base
     from phaselab.orchestrator.yamlio import GridError, Issue, Mark, load_yaml_file, suggest
+    from phaselab.workloads.paths import check_path
 
-    if not Path(config).is_file():
-        raise FileNotFoundError(f"training config {str(config)!r} does not exist")
+    check_path(config, what="training config", expect="file")
     doc, marks = load_yaml_file(config)
     if not isinstance(doc, dict):
         raise GridError([Issue(marks.at(()), "", f"a training config must be a mapping, got {type(doc).__name__}")])
@@ -79,13 +80,40 @@ def _train_config(config: Path, overrides: list[str], *, allow_outside: bool = F
     except base.SectionError as err:
         path = tuple(int(p) if p.isdigit() else p for p in err.key.split("."))
         raise GridError([Issue(marks.at(path), err.key, err.message, err.suggestion)]) from None
-    out_dir = Path(doc.get("out_dir") or Path(".phaselab/train") / Path(config).stem)
+    out_dir = _checked(doc.get("out_dir") or str(Path(".phaselab/train") / Path(config).stem), marks, "out_dir",
+                       "new_dir")
     project = Path.cwd().resolve()
     if not allow_outside and not out_dir.resolve().is_relative_to(project):
-        raise GridError([Issue(marks.at(("out_dir",)), "out_dir",
-                               f"{str(out_dir)!r} is outside the project folder {str(project)!r}; "
-                               "pass --allow-outside to write checkpoints there")])
-    return spec, out_dir, Path(doc["init_from"]) if doc.get("init_from") else None
+        raise PathRefused(str(Issue(marks.at(("out_dir",)), "out_dir",
+                                    f"{str(out_dir)!r} is outside the project folder {str(project)!r}; "
+                                    "pass --allow-outside to write checkpoints there")))
+    init_from = _checked(doc["init_from"], marks, "init_from", "exists") if doc.get("init_from") else None
+    return spec, out_dir, init_from
+
+
+def _checked(raw: str, marks: Any, key: str, expect: str) -> Path:
+    """``paths.check_path`` of a config's path ``key``; its refusal is prefixed with the key's
+    FILE:LINE:COLUMN (or override)."""
+    from phaselab.orchestrator.yamlio import Issue
+    from phaselab.workloads.paths import check_path
+
+    try:
+        return check_path(raw, what="path", expect=expect)
+    except PathRefused as err:
+        raise PathRefused(str(Issue(marks.at((key,)), key, str(err)))) from None
+
+
+def _refuse(as_json: bool, message: str) -> NoReturn:
+    """A path or file the user gave cannot be used: ``message`` on one line (``{"ok": false,
+    "error"}`` with ``--json``), exit 2, the code click gives a bad argument (its own path checks
+    included), so scripts can tell a bad input from a failed run."""
+    if as_json:
+        _emit(True, {"ok": False, "error": message})
+    else:
+        from rich.markup import escape
+
+        _console().print(f"[red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def _eval_extension(raw: Any) -> dict | None:
@@ -109,20 +137,23 @@ def _eval_extension(raw: Any) -> dict | None:
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """The ``model.pt`` that ``path`` names (see CHECKPOINT); ValueError when it holds none."""
+    """The ``model.pt`` that ``path`` names (see CHECKPOINT); ``paths.PathRefused`` naming the
+    path when it is no usable path or holds no checkpoint."""
+    from phaselab.workloads.paths import check_path, shown
     from phaselab.workloads.train.api import resolve_model_file
-    from phaselab.workloads.train.checkpoint import LATEST
+    from phaselab.workloads.train.checkpoint import LATEST, CheckpointDir
 
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"checkpoint {str(path)!r} does not exist")
-    if path.name == LATEST and path.is_file():   # the pointer file names the newest step folder
-        path = path.parent / path.read_text(encoding="utf-8").strip()
+    path = check_path(path, what="checkpoint", expect="exists")
+    if path.name == LATEST and path.is_file():   # the pointer names the newest step folder; read as
+        latest = CheckpointDir(path.parent).latest()   # CheckpointDir does (a step name, never a path)
+        if latest is None:
+            raise PathRefused(f"checkpoint {shown(path)} names no complete step_N/ folder beside it")
+        path = latest
     try:
-        return resolve_model_file(path)
-    except ValueError:
-        raise ValueError(f"{str(path)!r} holds no model.pt and no complete checkpoint (give model.pt, a "
-                         "step_N/ folder, a checkpoints/ folder or a run folder)") from None
+        return resolve_model_file(path, what="checkpoint")
+    except PathRefused:
+        raise PathRefused(f"checkpoint {shown(path)} holds no model.pt and no complete checkpoint (give model.pt, "
+                          "a step_N/ folder, a checkpoints/ folder or a run folder)") from None
 
 
 def default_ppl_lengths(model_file: Path, extend: Mapping[str, Any] | None) -> list[int]:
@@ -155,7 +186,12 @@ def resume_conflicts(spec: Mapping[str, Any], out_dir: Path) -> list[str]:
     latest = CheckpointDir(out_dir / "checkpoints").latest()
     if latest is None or not (latest / SPEC_FILE).is_file():
         return []
-    stored = flatten(json.loads((latest / SPEC_FILE).read_text(encoding="utf-8")))
+    try:
+        stored = flatten(json.loads((latest / SPEC_FILE).read_text(encoding="utf-8")))
+    except (ValueError, AttributeError) as err:   # not JSON, not UTF-8, not a mapping
+        raise PathRefused(f"checkpoint spec {str(latest / SPEC_FILE)!r} is damaged ({type(err).__name__}: "
+                          f"{' '.join(str(err).split())[:200]}); delete {str(latest)!r} to resume from the one "
+                          "before") from None
     now = flatten(json.loads(json.dumps(with_eval_splits(to_dict(parse_spec(spec)), spec))))
     sections = {k.split(".", 1)[0] for k, v in now.items() if v is not None}
     keys = sorted(k for k in set(stored) | set(now) if k.split(".", 1)[0] in sections and k not in RESUMABLE)
@@ -189,20 +225,23 @@ def register(app: typer.Typer) -> None:
             _fail(as_json, str(err))
         extend = _eval_extension(spec.pop("extend", None))
         from phaselab.workloads.evals.api import ExtensionNotApplicable, run_eval
+        from phaselab.workloads.paths import check_path, check_run_folder
 
         try:
             model_file = resolve_checkpoint(checkpoint)
-        except ValueError as err:
-            _fail(as_json, str(err))
-        defaulted = None
-        if suite == "ppl-by-length" and not (isinstance(spec.get("ppl"), Mapping) and "lengths" in spec["ppl"]):
-            defaulted = default_ppl_lengths(model_file, extend)
-            spec["ppl"] = {**(spec.get("ppl") if isinstance(spec.get("ppl"), Mapping) else {}), "lengths": defaulted}
-            if not as_json:
-                _console().print(f"ppl.lengths not given: {defaulted} (the model's context and 2x, 4x)")
-        try:
+            out_dir = check_path(out_dir, what="--out", expect="new_dir")
+            check_run_folder(out_dir, what="--out")
+            defaulted = None
+            if suite == "ppl-by-length" and not (isinstance(spec.get("ppl"), Mapping) and "lengths" in spec["ppl"]):
+                defaulted = default_ppl_lengths(model_file, extend)
+                spec["ppl"] = {**(spec.get("ppl") if isinstance(spec.get("ppl"), Mapping) else {}),
+                               "lengths": defaulted}
+                if not as_json:
+                    _console().print(f"ppl.lengths not given: {defaulted} (the model's context and 2x, 4x)")
             records = run_eval(spec, checkpoint=model_file, out_dir=out_dir, tracker=RecordingTracker(),
                                extend=extend)
+        except PathRefused as err:   # a bad path, or a checkpoint file that is none (UnreadableCheckpoint)
+            _refuse(as_json, str(err))
         except ExtensionNotApplicable as err:
             _fail(as_json, f"{err} (drop the extend.* overrides)")
         except ValueError as err:
@@ -227,13 +266,16 @@ def register(app: typer.Typer) -> None:
             spec, out_dir, init_from = _train_config(config, overrides or [], allow_outside=allow_outside)
         except GridError as err:
             _fail(as_json, "invalid training config:\n  " + "\n  ".join(str(i) for i in err.issues))
-        except FileNotFoundError as err:
-            _fail(as_json, str(err))
+        except PathRefused as err:
+            _refuse(as_json, str(err))
         from phaselab.catalog.tracking import RecordingTracker
         from phaselab.workloads.train.api import run_training
         from phaselab.workloads.train.checkpoint import CheckpointDir
 
-        _refuse_changed_resume(spec, out_dir, as_json)
+        try:
+            _refuse_changed_resume(spec, out_dir, as_json)
+        except PathRefused as err:
+            _refuse(as_json, str(err))
         console = _console()
 
         class Echo(RecordingTracker):
@@ -246,6 +288,8 @@ def register(app: typer.Typer) -> None:
         resumed = max(CheckpointDir(out_dir / "checkpoints").steps(), default=0)
         try:
             outcome = run_training(spec, out_dir=out_dir, tracker=Echo(), init_from=init_from)
+        except PathRefused as err:   # a symlink out of out_dir, an init_from or checkpoint that is none
+            _refuse(as_json, str(err))
         except (ValueError, RuntimeError) as err:   # ConfigError, TrainingDiverged, TrainingPreempted
             _fail(as_json, f"{type(err).__name__}: {err}")
         out = {"ok": True, "out_dir": str(out_dir), "resumed_from_step": resumed,

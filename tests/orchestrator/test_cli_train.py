@@ -118,7 +118,65 @@ def test_unknown_keys_name_file_line_or_override(tmp_path: Path) -> None:
     code, got = _cli(str(cfg), "model.preset=tiy")
     assert code == 1 and "did you mean 'tiny'?" in got["error"]
     code, got = _cli(str(tmp_path / "missing.yaml"))
-    assert code == 1 and "does not exist" in got["error"]
+    assert code == 2 and got["error"] == f"training config '{tmp_path / 'missing.yaml'}' does not exist; expected a file"
+    code, got = _cli(str(tmp_path))
+    assert code == 2 and got["error"] == f"training config '{tmp_path}' is a folder; expected a file"
+
+
+def _refused(*args: str) -> str:
+    """The one-line error of a refused path: exit 2 (a bad argument, as click's own path checks)."""
+    code, got = _cli(*args)
+    assert code == 2, got
+    assert got["ok"] is False and "\n" not in got["error"] and "Traceback" not in got["error"]
+    return got["error"]
+
+
+def test_out_dir_with_a_nul_too_long_or_naming_a_file_is_a_one_line_error(tmp_path: Path) -> None:
+    nul = tmp_path / "nul.yaml"
+    nul.write_text('out_dir: "run\\0x"\n' + CONFIG)
+    assert _refused(str(nul)) == f"{nul}:1:1: out_dir: path 'run\\x00x' holds a NUL byte, which no path can contain"
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    long_name = "n" * 256
+    error = _refused(str(cfg), f"out_dir={long_name}")
+    assert error.startswith("<override ") and "out_dir: path 'nnn" in error
+    assert error.endswith("has a name of 256 bytes; a name may have at most 255")
+    (tmp_path / "afile").write_text("keep")
+    error = _refused(str(cfg), "out_dir=afile")
+    assert error == ("<override 'out_dir=afile'>: out_dir: path 'afile' names an existing file; "
+                     "expected a folder (existing or new)")
+    assert "is a file, not a folder" in _refused(str(cfg), "out_dir=afile/run")
+    assert (tmp_path / "afile").read_text() == "keep"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "nul.yaml", "tiny.yaml"]   # nothing ran
+
+
+def test_init_from_a_file_that_is_no_checkpoint_is_a_one_line_error(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    error = _refused(str(cfg), f"init_from={passwd}", "train.steps=1")
+    assert error.startswith(f"init_from: checkpoint '{passwd}' is not a readable phaselab.model/1 file"), error
+    error = _refused(str(cfg), f"init_from={tmp_path / 'nothing'}")
+    assert error == (f"<override 'init_from={tmp_path / 'nothing'}'>: init_from: path '{tmp_path / 'nothing'}' "
+                     "does not exist")
+
+
+def test_a_symlink_in_out_dir_leading_outside_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (tmp_path / "run" / "best").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints").symlink_to(outside)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(CONFIG)
+    error = _refused(str(cfg), "out_dir=run", "train.steps=1")
+    assert error == (f"run folder 'run': symlink '{tmp_path / 'run' / 'checkpoints'}' leads to '{outside}', "
+                     f"outside '{tmp_path / 'run'}'")
+    assert list(outside.iterdir()) == []
+    (tmp_path / "run" / "checkpoints").unlink()
+    (tmp_path / "run" / "metrics.json").symlink_to(outside / "metrics.json")
+    assert "metrics.json' leads to" in _refused(str(cfg), "out_dir=run", "train.steps=1")
+    assert list(outside.iterdir()) == [] and list((tmp_path / "run" / "best").iterdir()) == []
 
 
 def test_shipped_example_config_is_valid() -> None:
