@@ -24,7 +24,7 @@ users think of it (as Hydra's overrides address the config, not the file):
 
 A section name wins over a stage of the same name (``stages.<name>...`` reaches that stage).
 A key naming an axis of the grid (``pe=pope``, ``pe=[rope,pope]``, ``seed=0,1``) sets that axis's
-values, and a sweep of a key the grid binds to an axis (``train.lr=1e-3,3e-3`` where
+values, and a sweep of a key the grid binds to a product axis (``train.lr=1e-3,3e-3`` where
 ``train.lr: ${lr}``) sets the values of that axis. Numbers are typed inside lists too
 (``[3e-3,1e-2]`` is two floats).
 
@@ -303,14 +303,16 @@ def axis_path(path: tuple, doc: Mapping[str, Any]) -> tuple | None:
 
 
 def _bound_axis(path: tuple, doc: Mapping[str, Any]) -> tuple | None:
-    """The axis path when the value at ``path`` is exactly ``${axis}`` of an existing axis."""
+    """The axis path when the value at ``path`` is exactly ``${axis}`` of a product axis."""
     node: Any = doc
     for p in path:
         if not (isinstance(node, Mapping) and p in node):
             return None
         node = node[p]
     ref = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}", node) if isinstance(node, str) else None
-    return axis_path(tuple(ref.group(1).split(".")), doc) if ref and ref.group(1) != "seed" else None
+    axis = axis_path(tuple(ref.group(1).split(".")), doc) if ref else None
+    # a zip axis advances with its group: a sweep of the key stays a new product axis
+    return axis if axis is not None and axis[:2] == ("axes", "product") else None
 
 
 def _full(ov: Override, doc: Mapping[str, Any]) -> Override:
@@ -337,6 +339,9 @@ def _apply(out: dict, marks: Marks, ov: Override) -> None:
     last = ov.path[-1]
     exists = (isinstance(parent, Mapping) and last in parent) or (
         isinstance(parent, list) and isinstance(last, int) and last < len(parent))
+    if not exists and not isinstance(parent, Mapping):   # inside a scalar, or past a list's end
+        what = f"a list of {len(parent)} items" if isinstance(parent, list) else f"a {type(parent).__name__}"
+        raise _fail(text, f"{dotted(ov.path[:-1])!r} is {what}: it has no key {last!r}", dotted(ov.path))
     if (ov.op == "delete" or (ov.op == "set" and not in_section(ov.path))) and not exists:
         raise _missing(out, ov, ov.path)
     if ov.op == "add" and exists:
