@@ -83,10 +83,16 @@ BROKEN = {
               "    def score(self, score, q_pos, k_pos, head):\n"
               "        return score[..., :1]\n"),
               "score() returned (1, 2, 4, 1), expected the score's shape (1, 2, 4, 4)"),
+    "qk_shape": ("broken_qk.py",
+                 ("from phaselab.workloads.models.positional.base import PositionalEncoding\n"
+                  "class Enc(PositionalEncoding):\n"
+                  "    def prepare_qk(self, q, k, pos_q, pos_k):\n"
+                  "        return q.transpose(1, 2), k\n"),
+                 "prepare_qk returned q of shape (1, 2, 4, 8), expected (1, 4, 2, 8)"),
 }
 
 
-@pytest.mark.parametrize("case", ["import", "shape", "option"])
+@pytest.mark.parametrize("case", ["import", "shape", "qk_shape", "option"])
 def test_a_broken_plugin_fails_at_plan_naming_the_plugin_and_the_grid_line(tmp_path, plugins, case) -> None:
     if case == "option":
         kind, fragment = "phaselab_kerple:Kerple", "options.r1_int: unknown key for KerpleConfig; did you mean 'r1_init'?"
@@ -94,7 +100,7 @@ def test_a_broken_plugin_fails_at_plan_naming_the_plugin_and_the_grid_line(tmp_p
     else:
         file, source, fragment = BROKEN[case]
         (plugins / file).write_text(source)
-        kind = f"{file[:-3]}:{'Enc' if case == 'shape' else 'X'}"
+        kind = f"{file[:-3]}:{'X' if case == 'import' else 'Enc'}"
         grid = _grid(tmp_path, f'rope, "{kind}"')
     with pytest.raises(GridError) as info:
         plan_grid(grid)

@@ -342,3 +342,23 @@ def test_frequency_buffers_stay_fp32_under_bf16_cast(kind):
     idx_BT = torch.randint(0, 66, (1, 8))
     out, _ = model(idx_BT)  # the reference backend runs bf16 inputs with fp32 compute
     assert out.dtype == torch.bfloat16 and _rel(out, ref(idx_BT)[0]) < 0.05
+
+
+def test_alibi_score_in_plain_torch_matches_its_fused_form_in_float64():
+    """ALiBi's `score` (the public interface, docs/EXTENDING.md) and its fused ScoreMod give the
+    same attention, through the reference backend, at float64."""
+    from phaselab.kernels.attention.score_mod import ScoreMod
+
+    pe = _model("alibi", pe={"alibi": {"heads_fraction": 1.0}}).h[0].attn.pe
+    H, T, D = pe.n_head, 7, 8
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, H, T, D, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(3, 3 + T)[None].expand(2, -1)
+    custom = ScoreMod(kind="custom", params={"fn": pe.score, "name": "alibi"})
+    fused = reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5, score_mod=pe.score_mod(),
+                                compute_dtype=torch.float64)
+    plain = reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5, score_mod=custom,
+                                compute_dtype=torch.float64)
+    torch.testing.assert_close(plain, fused, rtol=1e-13, atol=1e-13)
+    assert _rel(plain, reference.attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5,
+                                           compute_dtype=torch.float64)) > 1e-3   # the bias matters

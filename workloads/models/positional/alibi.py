@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes
 from phaselab.workloads.models.config import PEConfig
@@ -33,6 +34,11 @@ class ALiBi(PositionalEncoding):
             slopes[:n_alibi] = torch.tensor(cfg.slopes, dtype=torch.float32)
         self.n_alibi = n_alibi
         self.register_fp32_buffer("slopes", slopes)
+
+    def score(self, score: Tensor, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
+        """score - slope_h·(m - n) (MATH §5), the encoding's definition in plain PyTorch; the
+        backends run the fused form `score_mod` returns (sdpa: an additive fp32 mask)."""
+        return score - self.slopes.to(score.dtype)[head] * (q_pos - k_pos).to(score.dtype)
 
     def score_mod(self) -> ScoreMod:
         return ScoreMod(kind="alibi", params={"slopes": self.slopes})
