@@ -22,6 +22,7 @@ from phaselab.catalog.mlflow_common import (
     http_defaults,
     is_local_store,
     reachable,
+    redact,
     run_label,
 )
 
@@ -123,7 +124,7 @@ def prepare_cell_runs(tracking_uri: str, experiment: str, cells: Iterable[Mappin
     cells = list(cells)
     known = {c["cell_key"]: c.get("run_id") for c in cells}
     if not reachable(tracking_uri):
-        log.warning("MLflow at %s unreachable; tracking is spooled until it is back", tracking_uri)
+        log.warning("MLflow at %s unreachable; tracking is spooled until it is back", redact(tracking_uri))
         return known
     http_defaults()
     try:
@@ -139,7 +140,7 @@ def prepare_cell_runs(tracking_uri: str, experiment: str, cells: Iterable[Mappin
                     client, exp_id, grid=experiment, grid_id=c["grid_id"], cell_id=c["cell_id"],
                     cell_key=c["cell_key"], axes=dict(c.get("axes") or {}), git=git)
     except Exception as exc:  # noqa: BLE001 - the tracker is a view: training goes on without it
-        log.warning("MLflow at %s failed (%s); tracking is spooled", tracking_uri, exc)
+        log.warning("MLflow at %s failed (%s); tracking is spooled", redact(tracking_uri), redact(str(exc)))
     return known
 
 
@@ -157,4 +158,51 @@ def end_cell_runs(tracking_uri: str, statuses: Mapping[str, str]) -> None:
         for run_id, status in statuses.items():
             client.set_terminated(run_id, status=status)
     except Exception as exc:  # noqa: BLE001 - the tracker is a view: the catalog has the states
-        log.warning("MLflow at %s failed ending cell runs (%s)", tracking_uri, exc)
+        log.warning("MLflow at %s failed ending cell runs (%s)", redact(tracking_uri), redact(str(exc)))
+
+
+def _cell_statuses(store: Any, grid_id: int) -> tuple[str | None, dict[str, str | None]]:
+    """(grid name, {cell id: FINISHED | FAILED | None while a stage of it is still pending})
+    from the catalog's current version of the grid."""
+    states: dict[str, list[str]] = {}
+    name = None
+    for row in store.stages_for_grid(grid_id, current_only=True):
+        for cell in store.cells_for_stage(row.stage_hash):
+            if cell["grid_id"] == grid_id:
+                name = cell["grid"]
+                states.setdefault(str(cell["cell_id"]), []).append(row.state)
+    out: dict[str, str | None] = {}
+    for cell_id, s in states.items():
+        out[cell_id] = None if set(s) & {"PLANNED", "READY", "RUNNING"} else \
+            "FINISHED" if set(s) == {"SUCCEEDED"} else "FAILED"
+    return name, out
+
+
+def end_done_cell_runs(tracking_uri: str, store: Any) -> dict[str, str]:
+    """End the parent runs still RUNNING whose cell has no pending stage in the catalog
+    ``store`` (FINISHED when every stage succeeded, else FAILED): the runs a spool replay
+    created after the cell ended (the tracker was down when the controller ended its cells).
+    Returns ``{run_id: status}`` of the runs ended. Never raises."""
+    if not reachable(tracking_uri):
+        return {}
+    http_defaults()
+    ended: dict[str, str] = {}
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exps = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(exps, max_results=5000, filter_string=(
+            "tags.`phaselab.run_level` = 'cell' and attributes.status = 'RUNNING'")) if exps else []
+        grids: dict[int, tuple[str | None, dict[str, str | None]]] = {}
+        for run in runs:
+            tags = run.data.tags
+            grid_id = int(tags.get("phaselab.grid_id", "-1"))
+            name, cells = grids.setdefault(grid_id, _cell_statuses(store, grid_id))
+            status = cells.get(tags.get("phaselab.cell_id", ""))
+            if status and name == tags.get("phaselab.grid"):
+                client.set_terminated(run.info.run_id, status=status)
+                ended[run.info.run_id] = status
+    except Exception as exc:  # noqa: BLE001 - the tracker is a view: the catalog has the states
+        log.warning("MLflow at %s failed ending cell runs (%s)", redact(tracking_uri), redact(str(exc)))
+    return ended

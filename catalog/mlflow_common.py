@@ -61,6 +61,29 @@ def http_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+# ``scheme://user:password@host``: the password part of a URL (catalog, MLflow, any other).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/:@\s]*:)(?P<pw>[^@/\s]+)(?=@)")
+SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|SECRET|_KEY)$")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URL in it replaced by ``***`` (what phaselab logs)."""
+    return _URL_PASSWORD.sub(r"\g<head>***", str(text))
+
+
+def is_secret(name: str, value: str) -> bool:
+    """Whether an environment variable carries a credential: a URL with a password in its
+    value, or a name ending in TOKEN, PASSWORD, SECRET or _KEY."""
+    return bool(SECRET_NAME.search(name.upper())) or redact(value) != value
+
+
+def split_secrets(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(public, secret) parts of an environment: the public part may travel where Ray logs it
+    (a runtime_env); the secret part only inside task arguments or a private file."""
+    public = {k: v for k, v in env.items() if not is_secret(k, v)}
+    return public, {k: v for k, v in env.items() if k not in public}
+
+
 def reachable(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """Whether a remote tracking server accepts a TCP connection within ``timeout_s`` (a local
     SQL store always counts as reachable: there is no server to wait for)."""
@@ -78,6 +101,7 @@ def reachable(tracking_uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 def catalog_dir(catalog_url: str | None = None) -> Path:
     """Folder of the SQLite catalog file (``<project home>/.phaselab`` for a server catalog)."""
     from phaselab.catalog import db
+    from phaselab.catalog.home import state_dir
 
     path = db.sqlite_path(db.normalize_url(db.default_url() if catalog_url is None else catalog_url))
     return path.parent if path is not None else state_dir()
@@ -101,7 +125,6 @@ def chunks(items: list[Any], n: int) -> Iterable[list[Any]]:
     for i in range(0, len(items), n):
         yield items[i:i + n]
 
-    from phaselab.catalog.home import state_dir
 
 def server_said_no(exc: Exception) -> bool:
     """An error the server answered with (a bad request): retrying the same call cannot help."""

@@ -54,6 +54,7 @@ from typing import Any
 
 from phaselab.catalog.mlflow_cells import (  # noqa: F401 (re-exported: the controller's entry points)
     end_cell_runs,
+    end_done_cell_runs,
     ensure_cell_run,
     experiment_id,
     git_tags,
@@ -73,6 +74,7 @@ from phaselab.catalog.mlflow_common import (  # noqa: F401 (re-exported)
     metric_key,
     metric_points,
     reachable,
+    redact,
     run_label,
     sanitize_key,
     server_said_no,
@@ -485,7 +487,7 @@ def replay_spools(spool_dir: Path, tracking_uri: str) -> dict[str, int]:
     if not spools:
         return {}
     if not reachable(tracking_uri):
-        log.warning("MLflow at %s unreachable; %d spools wait for the next run", tracking_uri, len(spools))
+        log.warning("MLflow at %s unreachable; %d spools wait for the next run", redact(tracking_uri), len(spools))
         return {p.name: MlflowTracker.replayer(tracking_uri, p).pending for p in spools}
     out = {}
     for path in spools:

@@ -46,6 +46,8 @@ def _main(show_version: bool = typer.Option(False, "--version", callback=_print_
     """phaselab: positional-encoding experiment grids on Ray, reproducibly."""
 
 ADDRESS = typer.Option(None, "--address", help="Ray cluster address (default $RAY_ADDRESS, else a local cluster).")
+METRICS = typer.Option(False, "--metrics", help="Turn on the local cluster's Prometheus metrics endpoints "
+                       "(127.0.0.1, no authentication; off by default).")
 ALL_VERSIONS = typer.Option(False, "--all-versions", help="Include stages of earlier versions of the grid.")
 JOBS_ADDRESS = typer.Option(None, "--address", help="Ray Jobs address (http://HEAD:8265): send the controller "
                             "there as a Ray job; without it, only register the grid.")
@@ -142,7 +144,8 @@ def stage_env(catalog: str | None, ml: dict[str, str] | None) -> dict[str, str]:
 
 
 def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: str | None,
-             num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool) -> Any:
+             num_cpus: int | None, mlflow: bool, dashboard: bool, as_json: bool, requeue: bool,
+             metrics: bool = False) -> Any:
     from phaselab.catalog.db import StorageFault
     from phaselab.orchestrator.controller import Controller, init_ray
 
@@ -182,7 +185,7 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
 
         try:
             url = init_ray(address=address, num_cpus=num_cpus, dashboard=dashboard, env_vars=env_vars,
-                           log_to_driver=not as_json)
+                           log_to_driver=not as_json, metrics=metrics)
         except ClusterAccessError as err:
             fail(as_json, str(err))
         if url and not as_json:
@@ -203,6 +206,10 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
         else:
             console.print(stop.advice(), markup=False)
         raise typer.Exit(130) from None
+    if ml:   # calls spooled by this or an earlier run while MLflow was down
+        from phaselab.orchestrator.cli_tracking import settle_tracking
+
+        settle_tracking(store, ml["tracking_uri"], controller.runs_root)
     return store, summary
 
 
@@ -227,7 +234,7 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
         mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="Track stages in MLflow."),
         dashboard: bool = typer.Option(False, help="Start the local cluster's Ray dashboard on 127.0.0.1 and "
                                        "print its URL and how to sign in (Ray's token authentication)."),
-        max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
+        max_cells: int = MAX_CELLS, metrics: bool = METRICS, as_json: bool = JSON) -> None:
     """Plan, submit and execute a grid to completion (idempotent: finished stages are cache hits)."""
     start = time.monotonic()
     _max_cells(max_cells)
@@ -240,7 +247,7 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
             fail(as_json, str(err))
     dag = _plan(grid, overrides, as_json)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
-                              mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True)
+                              mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True, metrics=metrics)
     results = _results(store, dag, as_json)
     out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
            "failed": summary.failed, "failures": failure_rows(dag, summary),
@@ -360,16 +367,23 @@ def _stored_dag(store: Any, name: str, as_json: bool, version: int | None = None
 def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a grid file)."),
            overrides: list[str] = OVERRIDES, catalog: str = CATALOG, runs_root: Path = RUNS,
            address: str = ADDRESS, num_cpus: int = typer.Option(None), mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow"),
-           version: int = VERSION, max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
+           version: int = VERSION, max_cells: int = MAX_CELLS, metrics: bool = METRICS,
+           as_json: bool = JSON) -> None:
     """Re-attach a controller to a grid: reclaim stages of a dead controller, finish the rest."""
     start = time.monotonic()
     _max_cells(max_cells)
+    from phaselab.orchestrator.jobs import unseal_env
+
+    try:   # a submitted job's credentials (jobs.py), before the catalog is opened
+        unseal_env()
+    except ValueError as err:
+        fail(as_json, str(err))
     if Path(grid).is_file() or overrides:
         dag = _plan(grid, overrides, as_json)
     else:
         dag = _stored_dag(open_store(catalog, create=False), grid, as_json, version)
     store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
-                              mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False)
+                              mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False, metrics=metrics)
     results = _results(store, dag, as_json)
     _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
                  "launched": summary.launched, "failed": summary.failed, "failures": failure_rows(dag, summary),
@@ -496,8 +510,8 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
 cli_train.register(app)
 cli_maint.register(app)
 cli_catalog.register(app)
-cli_data.register(app)
 cli_tracking.register(app)
+cli_data.register(app)
 
 
 if __name__ == "__main__":   # `python -m phaselab.orchestrator.cli` (the Ray job entrypoint)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phaselab.catalog.mlflow_common import split_secrets
 from phaselab.orchestrator.controller_mlflow import MlflowRuns
 from phaselab.orchestrator.dag import Dag, StageNode
 from phaselab.orchestrator.failures import failure_report, policy_of, should_retry
@@ -344,8 +345,9 @@ class Controller(MlflowRuns):
     def _options(self, node: StageNode) -> dict[str, Any]:
         opts: dict[str, Any] = {"max_retries": 0, "name": self._ray_name(node)}
         opts.update(STAGES[node.kind].ray_options(node.resources, node.launcher))
-        if self.env_vars:
-            opts["runtime_env"] = {"env_vars": self.env_vars}
+        public = split_secrets(self.env_vars)[0]   # credentials travel in the payload: Ray logs runtime_env
+        if public:
+            opts["runtime_env"] = {"env_vars": public}
         return opts
 
     def _payload(self, node: StageNode, rows: Mapping[str, Any]) -> dict[str, Any]:
@@ -359,6 +361,7 @@ class Controller(MlflowRuns):
                 "out_dir": str(self.out_dir(node.hash)),
                 "runs_root": str(self.runs_root), "upstream": upstream,
                 "catalog_url": worker_catalog_url(self.store.url), "heartbeat_s": self.heartbeat_s,
+                "secret_env": split_secrets(self.env_vars)[1],
                 "resources": {"cpus": r.cpus, "gpus": r.gpus, "memory_gb": r.memory_gb,
                               "accelerator": r.accelerator, "num_workers": r.num_workers},
                 "mlflow": self._mlflow_for(node)}
@@ -506,6 +509,7 @@ def _execute_remote(payload: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
     progress = Path(payload["out_dir"]) / PROGRESS_FILE
     progress.unlink(missing_ok=True)
     os.environ[PROGRESS_ENV] = str(progress)
+    os.environ.update(payload.get("secret_env") or {})   # this process and what it starts, never a log
     try:
         with registered(stage):   # a worker runs one task at a time
             return execute(payload)

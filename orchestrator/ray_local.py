@@ -23,7 +23,8 @@ from pathlib import Path
 from phaselab.orchestrator.reaper import start_reaper
 
 __all__ = ["ClusterAccessError", "DashboardUnavailable", "check_cluster", "dashboard_banner", "dashboard_sign_in", "enable_token_auth",
-           "find_token", "init_ray", "loopback_only", "private_token", "ray_token_path", "require_dashboard",
+           "find_token", "init_ray", "loopback_only", "metrics_endpoints", "private_token", "ray_token_path",
+           "require_dashboard",
            "start_reaper"]
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -213,14 +214,18 @@ def check_cluster(address: str, timeout_s: float = 5.0) -> None:
 
 
 def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboard: bool = False,
-             env_vars: Mapping[str, str] | None = None, log_to_driver: bool = True) -> str | None:
+             env_vars: Mapping[str, str] | None = None, log_to_driver: bool = True,
+             metrics: bool = False) -> str | None:
     """Connect to ``address`` / RAY_ADDRESS (token found as :func:`find_token` says; a loopback
     address on loopback, :func:`loopback_only`), or start a local cluster with every component
     listening on 127.0.0.1 only and Ray's token file readable by its owner only. Returns the
     dashboard URL when one runs. Reuses an initialised Ray (tests, notebooks). Raises
     :class:`ClusterAccessError` for an unreachable cluster or a missing or wrong token, and
     :class:`DashboardUnavailable` for ``dashboard`` without the dashboard's packages.
-    ``log_to_driver=False`` keeps worker output off stdout (``--json``)."""
+    ``log_to_driver=False`` keeps worker output off stdout (``--json``). Of ``env_vars`` only
+    the variables without a credential reach the job's runtime_env (Ray logs it and serves it
+    in its Jobs and State APIs); stage tasks get the others in their arguments. A local
+    cluster's metrics endpoints stay off unless ``metrics`` (:func:`metrics_endpoints`)."""
     import ray
 
     if ray.is_initialized():
@@ -231,7 +236,10 @@ def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboa
         # by default in 2.60); the cluster's processes inherit this environment.
         os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")
     address = address or os.environ.get("RAY_ADDRESS") or None
-    runtime_env = {"env_vars": dict(env_vars)} if env_vars else None
+    from phaselab.catalog.mlflow_common import split_secrets
+
+    public = split_secrets(env_vars or {})[0]
+    runtime_env = {"env_vars": public} if public else None
     if not log_to_driver:
         _cluster_errors_to_stderr()
     if address:
@@ -249,12 +257,39 @@ def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboa
             raise ClusterAccessError(f"cannot connect to the Ray cluster at {address}: {err}") from None
     else:
         loopback_only()
+        metrics_endpoints(metrics)
         private_token()
         start_reaper()   # the cluster's helpers go when this process goes, however it ends
         ctx = ray.init(num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
                        _node_ip_address="127.0.0.1", runtime_env=runtime_env, log_to_driver=log_to_driver)
         private_token()
     return getattr(ctx, "dashboard_url", None) or None
+
+
+# Ray 2.60 serves Prometheus metrics without authentication on three ports: the dashboard
+# agent's exporter (its labels name grid, stage, cell and stage hash: our task names), the
+# dashboard head's (44227) and the autoscaler monitor's (44217). RayConfig's
+# enable_metrics_collection=0 makes the raylet start the agent with --disable-metrics-collection;
+# the other two read their port from these variables and, given one no socket accepts, log the
+# failed bind and run on without the endpoint (ray/dashboard/head.py, autoscaler/_private/monitor.py).
+METRICS_OFF_ENV = {"RAY_enable_metrics_collection": "0", "DASHBOARD_METRIC_PORT": "-1",
+                   "AUTOSCALER_METRIC_PORT": "-1"}
+
+
+def metrics_endpoints(on: bool) -> None:
+    """Turn the metrics endpoints of a cluster started from this process off (the default) or
+    leave them on (``--metrics``: still bound to 127.0.0.1, without authentication). The
+    environment reaches the raylet, the agents, the dashboard and the autoscaler monitor."""
+    for name, value in METRICS_OFF_ENV.items():
+        if on:
+            if os.environ.get(name) == value:
+                del os.environ[name]
+        else:
+            os.environ[name] = value
+    if "ray" in sys.modules:   # Ray caches its config at import: reload it, as Ray does
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 def _cluster_errors_to_stderr() -> None:
@@ -281,6 +316,8 @@ def ray_start(argv: list[str]) -> None:
     that is meant for Windows and macOS); every node on loopback is on this machine, so the
     refusal is lifted for such a node only, while its address stays 127.0.0.1."""
     head = "--head" in argv
+    metrics_endpoints("--metrics" in argv)
+    argv = [a for a in argv if a != "--metrics"]
     if head and os.environ.get(AUTH_MODE_ENV) is None:
         os.environ[AUTH_MODE_ENV] = "token"
         private_token()
