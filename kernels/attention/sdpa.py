@@ -3,8 +3,11 @@
 Supported: plain / RoPE (score_mod None; q, k pre-rotated), PoPE through its Cartesian 2D-wide
 form (`reference.pope_expand`, MATH §3.3; v stays D wide, which SDPA accepts), ALiBi in fp32/fp64
 as an additive float mask, and packed documents (cu_seqlens) as a block-diagonal mask.
+An encoding's own `score` ("custom" ScoreMod) runs on CUDA through FlexAttention (compiled,
+block-sparse causal mask; `flex_score_attention`).
 Refused with a reason: TAPA (its cosine is not a dot product), ALiBi in bf16/fp16 (the bias would
-be rounded to q's dtype), and deterministic backward on CUDA.
+be rounded to q's dtype), a custom score on the CPU or with cu_seqlens, and deterministic
+backward on CUDA.
 
 Masking follows MATH §7.6: `is_causal=True` only when T == S and both position tensors are the
 trivial arange(T); otherwise an explicit boolean mask pos_k[s] <= pos_q[t] (SDPA's is_causal
@@ -76,6 +79,47 @@ def build_mask(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool, cu_seqlens: 
     return mask, False
 
 
+def _flex_reason(call: AttnCall) -> str | None:
+    """Why an encoding's own `score` cannot run on FlexAttention here, or None."""
+    if call.device_type != "cuda":
+        return "an encoding's own score() runs on CUDA through FlexAttention; on the CPU use 'reference'"
+    if call.varlen:
+        return "an encoding's own score() with packed documents (cu_seqlens): use 'reference'"
+    if call.deterministic and call.needs_grad:
+        return "deterministic=True: FlexAttention's backward is not guaranteed deterministic"
+    return None
+
+
+_COMPILED_FLEX: list[Any] = []
+
+
+def flex_score_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
+                         scale: float, causal: bool, score_mod: ScoreMod, compiled: bool) -> Tensor:
+    """A "custom" ScoreMod (an encoding's `score`, docs/EXTENDING.md) through FlexAttention: the
+    score function is called per element with 0-d (score, q_pos, k_pos, head) tensors, and the
+    causal mask by positions is a block-sparse BlockMask. ``compiled`` uses the fused kernel
+    (CUDA); uncompiled, torch's eager FlexAttention is a slow reference of the same path."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, H, T, _ = q_BHTD.shape
+    S = k_BGSD.shape[2]
+    fn = score_mod.params["fn"]
+    pq, pk = pos_q.expand(B, T), pos_k.expand(B, S)
+
+    def flex_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return fn(score, pq[b, q_idx], pk[b, kv_idx], h)
+
+    def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return pk[b, kv_idx] <= pq[b, q_idx]
+
+    block_mask = create_block_mask(visible, B, None, T, S, device=q_BHTD.device) if causal else None
+    if compiled and not _COMPILED_FLEX:
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=False))
+    run = _COMPILED_FLEX[0] if compiled else flex_attention
+    return run(q_BHTD, k_BGSD, v_BGSD, score_mod=flex_mod, block_mask=block_mask, scale=scale,
+               enable_gqa=k_BGSD.shape[1] != H)
+
+
 class SdpaBackend:
     """Registry backend "sdpa" (see the module docstring for what it supports)."""
 
@@ -86,8 +130,7 @@ class SdpaBackend:
             return ("TAPA's score A*cos(w*Phi) is not a dot product, so SDPA cannot compute it; use "
                     "'reference' or 'triton'")
         if call.score_mod == "custom":
-            return ("an encoding's own score() is not a dot product plus a fixed mask; use "
-                    "'reference' (CPU) for it")
+            return _flex_reason(call)
         if call.score_mod not in (None, "pope", "alibi"):
             return f"unknown score_mod {call.score_mod!r}"
         if call.score_mod == "alibi" and call.dtype not in (torch.float32, torch.float64):
@@ -110,6 +153,10 @@ class SdpaBackend:
             raise BackendUnsupported(self.name, reason)
         _check_qk(q_BHTD, k_BGSD, pos_q, pos_k)
         H = q_BHTD.shape[1]
+        if score_mod is not None and score_mod.kind == "custom":
+            record_impl("sdpa", "flex", deterministic=not call.needs_grad)
+            return flex_score_attention(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q, pos_k=pos_k, scale=scale,
+                                        causal=causal, score_mod=score_mod, compiled=True)
         if score_mod is not None and score_mod.kind == "pope":
             p = score_mod.params
             q_BHTD, k_BGSD = pope_expand(q_BHTD, k_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,

@@ -3,6 +3,7 @@ float64 formulas of their papers, in value and gradient, through the reference b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -101,3 +102,50 @@ def test_a_score_of_the_wrong_shape_is_refused_naming_the_encoding() -> None:
     pos = torch.arange(T)[None]
     with pytest.raises(ValueError, match=r"encoding 'mine:Bad': score\(\) returned \(1, 2, 6, 1\)"):
         attention(q, q, q, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, score_mod=mod)
+
+
+def _flex_vs_reference(device: str, compiled: bool, dtype: torch.dtype, tol: float) -> None:
+    from phaselab.kernels.attention.sdpa import flex_score_attention
+
+    torch.manual_seed(2)
+    pe = _pe("phaselab_kerple:Kerple", r1_init=0.5, r2_init=2.0).to(device)
+    B, G, T = 2, 1, 32   # grouped-query: H = 2 query heads on 1 kv head
+    q = torch.randn(B, H, T, D, device=device, dtype=dtype)
+    k, v = (torch.randn(B, G, T, D, device=device, dtype=dtype) for _ in range(2))
+    pos = torch.arange(5, 5 + T, device=device)[None].expand(B, -1)
+    mod = pe.score_mod()
+    got = flex_score_attention(q, k, v, pos_q=pos, pos_k=pos, scale=D ** -0.5, causal=True, score_mod=mod,
+                               compiled=compiled)
+    (got.float() * torch.linspace(-1, 1, D, device=device)).sum().backward()
+    g_got, pe.raw_r.grad = pe.raw_r.grad.clone(), None
+    want = attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, scale=D ** -0.5, score_mod=mod)
+    (want.float() * torch.linspace(-1, 1, D, device=device)).sum().backward()
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    assert pe.raw_r.grad.abs().min() > 0
+    torch.testing.assert_close(g_got, pe.raw_r.grad, rtol=tol * 10, atol=tol * 10)
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+def test_a_learnable_score_through_flex_attention_matches_the_reference_in_value_and_gradient() -> None:
+    """The FlexAttention path of an encoding's `score` (eager on the CPU: the same score and mask
+    functions the compiled CUDA kernel runs), value and the gradient of its own parameters."""
+    _flex_vs_reference("cpu", compiled=False, dtype=torch.float32, tol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_learnable_score_through_compiled_flex_attention_on_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    _flex_vs_reference("cuda", compiled=True, dtype=torch.float32, tol=1e-4)
+
+
+def test_sdpa_refuses_a_custom_score_on_the_cpu_by_name() -> None:
+    from phaselab.kernels.attention.sdpa import SdpaBackend
+    from phaselab.kernels.registry import AttnCall
+
+    call = AttnCall(dtype=torch.float32, device_type="cpu", head_dim=D, qk_width=D, causal=True,
+                    q_shorter_than_k=False, varlen=False, score_mod="custom", needs_grad=True,
+                    deterministic=False)
+    assert "on the CPU use 'reference'" in SdpaBackend().unsupported_reason(call)
+    assert SdpaBackend().unsupported_reason(dataclasses.replace(call, device_type="cuda")) is None
+    assert "cu_seqlens" in SdpaBackend().unsupported_reason(dataclasses.replace(call, device_type="cuda", varlen=True))

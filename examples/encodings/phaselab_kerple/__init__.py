@@ -39,6 +39,7 @@ class Kerple(PositionalEncoding):
         self.raw_r = nn.Parameter(torch.tensor(raw, dtype=torch.float32)[:, None].repeat(1, n_head))
 
     def score(self, score, q_pos, k_pos, head):
-        r1, r2 = F.softplus(self.raw_r.to(score.dtype))[:, head]   # each [1, H, 1, 1]
+        r = F.softplus(self.raw_r.to(score.dtype))
+        r1, r2 = r[0][head], r[1][head]   # [1, H, 1, 1] here, scalars under FlexAttention
         distance = (q_pos - k_pos).abs().to(score.dtype)
         return score - r1 * torch.log1p(r2 * distance)
