@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from phaselab.catalog.tables.spec import BuiltTable, build
+from phaselab.catalog.tables.spec import BuiltTable, TableSpec, build
 
 if TYPE_CHECKING:
     from phaselab.catalog.store import CatalogStore
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 # Tables whose columns are context lengths (drawn as curves by render_figures).
 CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3", "quickstart_ppl",
                 "extrapolation_small_ppl")
-# Per-table drawing options for render_figures (plot_curves keywords): lengths that double are
-# drawn on a log-2 axis with the training length marked.
+# Per-table drawing options for render_figures (plot_curves keywords) over its defaults: a
+# log-2 length axis, a line style and marker per row, the models' training length marked.
 CURVE_OPTIONS: dict[str, dict[str, object]] = {
-    "extrapolation_small_ppl": {"train_len": 256, "logx": True, "styled": True},
+    "extrapolation_small_ppl": {"train_len": 256},
 }
 _METRIC_LABELS = {"ppl": "perplexity", "nll": "NLL [nats/token]", "acc": "accuracy"}
 # Line styles and markers cycled per row when ``styled`` (lines stay apart in greyscale print).
@@ -120,6 +120,29 @@ def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] =
         if not rows:
             continue
         built = build(spec, rows)
-        built.spec = from_store(store, spec, [g["id"] for g in map(store.get_grid, spec.grids) if g], built.inputs)
-        written += plot_curves(built, Path(out_dir) / name, **CURVE_OPTIONS.get(name, {}))
+        built.spec = _labelled(from_store(store, spec, [g["id"] for g in map(store.get_grid, spec.grids) if g],
+                                          built.inputs))
+        options: dict[str, object] = {"logx": True, "styled": True, "train_len": _train_len(store, built),
+                                      **CURVE_OPTIONS.get(name, {})}
+        written += plot_curves(built, Path(out_dir) / name, **options)
     return written
+
+
+def _labelled(spec: TableSpec) -> TableSpec:
+    """``spec`` with the labels ``phaselab figures`` uses (``plotstyle``): the length axis with its
+    unit, encodings by their papers' names."""
+    from dataclasses import replace
+
+    from phaselab.catalog.plotstyle import field_label, value_label
+
+    rows = tuple(replace(d, labels={v: d.labels.get(v, value_label(d.field, v)) for v in d.values})
+                 for d in spec.rows)
+    return replace(spec, rows=rows, cols=replace(spec.cols, title=field_label(spec.cols.field)))
+
+
+def _train_len(store: CatalogStore, built: BuiltTable) -> int | None:
+    """The training length of the table's models, when they share one (else None)."""
+    from phaselab.catalog.grid_figures import train_lengths
+
+    lengths = train_lengths(store, sorted(built.inputs))
+    return lengths[0] if len(lengths) == 1 else None

@@ -51,13 +51,92 @@ def train_lengths(store: CatalogStore, stage_hashes: Sequence[str]) -> list[int]
     return sorted(found)
 
 
+# Metrics a figure draws by default, in this order (the first the grid has): the length figure
+# prefers one measured at several context lengths.
+DEFAULT_METRICS = ("ppl", "nll", "acc", "niah_acc", "loss")
+# Fields that tell apart two values of one line and length (another eval stage, task or split),
+# tried in this order after the grid's other axes.
+_SEPARATORS = ("stage_name", "task", "split", "role")
+
+
+def default_metric(store: CatalogStore, grid: str) -> str:
+    """The metric ``phaselab figures GRID`` draws without ``--metric``: the first of
+    DEFAULT_METRICS the grid has at a context length, else the first it has at all, else the
+    first metric it has. ValueError when it has none."""
+    rows, _ = _grid_rows(store, grid)
+    with_len = {r["name"] for r in rows if r.get("context_len") is not None}
+    names = {r["name"] for r in rows}
+    for pool in (with_len, names):
+        for m in DEFAULT_METRICS:
+            if m in pool:
+                return m
+    if not names:
+        raise ValueError(f"grid {grid!r} has no metrics in the catalog yet")
+    return min(with_len or names)
+
+
+def _scalar_axes(cells: Sequence[Mapping[str, Any]], seed_axis: str = "seed") -> list[str]:
+    """The grid's axes (but the seed) whose values are all plain scalars, in first-seen order
+    (an axis of mappings, such as a zipped ``pe: {kind: ...}``, names no line)."""
+    seen: dict[str, bool] = {}
+    for c in cells:
+        for k, v in (c.get("axes") or {}).items():
+            seen[k] = seen.get(k, True) and (v is None or isinstance(v, (str, int, float, bool)))
+    return [k for k, ok in seen.items() if ok and k != seed_axis]
+
+
+def default_rows(store: CatalogStore, grid: str, seed_axis: str = "seed") -> tuple[str, ...]:
+    """The lines of ``phaselab figures GRID`` without ``--rows``: ``pe`` where it is a scalar
+    axis, else every scalar axis but the seed (``variant``, ``phase``, ...)."""
+    g = store.get_grid(grid)
+    if g is None:
+        raise ValueError(f"grid {grid!r} is not in the catalog")
+    axes = _scalar_axes(store.cells_for_grid(g["id"]), seed_axis)
+    return ("pe",) if "pe" in axes else tuple(axes)
+
+
+def _value(row: Mapping[str, Any], name: str, axes: set[str]) -> Any:
+    return (row.get("axes") or {}).get(name) if name in axes else row.get(name)
+
+
+def separate_rows(pivot: Pivot, rows: Sequence[Mapping[str, Any]], cells: Sequence[Mapping[str, Any]],
+                  by: Sequence[str] = ("context_len",)) -> Pivot:
+    """``pivot`` with row fields added until no line has two values at one ``by`` value and
+    seed: the grid's other axes first, then ``_SEPARATORS`` (quickstart's ``ppl`` and
+    ``ppl_yarn`` stages become two lines per encoding). Unchanged when nothing collides."""
+    axes = {k for c in cells for k in (c.get("axes") or {})}
+    mine = [r for r in rows if r.get("name") == pivot.metric
+            and all(_value(r, k.removeprefix("axes."), axes) == v for k, v in pivot.where.items())]
+    fields = list(pivot.rows)
+
+    def collides() -> bool:
+        seen: dict[tuple, str] = {}
+        for r in mine:
+            key = tuple(_value(r, f, axes) for f in (*fields, *by, pivot.seed_axis))
+            if seen.setdefault(key, r["stage_hash"]) != r["stage_hash"]:
+                return True
+        return False
+
+    extra = [a for a in _scalar_axes(cells, pivot.seed_axis) if a not in fields] + list(_SEPARATORS)
+    for f in extra:
+        if not collides():
+            break
+        if len({_value(r, f, axes) for r in mine}) > 1:
+            fields.append(f)
+    return replace(pivot, rows=tuple(fields))
+
+
 def length_curves(store: CatalogStore, pivot: Pivot, path_base: Path, *, train_len: int | None = None,
                   formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
     """``pivot.metric`` against ``context_len`` (``pivot.cols`` is ignored), see the module
-    docstring. The training length is marked when the evaluated models share one."""
+    docstring. The training length is marked when the evaluated models share one. A metric
+    with no context length (a task's test NLL or accuracy) is drawn as bars per line instead."""
     from phaselab.catalog.figures import plot_curves
 
     rows, cells = _grid_rows(store, pivot.grid)
+    if not any(r.get("name") == pivot.metric and r.get("context_len") is not None for r in rows):
+        return metric_bars(store, pivot, path_base, formats=formats)
+    pivot = separate_rows(pivot, [r for r in rows if r.get("context_len") is not None], cells)
     spec, matching = pivot_spec(replace(pivot, cols=("context_len",)), rows, cells)
     spec = replace(spec, title=f"{pivot.grid}: {pivot.metric} by context length",
                    cols=replace(spec.cols, title=field_label("context_len")),
@@ -68,6 +147,37 @@ def length_curves(store: CatalogStore, pivot: Pivot, path_base: Path, *, train_l
         train_len = lengths[0] if len(lengths) == 1 else None
     return plot_curves(build(spec, matching), path_base, logx=True, styled=True, train_len=train_len,
                        logy=pivot.metric in ("ppl",), formats=formats)
+
+
+def metric_bars(store: CatalogStore, pivot: Pivot, path_base: Path, *,
+                formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """``pivot.metric`` as one bar per line (``pivot.rows``, separated as in
+    :func:`separate_rows`), the seed mean with a ± std error bar."""
+    from phaselab.catalog.plotstyle import metric_label
+
+    rows, cells = _grid_rows(store, pivot.grid)
+    pivot = separate_rows(pivot, rows, cells, by=())
+    axes = {k for c in cells for k in (c.get("axes") or {})}
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.get("name") == pivot.metric and all(_value(r, k.removeprefix("axes."), axes) == v
+                                                 for k, v in pivot.where.items()):
+            groups.setdefault(tuple(_value(r, f, axes) for f in pivot.rows), []).append(float(r["value"]))
+    if not groups:
+        raise ValueError(f"grid {pivot.grid!r} has no {pivot.metric!r} values")
+    keys = sorted(groups, key=str)
+    labels = [" ".join(value_label(f, v) for f, v in zip(pivot.rows, k, strict=True)) for k in keys]
+    means = [statistics.fmean(groups[k]) for k in keys]
+    stds = [statistics.stdev(groups[k]) if len(groups[k]) > 1 else 0.0 for k in keys]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(keys) + 1.5), 3.6))
+    ax.bar(range(len(keys)), means, yerr=stds, capsize=4, color="0.6", edgecolor="black")
+    ax.set_xticks(range(len(keys)), labels, rotation=30 if len(keys) > 4 else 0, ha="right" if len(keys) > 4 else "center")
+    ax.set_ylabel(metric_label(pivot.metric) + " (seed mean ± std)")
+    ax.set_title(f"{pivot.grid}: {pivot.metric} by {', '.join(field_label(f) for f in pivot.rows)}", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return save(fig, path_base, formats)
 
 
 def learning_curves(store: CatalogStore, grid: str, runs_root: Path, path_base: Path, *,

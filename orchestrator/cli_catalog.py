@@ -106,8 +106,12 @@ def register(app: typer.Typer) -> None:
     def figures(grid: str = typer.Argument(..., help="Grid name in the catalog."),
                 kind: str = typer.Option("length", "--kind", help="length (a metric vs context length) | "
                                          "curves (learning curves) | niah (NIAH heat maps)"),
-                metric: str = typer.Option(None, "--metric", help="Default: ppl (length), niah_acc (niah)."),
-                rows: str = typer.Option("pe", "--rows", help="One line (panel) per value of these fields."),
+                metric: str = typer.Option(None, "--metric", help="Default: niah_acc (niah); for length the "
+                                           "first the grid has of ppl, nll, acc (a metric measured at no "
+                                           "context length is drawn as bars)."),
+                rows: str = typer.Option(None, "--rows", help="One line (panel) per value of these fields "
+                                         "(default: pe, else the grid's axes but the seed; fields that tell "
+                                         "two values of a line apart are added)."),
                 where: list[str] = WHERE, seed_axis: str = SEED_AXIS,
                 train_len: int = typer.Option(None, "--train-len", help="Mark this training length "
                                               "(default: read from the trained upstream's config)."),
@@ -125,7 +129,9 @@ def register(app: typer.Typer) -> None:
             if kind == "curves":
                 paths = gf.learning_curves(store, grid, runs_root or default_runs_root(), base)
             elif kind in ("length", "niah"):
-                pivot = tbl_pivot(grid, metric or ("ppl" if kind == "length" else "niah_acc"), rows, where, seed_axis)
+                metric = metric or (gf.default_metric(store, grid) if kind == "length" else "niah_acc")
+                rows = rows or ",".join(gf.default_rows(store, grid, seed_axis))
+                pivot = tbl_pivot(grid, metric, rows, where, seed_axis)
                 paths = (gf.length_curves(store, pivot, base, train_len=train_len) if kind == "length"
                          else gf.niah_heatmaps(store, pivot, base))
             else:

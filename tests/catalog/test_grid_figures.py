@@ -42,3 +42,15 @@ def test_niah_heatmaps_one_panel_per_row(sqlite_store: CatalogStore, tmp_path: P
     paths = gf.niah_heatmaps(sqlite_store, Pivot(grid="niah", metric="niah_acc", rows=("pe",), cols=()),
                              tmp_path / "niah")
     assert len(paths) == 2 and _truetype_only(paths[1])
+
+
+def test_table_figures_read_like_grid_figures() -> None:
+    """``phaselab tables --out`` draws with the labels of ``phaselab figures``: the length axis
+    with its unit, encodings by their papers' names (plus a log-2 axis and styled lines)."""
+    from phaselab.catalog.figures import _labelled
+    from phaselab.catalog.tables import get_spec
+
+    spec = _labelled(get_spec("quickstart_ppl"))
+    assert spec.cols.title == "context length [tokens]"
+    pe = next(d for d in spec.rows if d.field == "axes.pe")
+    assert [pe.label(v) for v in pe.values] == [{"rope": "RoPE", "pope": "PoPE", "tapa": "TAPA"}[v] for v in pe.values]
