@@ -15,11 +15,12 @@ from phaselab.catalog.store import CatalogStore
 from phaselab.orchestrator.cli import app
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, catalog: Path, runs: Path, *extra: str) -> dict:
+def _run(monkeypatch: pytest.MonkeyPatch, catalog: Path, runs: Path, *extra: str, verb: str = "run") -> dict:
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("PHASELAB_CATALOG_URL", raising=False)
-    res = CliRunner().invoke(app, ["run", "quickstart", "--catalog", f"sqlite:///{catalog}", "--runs-root",
-                                   str(runs), "--no-mlflow", "--json", *extra])
+    flags = ["--no-mlflow"] if verb == "run" else []
+    res = CliRunner().invoke(app, [verb, "quickstart", "--catalog", f"sqlite:///{catalog}", "--runs-root",
+                                   str(runs), *flags, "--json", *extra])
     assert res.exit_code == 1, (res.output, res.exception)
     assert isinstance(res.exception, SystemExit), res.exception   # an error, not a traceback
     out = json.loads(res.stdout)
@@ -48,8 +49,9 @@ def test_a_full_catalog_folder_is_refused_before_any_work(tmp_path: Path, monkey
 
 def test_a_file_in_place_of_the_catalog_folder_is_refused(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "state").write_text("not a folder")   # a real fault for any user, root included
-    out = _run(monkeypatch, tmp_path / "state" / "catalog.db", tmp_path / "runs")
-    assert out["error"].startswith(f"the catalog folder {tmp_path / 'state'} is not a folder")
+    for verb in ("run", "submit"):
+        out = _run(monkeypatch, tmp_path / "state" / "catalog.db", tmp_path / "runs", verb=verb)
+        assert out["error"].startswith(f"the catalog folder {tmp_path / 'state'} is not a folder")
 
 
 def test_a_read_only_runs_folder_is_refused_before_any_work(tmp_path: Path, monkeypatch) -> None:
