@@ -296,7 +296,8 @@ def axis_path(path: tuple, doc: Mapping[str, Any]) -> tuple | None:
         return ("seeds",)
     if isinstance(axes.get("product"), Mapping) and name in axes["product"]:
         return ("axes", "product", name)
-    for i, group in enumerate(axes.get("zip") or []):
+    groups = axes.get("zip") if isinstance(axes.get("zip"), list) else []   # not a list: the schema says so
+    for i, group in enumerate(groups):
         if isinstance(group, Mapping) and name in group:
             return ("axes", "zip", i, name)
     return None
@@ -353,9 +354,11 @@ def _apply(out: dict, marks: Marks, ov: Override) -> None:
     if ov.sweep is not None:
         axis = ov.axis or dotted(ov.path)
         axes = out.setdefault("axes", {}) or {}
-        out["axes"] = axes
-        product = axes.setdefault("product", {}) or {}
-        axes["product"] = product
+        product = axes.setdefault("product", {}) or {} if isinstance(axes, dict) else None
+        if not isinstance(product, dict):
+            raise _fail(text, "a sweep adds an axis under 'axes.product', which is not a mapping here",
+                        dotted(ov.path))
+        out["axes"], axes["product"] = axes, product
         product[axis] = list(ov.sweep)
         parent[last] = "${" + axis + "}"
         marks.replace(("axes", "product", axis), mark)

@@ -139,3 +139,5 @@ def test_the_fuzzer_reaches_both_outcomes() -> None:
     assert fuzz_one(BASE, ["model=", "model.n_layer=2"]) == "refused"
     assert fuzz_one(BASE, ["ppl.eval.ppl.lengths.3=64"]) == "refused"
     assert fuzz_one(BASE, ["seeds=''"]) == "refused"
+    assert fuzz_one(BASE.replace("  product:", "  zip: 1.0\n  product:"), ["seeds=[1]"]) == "refused"
+    assert fuzz_one(BASE.replace("axes:\n  product:\n    pe: [rope, pope]", "axes: 5"), ["train.lr=1,2"]) == "refused"
