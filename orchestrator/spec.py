@@ -290,7 +290,10 @@ def _duplicate_values(path: tuple, values: list[Any], marks: Marks) -> list[Issu
     twice): refused at the second occurrence. ``true`` and ``1`` are different values here."""
     seen: dict[str, int] = {}
     for i, value in enumerate(values):
-        canon = json.dumps(value, sort_keys=True, default=str) + type(value).__name__
+        try:
+            canon = json.dumps(value, sort_keys=True, default=str) + type(value).__name__
+        except (TypeError, ValueError):   # mixed key types cannot be sorted: compare the text
+            canon = repr(value)
         if canon in seen:
             return [Issue(marks.at((*path, i)), dotted((*path, i)), f"value {value!r} is listed twice "
                           f"(also at index {seen[canon]}); each axis value makes its own cells")]

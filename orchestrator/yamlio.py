@@ -173,6 +173,18 @@ class _BoundedLoader(yaml.SafeLoader):
                                  "characters; no setting takes more than 32 digits")
 
 
+def _refuse_type(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(None, None, f"a value of YAML type {node.tag} has no place "
+                                            "in a grid (no setting takes it)", node.start_mark)
+
+
+# A date reads as its text (``description: 2024-05-01``); sets, binary and ordered pairs are
+# refused with their position: no setting takes them, and the cache key cannot hash them.
+_BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+for _tag in ("set", "binary", "omap", "pairs"):
+    _BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_type)
+
+
 def _compose(text: str, file: str, base: YamlPath = ()) -> tuple[Any, yaml.Node | None]:
     """(data, node tree) of ``text``; GridError on syntax errors and exceeded limits. ``base``:
     the path the text's root is placed at (an override's key), counted in depth and named in errors."""

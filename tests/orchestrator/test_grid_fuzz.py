@@ -140,4 +140,7 @@ def test_the_fuzzer_reaches_both_outcomes() -> None:
     assert fuzz_one(BASE, ["ppl.eval.ppl.lengths.3=64"]) == "refused"
     assert fuzz_one(BASE, ["seeds=''"]) == "refused"
     assert fuzz_one(BASE.replace("  product:", "  zip: 1.0\n  product:"), ["seeds=[1]"]) == "refused"
+    assert fuzz_one(BASE.replace("pe: [rope, pope]", "pe: [rope, pope, {1: a, b: c}, {1: a, b: c}]"), []) == "refused"
+    assert fuzz_one(BASE.replace("pe: [rope, pope]", "pe: [rope, pope, !!set {a}]"), []) == "refused"
+    assert fuzz_one(BASE + "description: 2001-01-01\n", []) == "accepted"   # a date reads as its text
     assert fuzz_one(BASE.replace("axes:\n  product:\n    pe: [rope, pope]", "axes: 5"), ["train.lr=1,2"]) == "refused"
