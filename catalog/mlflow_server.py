@@ -36,8 +36,10 @@ def default_artifact_root(catalog_url: str | None = None) -> str:
 
 
 def server_command(*, host: str, port: int, backend_uri: str, artifact_root: str,
-                   workers: int = 1, allow_remote: bool = False) -> list[str]:
-    """The ``mlflow server`` command line (validated; see the module docstring)."""
+                   workers: int = 1, allow_remote: bool = False, access_log: bool = False) -> list[str]:
+    """The ``mlflow server`` command line (validated; see the module docstring). Without
+    ``access_log`` (default False) uvicorn writes no line per HTTP request (the UI makes dozens
+    a page); startup messages and errors are still written."""
     scheme = backend_uri.split(":", 1)[0].split("+", 1)[0]
     if scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
         raise ValueError(f"backend_uri {backend_uri!r} is not a SQL store; the file store is refused")
@@ -54,7 +56,7 @@ def server_command(*, host: str, port: int, backend_uri: str, artifact_root: str
         Path(artifact_root).mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
             "--artifacts-destination", artifact_root, "--host", host, "--port", str(int(port)),
-            "--workers", str(int(workers))]
+            "--workers", str(int(workers)), *([] if access_log else ["--uvicorn-opts", "--no-access-log"])]
 
 
 def wait_healthy(url: str, timeout_s: float = 60.0, proc: subprocess.Popen | None = None) -> None:
@@ -77,13 +79,13 @@ def wait_healthy(url: str, timeout_s: float = 60.0, proc: subprocess.Popen | Non
 def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = None,
           artifact_root: str | None = None, *, catalog_url: str | None = None, workers: int = 1,
           allow_remote: bool = False, block: bool = True, log_path: Path | None = None,
-          on_start: Callable[[], None] | None = None) -> subprocess.Popen | int:
+          on_start: Callable[[], None] | None = None, access_log: bool = False) -> subprocess.Popen | int:
     """Start ``mlflow server``. ``block=True`` (the CLI): run until interrupted, return its exit
     code. ``block=False``: return the process once ``/health`` answers (stop it with :func:`stop`).
     Defaults: SQLite ``mlflow.db`` and ``mlartifacts/`` beside the catalog. ValueError (before
     anything starts) for a non-loopback host without ``allow_remote`` or a bad port;
     ``on_start`` is called once the command is valid, just before the server starts."""
-    cmd = server_command(host=host, port=port, workers=workers, allow_remote=allow_remote,
+    cmd = server_command(host=host, port=port, workers=workers, allow_remote=allow_remote, access_log=access_log,
                          backend_uri=backend_uri or default_backend_uri(catalog_url),
                          artifact_root=artifact_root or default_artifact_root(catalog_url))
     if on_start is not None:

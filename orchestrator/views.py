@@ -177,7 +177,7 @@ def status_rows(rows: Iterable[Any], cells: Mapping[str, list[Mapping[str, Any]]
 
 
 def render_status(console: Any, grid: str, srows: list[dict[str, Any]]) -> None:
-    console.print(status_renderable(grid, srows))
+    console.print(status_renderable(grid, srows, width=console.width))
 
 
 def _pending(srows: list[dict[str, Any]]) -> bool:
@@ -205,16 +205,34 @@ def show_status(console: Any, grid: str, rows: Callable[[], list[dict[str, Any]]
             srows = rows()
     from rich.live import Live
 
-    with Live(status_renderable(grid, srows), console=console, refresh_per_second=1) as live:
+    with Live(status_renderable(grid, srows, width=console.width), console=console, refresh_per_second=1) as live:
         while _pending(srows):
             time.sleep(2.0)
             srows = rows()
-            live.update(status_renderable(grid, srows))
+            live.update(status_renderable(grid, srows, width=console.width))
 
 
-def status_renderable(grid: str, srows: list[dict[str, Any]]) -> Any:
+# A reason column narrower than this reads as "Tr…": the reasons go under the table instead.
+MIN_REASON_WIDTH = 40
+
+
+def _below(cols: list[str], cells: list[dict[str, str]], width: int | None) -> bool:
+    """Whether the reasons go under the table: the other columns leave them under
+    MIN_REASON_WIDTH of a ``width``-column console (None: room enough)."""
+    from rich.text import Text
+
+    if width is None or "reason" not in cols:
+        return False
+    fixed = sum(3 + max([len(c), *(len(Text.from_markup(row[c]).plain) for row in cells)])
+                for c in cols if c != "reason")
+    return fixed + 4 + MIN_REASON_WIDTH > width
+
+
+def status_renderable(grid: str, srows: list[dict[str, Any]], width: int | None = None) -> Any:
     """The status table (stage, axis values, state, step progress, loss, time, ETA, hash, reason)
-    over a grid progress bar with counts and the grid's ETA."""
+    over a grid progress bar with counts and the grid's ETA. ``width``: the console's columns;
+    when the reasons would be squeezed below MIN_REASON_WIDTH they are listed, wrapped, under
+    the table (hash and reason), never cut."""
     from rich.console import Group
     from rich.markup import escape
     from rich.progress_bar import ProgressBar
@@ -245,6 +263,9 @@ def status_renderable(grid: str, srows: list[dict[str, Any]]) -> Any:
     cols = [c for c in ("stage", *axes, "state", "step", "loss", "time", "ETA", "node", "hash", "reason")
             if c in ("stage", "state", "hash") or (c == "node" and multi_node)
             or (c != "node" and any(row[c] for row in cells))]
+    below = [(row["hash"], row["reason"]) for row in cells if row["reason"]] if _below(cols, cells, width) else []
+    if below:
+        cols.remove("reason")
     for col in cols:
         table.add_column(col, justify="right" if col in ("step", "loss", "time", "ETA") else "left",
                          no_wrap=col != "reason", min_width=None if col == "reason" else
@@ -260,7 +281,7 @@ def status_renderable(grid: str, srows: list[dict[str, Any]]) -> Any:
         line += f"; ETA ~{fmt_duration(eta)}"
     foot = Table.grid(padding=(0, 1))
     foot.add_row(ProgressBar(total=max(len(srows), 1), completed=done, width=40), escape(line))
-    return Group(table, foot)
+    return Group(table, *(f"[dim]{h}[/] {reason}" for h, reason in below), foot)
 
 
 def render_failures(console: Any, grid: str, failures: list[Mapping[str, Any]], total: int) -> None:
