@@ -319,15 +319,11 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
            as_json: bool = JSON) -> None:
     """Register the grid in the catalog (idempotent); with --address, launch or attach its controller
     as a Ray job with the deterministic id phaselab-<grid hash>-v<version>."""
-    from phaselab.catalog.db import StorageFault
     from phaselab.orchestrator.controller import Controller
 
     _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
-    try:
-        store = open_store(catalog, create=True)
-    except StorageFault as err:   # a read-only or full catalog folder, in one line
-        fail(as_json, str(err))
+    store = open_store(catalog, create=True)
     grid_id = Controller(store, dag).submit(requeue=True)
     version = next(v["version"] for v in store.get_grid(dag.spec.grid)["versions"] if v["grid_hash"] == dag.grid_hash)
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
@@ -508,6 +504,20 @@ def why(stage: str = typer.Argument(..., help="Stage hash (prefix), or with --gr
             console.print(f"  - {line}")
     else:
         console.print(f"no other stored {kind} stage to compare with")
+
+
+ENCODING_KINDS = typer.Argument(None, help="Kinds to show (also \"module:Class\"); default: all registered.")
+
+
+@app.command()
+def encodings(kinds: list[str] = ENCODING_KINDS, as_json: bool = JSON) -> None:
+    """List the positional encodings a grid may name, with their `pe.options` (docs/EXTENDING.md)."""
+    from phaselab.orchestrator.reference import encodings_reference
+
+    text = encodings_reference(kinds or None)
+    emit(as_json, {"ok": True, "text": text})
+    if not as_json:
+        typer.echo(text, nl=False)
 
 
 # Verbs in their own modules, registered in this order (it is the order of `phaselab --help`).

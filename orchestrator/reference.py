@@ -183,5 +183,29 @@ def grid_reference() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def encodings_reference(kinds: list[str] | None = None) -> str:
+    """Markdown of the positional encodings a grid may name (`phaselab encodings`): the registered
+    ones (built-ins, installed entry points) or ``kinds`` (also "module:Class"), each with its
+    class, its distribution and the `pe.options` keys of its `config_cls` (docs/EXTENDING.md).
+    Imports each encoding named; one that fails is listed with its error."""
+    from phaselab.workloads.models import pe_registry
+
+    out = ["## Positional encodings (`model.pe.kind`)", ""]
+    for kind in kinds or pe_registry.names():
+        try:
+            target, dist = pe_registry.target(kind)
+            cls = pe_registry.load(kind)
+        except pe_registry.EncodingError as err:
+            out += [f"### `{kind}`", "", f"error: {err}", ""]
+            continue
+        builtin = "built-in" if pe_registry.is_builtin(kind) else (dist or "PYTHONPATH")
+        doc = cls.__doc__ or sys.modules[cls.__module__].__doc__
+        out += [f"### `{kind}`", "", f"`{target}` ({builtin}). " + _first_line(doc), ""]
+        if cls.config_cls is not None:
+            out += ["| key | type | default |", "|---|---|---|",
+                    *_dataclass_rows(cls.config_cls, "pe.options.", MAX_DEPTH, []), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 if __name__ == "__main__":
     sys.stdout.write(grid_reference())

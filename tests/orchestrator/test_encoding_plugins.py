@@ -109,3 +109,15 @@ def test_a_broken_plugin_fails_at_plan_naming_the_plugin_and_the_grid_line(tmp_p
     assert repr(kind) in issues[0].message
     line, _ = locate(grid.read_text(), "pe: {kind")
     assert (issues[0].mark.file, issues[0].mark.line) == (str(grid), line)
+
+
+def test_phaselab_encodings_shows_a_plugins_options_and_a_broken_ones_error(plugins) -> None:
+    from typer.testing import CliRunner
+
+    from phaselab.orchestrator.cli import app
+
+    res = CliRunner().invoke(app, ["encodings", "rope", "phaselab_kerple:Kerple", "missing_mod:X"])
+    assert res.exit_code == 0, res.output
+    assert "`phaselab.workloads.models.positional.rope:RoPE` (built-in)" in res.output
+    assert "| `pe.options.r1_init` | `float` | `1.0` |" in res.output
+    assert "importing 'missing_mod' failed: ModuleNotFoundError" in res.output
