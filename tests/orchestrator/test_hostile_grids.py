@@ -275,7 +275,8 @@ def _cli_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]
 def test_verbs_without_a_catalog_print_a_message(tmp_path: Path, verb: list[str]) -> None:
     missing = f"sqlite:///{tmp_path / 'none' / 'catalog.db'}"
     code, out = _cli_json(*verb, "--catalog", missing)
-    assert code == 1 and out["error"] == "there is no catalog yet (run `phaselab run t` first)"
+    assert code == 1 and out["error"] == (f"there is no catalog at {tmp_path / 'none' / 'catalog.db'} "
+                                          "(named by --catalog) (run `phaselab run t` first)")
     empty = tmp_path / "empty.db"
     empty.touch()   # a file without the schema
     code, out = _cli_json(*verb, "--catalog", f"sqlite:///{empty}")
