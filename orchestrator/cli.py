@@ -319,11 +319,15 @@ def submit(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, ca
            as_json: bool = JSON) -> None:
     """Register the grid in the catalog (idempotent); with --address, launch or attach its controller
     as a Ray job with the deterministic id phaselab-<grid hash>-v<version>."""
+    from phaselab.catalog.db import StorageFault
     from phaselab.orchestrator.controller import Controller
 
     _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
-    store = open_store(catalog, create=True)
+    try:
+        store = open_store(catalog, create=True)
+    except StorageFault as err:   # a read-only or full catalog folder, in one line
+        fail(as_json, str(err))
     grid_id = Controller(store, dag).submit(requeue=True)
     version = next(v["version"] for v in store.get_grid(dag.spec.grid)["versions"] if v["grid_hash"] == dag.grid_hash)
     out: dict[str, Any] = {"ok": True, "grid": dag.spec.grid, "grid_id": grid_id, "version": version,
