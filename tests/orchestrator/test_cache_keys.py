@@ -155,7 +155,7 @@ def test_a_field_added_with_its_default_in_key_defaults_keeps_existing_keys() ->
     other_value = {"train": {"steps": 10, "lr": 1e-3, "new_switch": "on"}}
 
     def key(config: dict, defaults: dict) -> str:
-        import phaselab.orchestrator.hashing as hashing
+        from phaselab.orchestrator import hashing
 
         saved = dict(hashing.KEY_DEFAULTS)
         hashing.KEY_DEFAULTS.clear()

@@ -454,7 +454,7 @@ def selection_records(info: Mapping[str, Any], records: list[MetricRecord]) -> l
 
 def _write_provenance(spec: Mapping[str, Any], out_dir: Path) -> None:
     """What the suite ran (``workloads.provenance``), in ``out_dir/provenance.json``."""
-    from phaselab.workloads.train.loop import resolved_precision
+    from phaselab.workloads.precision import resolved_precision
 
     device = resolve_device(str(spec.get("device", "auto")))
     provenance.write(out_dir, provenance.what_ran(

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from phaselab.workloads.precision import resolved_precision
+
 _CE_CHUNK = 2048  # rows of logits turned into fp32 log-probs at a time
 
 
@@ -124,9 +126,7 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """``precision``: "fp32" | "bf16" | "auto" (bf16 autocast on CUDA, fp32 elsewhere)."""
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {precision!r}")
-    if precision == "fp32" or (precision == "auto" and device.type != "cuda"):
+    if resolved_precision(precision, device) == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 

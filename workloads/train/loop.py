@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from phaselab.catalog.tracking import Tracker
+from phaselab.workloads.precision import resolved_precision
 from phaselab.workloads.train.optim import OptimConfig, set_lr
 from phaselab.workloads.train.schedule import Schedule
 from phaselab.workloads.train.signals import StopFlag, TrainingPreempted
@@ -156,11 +157,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def resolved_precision(precision: str, device: torch.device) -> str:
-    """What ``train.precision`` means on ``device``: "auto" is bf16 on CUDA, fp32 elsewhere."""
-    return "bf16" if precision == "bf16" or (precision == "auto" and device.type == "cuda") else "fp32"
 
 
 def autocast_for(precision: str, device: torch.device, *, cache: bool = True

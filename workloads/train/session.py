@@ -34,6 +34,7 @@ from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads import provenance
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.data import build_dataset
+from phaselab.workloads.precision import resolved_precision
 from phaselab.workloads.train.checkpoint import (
     BEST,
     BestKeeper,
@@ -46,7 +47,7 @@ from phaselab.workloads.train.checkpoint import (
     write_json,
 )
 from phaselab.workloads.train.fast_step import engine_for
-from phaselab.workloads.train.loop import LoopResult, data_position, evaluate, resolved_precision, train
+from phaselab.workloads.train.loop import LoopResult, data_position, evaluate, train
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import stop_on_sigterm
 
