@@ -86,6 +86,21 @@ def test_a_symlink_anywhere_in_a_run_folder_that_leads_outside_is_refused(tmp_pa
         check_run_folder(run, max_entries=4)
 
 
+def test_ray_train_refuses_such_a_run_folder_before_any_worker_starts(tmp_path: Path) -> None:
+    """``ray_entry.fit`` (the multi-worker launcher) checks its run folder as run_training does."""
+    from phaselab.workloads.train.ray_entry import fit
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    run.mkdir()
+    outside.mkdir()
+    (run / "checkpoints").symlink_to(outside)
+    spec = {"model": {"vocab_size": 66, "block_size": 8, "n_layer": 1, "n_head": 1, "d_model": 8},
+            "data": {"kind": "text", "block_size": 8}, "train": {"steps": 1, "device": "cpu"}}
+    with pytest.raises(PathRefused, match="checkpoints' leads to .*outside"):
+        fit(spec, out_dir=run, run_name="r", storage_path=tmp_path / "ray")
+    assert not any(outside.iterdir()) and not (tmp_path / "ray").exists()
+
+
 def test_checkpoint_dir_never_saves_through_a_symlink_out_of_its_run_folder(tmp_path: Path) -> None:
     run, outside = tmp_path / "run", tmp_path / "outside"
     run.mkdir()

@@ -347,12 +347,14 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
     """
     from ray.train.torch import TorchTrainer
 
+    from phaselab.workloads.paths import check_path, check_run_folder
     from phaselab.workloads.train.api import TrainOutcome, best_folder, parse_spec
 
     parse_spec(spec)  # fail fast on the driver with the dotted path of a bad key
     scaling = scaling_config(num_workers=num_workers, use_gpu=use_gpu,
                              resources_per_worker=resources_per_worker)
-    out_dir = Path(out_dir).resolve()
+    out_dir = check_path(out_dir, what="out_dir", expect="new_dir").resolve()   # workers run elsewhere
+    check_run_folder(out_dir)   # no symlink in it may lead the workers' files elsewhere
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {"spec": json.loads(json.dumps(dict(spec))), "out_dir": str(out_dir),
               "init_from": str(Path(init_from).resolve()) if init_from else None,
