@@ -275,8 +275,11 @@ def _axis_names(spec: GridSpec, marks: Marks, issues: list[Issue]) -> list[str]:
                 issues.append(Issue(marks.at(path), dotted(path), f"axis name {axis!r} must match {AXIS_PATTERN}"))
             if not values:
                 issues.append(Issue(marks.at(path), dotted(path), "an axis needs at least one value"))
-            issues += _duplicate_values(path, values, marks)
+            if base[1] == "product":   # a zip repeats a value legitimately: its tuples must differ
+                issues += _duplicate_values(path, values, marks)
             names.append(axis)
+        if base[1] == "zip" and len(lengths) == 1:
+            issues += _duplicate_values(base, [list(t) for t in zip(*group.values())], marks)
     for i, rule in enumerate(spec.axes.exclude):
         for axis in rule:
             if axis not in names:

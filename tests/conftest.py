@@ -21,6 +21,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_extensions"))
 os.environ.setdefault("RAY_TMPDIR", "/tmp/phaselab-ray")
+# pytest-xdist's workers set COLUMNS=80; the CLI reads it as the reader's width (cli_common), so the
+# commands under test would wrap where a pipe or a log does not. Tests that want a width set one.
+os.environ.pop("COLUMNS", None)
 # Tiny-shape tests on 2 cores run far faster single-threaded (0.014 s vs 0.65 s per training step
 # measured under load); set before torch is imported so Ray/DeepSpeed workers inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -282,7 +282,8 @@ def test_killed_worker_is_retried_and_resumes_from_checkpoint(tmp_path: Path, ra
 
 
 @pytest.mark.parametrize("override,failure_class,fragment", [
-    ("stages.pretrain.model.block_size=16", "config", "block_size"),          # raises in the workload
+    # raises in the workload, after training (plan checks block and vocabulary sizes up front)
+    ("stages.pretrain.train.final_eval_splits=[nosuch]", "config", "nosuch"),
     ("defaults.train.lr=1.0e+6", "divergence", "diverged"),                   # NaN gradient
 ])
 def test_failing_stage_leaves_a_consistent_catalog(tmp_path: Path, ray_address, override, failure_class,

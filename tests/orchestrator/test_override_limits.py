@@ -129,6 +129,16 @@ def test_an_axis_value_listed_twice_is_refused_at_the_second(tmp_path: Path) -> 
     assert len(plan_grid(_grid(tmp_path), ["+axes.product.flag=[true,1]"]).cells) == 4   # not the same value
 
 
+def test_a_zip_may_repeat_a_value_but_not_a_tuple(tmp_path: Path) -> None:
+    """In a zip the cells are the tuples: (rope, 6), (pope, 6) are two cells; (rope, 6) twice is one."""
+    grid = BASE.replace("  product:\n    pe: [rope, pope]", "  zip:\n    - {pe: [rope, pope], n: [6, 6]}")
+    assert grid != BASE
+    assert len(plan_grid(_grid(tmp_path, grid)).cells) == 2
+    twice = grid.replace("{pe: [rope, pope], n: [6, 6]}", "{pe: [rope, pope, rope], n: [6, 6, 6]}")
+    with pytest.raises(GridError, match=r"axes.zip.0.2: value \['rope', 6\] is listed twice \(also at index 0\)"):
+        plan_grid(_grid(tmp_path, twice))
+
+
 @pytest.mark.parametrize("old,new,needle,key,fragment", [
     ("steps: 2,", "steps: 2, lr: .inf,", ".inf", "defaults.train.lr", "must be finite, got inf"),
     ("batch_size: 2,", "batch_size: 0,", "batch_size", "defaults.train.batch_size", "batch size must be in [1,"),
