@@ -87,9 +87,13 @@ def _flex_reason(call: AttnCall) -> str | None:
         return "an encoding's own score() with packed documents (cu_seqlens): use 'reference'"
     if call.deterministic and call.needs_grad:
         return "deterministic=True: FlexAttention's backward is not guaranteed deterministic"
+    if min(call.head_dim, call.qk_width) < FLEX_MIN_HEAD_DIM:
+        return (f"head dim {min(call.head_dim, call.qk_width)} < {FLEX_MIN_HEAD_DIM}: compiled FlexAttention "
+                "has no kernel for it (torch: 'NYI: embedding dimension ... must be at least 16'); use 'reference'")
     return None
 
 
+FLEX_MIN_HEAD_DIM = 16   # torch 2.11's compiled flex_attention lowering refuses smaller q/k/v widths
 _COMPILED_FLEX: list[Any] = []
 
 

