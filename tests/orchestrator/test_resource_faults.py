@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from _fs_faults import fill, make_readonly, tiny_fs
-from _quickstart import closed_port
 from typer.testing import CliRunner
 
 from phaselab.catalog.store import CatalogStore
@@ -64,7 +63,14 @@ def test_a_read_only_runs_folder_is_refused_before_any_work(tmp_path: Path, monk
 
 
 def test_an_unreachable_cluster_registers_no_grid_version(tmp_path: Path, monkeypatch) -> None:
-    out = _run(monkeypatch, tmp_path / "catalog.db", tmp_path / "runs", "--address", f"127.0.0.1:{closed_port()}")
+    import socket
+
+    # a port held bound but not listening: refused, and no Ray cluster of a test running beside
+    # this one can take it meanwhile (a port merely closed can be, and was, reused)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{held.getsockname()[1]}"
+        out = _run(monkeypatch, tmp_path / "catalog.db", tmp_path / "runs", "--address", address)
     assert out["error"].startswith("no Ray cluster answers at 127.0.0.1:")
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
     assert store.get_grid("quickstart") is None   # no version, so no READY stage without a controller
