@@ -229,6 +229,8 @@ def init_ray(*, address: str | None = None, num_cpus: int | None = None, dashboa
     import ray
 
     if ray.is_initialized():
+        if address:   # an explicit cluster nobody answers at is refused here too, not replaced
+            check_cluster(address)
         return None
     if dashboard and not (address or os.environ.get("RAY_ADDRESS")):
         require_dashboard()
