@@ -65,8 +65,8 @@ def test_a_read_only_runs_folder_is_refused_before_any_work(tmp_path: Path, monk
 def test_an_unreachable_cluster_registers_no_grid_version(tmp_path: Path, monkeypatch) -> None:
     import socket
 
-    # a port held bound but not listening: refused, and no Ray cluster of a test running beside
-    # this one can take it meanwhile (a port merely closed can be, and was, reused)
+    # a port held bound but not listening: refused, and no process of a test running beside this
+    # one can take it meanwhile, as it could a port merely released
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{held.getsockname()[1]}"
