@@ -55,9 +55,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_phaselab(n: int, workdir: Path, *, sleep_s: float = 0.0) -> dict[str, Any]:
     """Catalog + plan + submit + run of the N-stage noop grid; checks every stage SUCCEEDED."""
-    from phaselab.catalog.store import CatalogStore
-    from phaselab.orchestrator.controller import Controller
-    from phaselab.orchestrator.dag import build_dag, load_grid
+    from phaselab.catalog.store.api import CatalogStore
+    from phaselab.orchestrator.engine.controller import Controller
+    from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
     t0 = time.perf_counter()
     store = CatalogStore(f"sqlite:///{workdir / 'catalog.db'}")
@@ -117,7 +117,7 @@ def run_tune(n: int, workdir: Path, num_cpus: int, *, reuse_actors: bool = False
 
 def profile_phaselab(n: int, workdir: Path) -> dict[str, float]:
     """One more phaselab run under cProfile: the controller's seconds (submit + run) by category,
-    from the cumulative time of the calls made from orchestrator/controller.py."""
+    from the cumulative time of the calls made from orchestrator/engine/controller.py."""
     prof = cProfile.Profile()
     prof.enable()
     res = run_phaselab(n, workdir)
@@ -125,8 +125,8 @@ def profile_phaselab(n: int, workdir: Path) -> dict[str, float]:
     stats = pstats.Stats(prof).stats   # func -> (cc, nc, tt, ct, callers)
     cats = {"catalog_transactions_s": 0.0, "ray_calls_s": 0.0, "poll_sleep_s": 0.0}
     for (file, _, name), (_, _, _, _, callers) in stats.items():
-        from_controller = sum(c[3] for (cf, _, _), c in callers.items() if cf.endswith("orchestrator/controller.py"))
-        if file.endswith(("catalog/store.py", "catalog/store_reads.py")):
+        from_controller = sum(c[3] for (cf, _, _), c in callers.items() if cf.endswith("orchestrator/engine/controller.py"))
+        if file.endswith(("catalog/store/api.py", "catalog/store/queries.py")):
             cats["catalog_transactions_s"] += from_controller
         elif "/ray/" in file:   # ray.wait/get/cluster_resources/.remote (through Ray's wrappers)
             cats["ray_calls_s"] += from_controller

@@ -45,7 +45,7 @@ import step_profile
 import torch
 
 from phaselab.catalog.tracking import RecordingTracker
-from phaselab.orchestrator.dag import stage_config
+from phaselab.orchestrator.plan.dag import stage_config
 from phaselab.workloads.data import build_dataset
 from phaselab.workloads.train.api import build_model, parse_spec
 from phaselab.workloads.train.fast_step import engine_for
@@ -202,7 +202,7 @@ def packed(n: int, *, steps: int, work: Path, mode: str = "graphs-compiled") -> 
     compile_ = MODES[mode]["train"].get("compile", False)
     grid.write_text(PACK_GRID.format(n=n, seeds=list(range(n)), steps=steps, gpus=round(1 / n, 4),
                                      compile=str(compile_).lower()))
-    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", str(grid), "--no-mlflow",
+    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli.main", "run", str(grid), "--no-mlflow",
            "--catalog", f"sqlite:///{root}/catalog.db", "--runs-root", str(root / "runs")]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -2,6 +2,6 @@
 
 
 def main() -> None:
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     app()

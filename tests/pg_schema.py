@@ -21,7 +21,7 @@ def postgres_schema(prefix: str) -> Iterator[str]:
     """The URL of the CI PostgreSQL with a new schema ``<prefix>_<random>`` on its search path."""
     from sqlalchemy import create_engine
 
-    from phaselab.catalog.db import normalize_url
+    from phaselab.catalog.store.db import normalize_url
 
     base = normalize_url(os.environ["PHASELAB_TEST_POSTGRES_URL"])
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"

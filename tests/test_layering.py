@@ -3,8 +3,8 @@
 kernels imports nothing of ours; catalog imports nothing of ours (and never torch);
 workloads may import phaselab.kernels and phaselab.catalog.tracking only; orchestrator anything;
 phaselab.cli imports the orchestrator lazily. Code imports only through ``phaselab.*``. No
-module imports ``phaselab.orchestrator.cli`` but the entry point: the command modules share
-``orchestrator.cli_common``, so cli.py can import them at top level without a cycle.
+module imports ``phaselab.orchestrator.cli.main`` but the entry point: the command modules share
+``orchestrator.cli.common``, so cli.py can import them at top level without a cycle.
 """
 
 from __future__ import annotations
@@ -20,14 +20,46 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"kernels": "phaselab.kernels", "catalog": "phaselab.catalog",
             "workloads": "phaselab.workloads", "orchestrator": "phaselab.orchestrator",
             "phaselab": "phaselab"}
+_TRACKER = ("phaselab.catalog.tracking", "phaselab.catalog.tracking.interface")
 ALLOWED = {
     "phaselab.kernels": ("phaselab.kernels",),
     "phaselab.catalog": ("phaselab.catalog",),
-    "phaselab.workloads": ("phaselab.workloads", "phaselab.kernels", "phaselab.catalog.tracking"),
+    "phaselab.workloads": ("phaselab.workloads", "phaselab.kernels", *_TRACKER),
     "phaselab.orchestrator": ("phaselab",),
     "phaselab": ("phaselab",),
 }
 BARE_TOP_LEVEL = {"kernels", "catalog", "workloads", "orchestrator"}
+# room -> the rooms of its own package it may import (itself always); any other package follows ALLOWED.
+ROOMS = {
+    "phaselab.catalog.tracking.interface": (),
+    "phaselab.orchestrator.stages": (),
+    "phaselab.orchestrator.language": ("phaselab.orchestrator.stages",),
+    "phaselab.orchestrator.plan": ("phaselab.orchestrator.stages", "phaselab.orchestrator.language"),
+    "phaselab.orchestrator.engine": ("phaselab.orchestrator.stages", "phaselab.orchestrator.language",
+                                     "phaselab.orchestrator.plan"),
+    "phaselab.orchestrator.cli": ("phaselab.orchestrator",),
+    "phaselab.catalog.store": _TRACKER,
+    "phaselab.catalog.reports": (*_TRACKER, "phaselab.catalog.store"),
+    "phaselab.catalog.tracking": ("phaselab.catalog",),
+}
+
+
+def _room(module: str) -> str | None:
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
+
+
+def _room_violation(module: str, name: str) -> str | None:
+    """The rule between rooms of one package; None when ``name`` is in another package or allowed."""
+    room = _room(module)
+    package = ".".join(module.split(".")[:2])
+    if room is None or not name.startswith(package + ".") or name == package:
+        return None
+    target = _room(name)
+    if target == room:
+        return None
+    if target is None or not any(name == a or name.startswith(a + ".") for a in ROOMS[room]):
+        return f"{room} may not import {name}"
+    return None
 
 
 def _module_name(path: Path, root: Path = ROOT) -> tuple[str, str]:
@@ -78,10 +110,14 @@ def _violations(root: Path = ROOT) -> list[str]:
                 continue
             if layer == "phaselab" and name.startswith("phaselab.orchestrator") and at_top:
                 bad.append(f"{where}: phaselab.cli must import the orchestrator lazily")
-            if not any(name == a or name.startswith(a + ".") for a in ALLOWED[layer]):
+            exact = layer == "phaselab.workloads" and name.startswith("phaselab.catalog")
+            if not any(name == a or (not exact and name.startswith(a + ".")) for a in ALLOWED[layer]):
                 bad.append(f"{where}: {layer} may not import {name}")
-            if name == "phaselab.orchestrator.cli" and layer != "phaselab":
-                bad.append(f"{where}: imports the CLI entry module (shared CLI pieces live in cli_common)")
+            if name == "phaselab.orchestrator.cli.main" and layer != "phaselab":
+                bad.append(f"{where}: imports the CLI entry module (shared CLI pieces live in cli.common)")
+            room_bad = _room_violation(module, name)
+            if room_bad:
+                bad.append(f"{where}: {room_bad}")
     return bad
 
 
@@ -95,10 +131,12 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     # workloads and a cli importing the orchestrator at top level.
     probes = {
         "kernels/probe.py": "from phaselab.workloads.models import transformer\nimport kernels.registry\n",
-        "catalog/migrations/versions/0099_probe.py": "import phaselab.workloads.train\n",
-        "phaselab/cli.py": "from phaselab.orchestrator.cli import app\n",
+        "catalog/store/migrations/versions/0099_probe.py": "import phaselab.workloads.train\n",
+        "phaselab/cli.py": "from phaselab.orchestrator.cli.main import app\n",
         "workloads/ok.py": "from phaselab.kernels import registry\nfrom phaselab.catalog.tracking import Tracker\n",
-        "orchestrator/cli_probe.py": "def register(app):\n    from phaselab.orchestrator.cli import JSON\n",
+        "orchestrator/cli/probe.py": "def register(app):\n    from phaselab.orchestrator.cli.main import JSON\n",
+        "orchestrator/plan/probe.py": "from phaselab.orchestrator.engine import controller\n",
+        "catalog/store/probe.py": "from phaselab.catalog.reports import export\n",
     }
     for rel, src in probes.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -108,9 +146,11 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     assert any("kernels/probe.py:2" in b and "use phaselab.kernels" in b for b in bad), bad
     assert any("0099_probe.py:1" in b and "phaselab.catalog may not import" in b for b in bad), bad
     assert any("phaselab/cli.py:1" in b and "lazily" in b for b in bad), bad
-    assert any("cli_probe.py:2" in b and "cli_common" in b for b in bad), bad
+    assert any("cli/probe.py:2" in b and "cli.common" in b for b in bad), bad
+    assert any("plan/probe.py:1" in b and "orchestrator.plan may not import" in b for b in bad), bad
+    assert any("store/probe.py:1" in b and "catalog.store.api may not import" in b for b in bad), bad
     assert not any("workloads/ok.py" in b for b in bad), bad
-    assert len(bad) == 5, bad
+    assert len(bad) == 7, bad
 
 
 @pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])
@@ -118,10 +158,10 @@ def test_orchestrator_and_catalog_import_without_torch(package: str) -> None:
     code = (
         "import importlib, pkgutil, sys\n"
         f"pkg = importlib.import_module('{package}')\n"
-        "skip = ('phaselab.catalog.migrations',)\n"
+        "skip = ('phaselab.catalog.store.migrations',)\n"
         "mods = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.')]\n"
         "if pkg.__name__ == 'phaselab.orchestrator':\n"
-        "    mods = [m for m in mods if m.endswith('.cli') or m.endswith('.spec') or m.endswith('.grid')]\n"
+        "    mods = [m for m in mods if m.endswith(('.cli.main', '.spec', '.expand'))]\n"
         "for m in mods:\n"
         "    if not m.startswith(skip):\n"
         "        importlib.import_module(m)\n"

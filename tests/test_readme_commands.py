@@ -49,7 +49,7 @@ README_OUTPUT = re.compile(r"(What `make demo` prints at the end.*?\n```\n)(.*?)
 # later command reads: the `train` example's, the demo's, and .phaselab/eval, where each `eval`
 # of a checkpoint writes its records.json whole).
 READ_ONLY = ("phaselab grids", "phaselab plan ", "phaselab --version", "phaselab why ", "phaselab status ",
-             "phaselab eval ", "phaselab train docs/examples/", "python -m phaselab.orchestrator.demo")
+             "phaselab eval ", "phaselab train docs/examples/", "python -m phaselab.orchestrator.cli.demo")
 
 # command as written -> (what runs instead, why). SKIP: nothing runs.
 QUICK: dict[str, tuple[str | None, str]] = {
@@ -59,7 +59,7 @@ QUICK: dict[str, tuple[str | None, str]] = {
     "phaselab run experiments/pope_jsb.yaml seeds=[0,1,2] train.steps=3000": (
         "phaselab plan experiments/pope_jsb.yaml seeds=[0,1,2] train.steps=3000",
         "six JSB trainings of 3000 steps take hours on a CPU; plan checks the grid and its overrides"),
-    "python -m phaselab.orchestrator.demo": ("python -m phaselab.orchestrator.demo --steps 5",
+    "python -m phaselab.orchestrator.cli.demo": ("python -m phaselab.orchestrator.cli.demo --steps 5",
                                           "1200 steps per encoding take ~5 min on 2 cores"),
     "phaselab eval CHECKPOINT --suite ppl-by-length": (
         "phaselab eval CHECKPOINT --suite ppl-by-length ppl.max_tokens=4096",
@@ -249,7 +249,7 @@ def _mlflow(project: Project, command: str) -> None:
 
 def _pretrains(grid: str | Path, pe: set[str] | None = None) -> dict[str, str]:
     """cell -> pretrain stage hash of ``grid`` as planned (no catalog, no Ray)."""
-    from phaselab.orchestrator.dag import plan_grid
+    from phaselab.orchestrator.plan.dag import plan_grid
 
     nodes = plan_grid(grid).nodes.items()
     return {n.members[0][0]: h for h, n in nodes

@@ -1,7 +1,7 @@
-"""Every paper table (catalog/tables/*.py) binds to a shipped grid that produces what it reads.
+"""Every paper table (catalog/reports/tables/*.py) binds to a shipped grid that produces what it reads.
 
 Checked statically, without running anything: each grid is planned offline
-(``orchestrator.dag.plan_grid``: axes expansion, stage templates per cell, typed configs), and
+(``orchestrator.plan.dag.plan_grid``: axes expansion, stage templates per cell, typed configs), and
 each stage's metric rows are predicted from its kind and config the way the workloads write
 them (training stages: ``loss``/``acc`` per final-eval split with a ``step``; eval suites:
 ``workloads.evals.api``'s documented records). Those rows carry the same fields as
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from phaselab.catalog.tables import TABLES, get_spec
-from phaselab.catalog.tables.spec import TableSpec, build, get_field
-from phaselab.orchestrator.dag import Dag, plan_grid
-from phaselab.orchestrator.grids import shipped_grids
+from phaselab.catalog.reports.tables import TABLES, get_spec
+from phaselab.catalog.reports.tables.spec import TableSpec, build, get_field
+from phaselab.orchestrator.language.library import shipped_grids
+from phaselab.orchestrator.plan.dag import Dag, plan_grid
 from phaselab.workloads.evals.bundle import BLIMP_GROUP, TASKS_DIR
 
 # lm-eval tasks the shipped grids name, with the metrics lm-eval reports for them (multiple

@@ -69,7 +69,7 @@ def readme(info: dict[str, Any], figures: list[str], exported: list[str]) -> str
         lines.append("")
     lines += ["## Data", "",
               (f"- `export/`: `phaselab export {info['grid']} --format parquet` ({len(exported)} files; "
-               "read with `phaselab.catalog.export.read_metrics`)"),
+               "read with `phaselab.catalog.reports.export.read_metrics`)"),
               "- `curves.jsonl.gz`: learning curves, one JSON line per (training stage, logged step)",
               "- `run.json`: everything above plus per-stage states; `log.txt.gz`: the console log", ""]
     return "\n".join(lines)
@@ -113,7 +113,7 @@ def axes_by_stage(export_dir: Path) -> dict[str, dict[str, Any]]:
 def learning_curves(dest: Path) -> list[str]:
     """``learning_curves.{png,pdf}`` from ``curves.jsonl.gz`` (training and validation loss, and
     validation accuracy when logged), labelled by the cells' axes; [] without curves."""
-    from phaselab.catalog.curves import plot_learning_curves, read_points
+    from phaselab.catalog.reports.curves import plot_learning_curves, read_points
 
     curves = dest / "curves.jsonl.gz"
     axes_of = axes_by_stage(dest / "export")

@@ -42,7 +42,7 @@ PACKAGES = ("torch", "triton", "ray", "deepspeed", "mlflow", "mlflow-skinny", "s
 def grid_name(source: str) -> str:
     import yaml
 
-    from phaselab.orchestrator.grids import resolve_grid_path
+    from phaselab.orchestrator.language.library import resolve_grid_path
 
     return str(yaml.safe_load(resolve_grid_path(source).read_text())["grid"])
 
@@ -80,7 +80,7 @@ def source_sha256() -> str:
 
 def versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     """Python's and each distribution's version (None when not installed)."""
-    from phaselab.catalog.fingerprint import package_versions
+    from phaselab.catalog.store.fingerprint import package_versions
 
     return {"python": platform.python_version(), **package_versions(names)}
 
@@ -97,15 +97,15 @@ def tar_folder(src: Path, dest: Path, *, suffixes: tuple[str, ...] | None = None
 
 
 def tables_for(grid: str) -> list[str]:
-    from phaselab.catalog.tables import TABLES, get_spec
+    from phaselab.catalog.reports.tables import TABLES, get_spec
 
     return [name for name in TABLES if grid in get_spec(name).grids]
 
 
 def write_tables(store: Any, grid: str, work: Path, out: Path) -> dict[str, Any]:
     """Paper tables bound to ``grid`` (+ figures), else the generic results pivot."""
-    from phaselab.catalog.figures import CURVE_TABLES, render_figures
-    from phaselab.catalog.tables import get_spec, render_table
+    from phaselab.catalog.reports.figures import CURVE_TABLES, render_figures
+    from phaselab.catalog.reports.tables import get_spec, render_table
 
     names, texts, figures = tables_for(grid), [], []
     for name in names:
@@ -115,14 +115,14 @@ def write_tables(store: Any, grid: str, work: Path, out: Path) -> dict[str, Any]
     if curve_names:
         figures = render_figures(store, work / "figures", names=curve_names)
     if not names:
-        texts.append(results_markdown(store.metrics_frame(grid=grid), grid))
+        texts.append(results_markdown(store.reads.metrics_frame(grid=grid), grid))
     (out / "tables.md").write_text("\n".join(texts))
     packed = tar_folder(work / "figures", out / "figures.tar", suffixes=(".png", ".pdf")) if figures else []
     return {"tables": names, "figures": packed}
 
 
 def results_markdown(frame: list[dict[str, Any]], grid: str) -> str:
-    from phaselab.orchestrator.views import results_table
+    from phaselab.orchestrator.cli.views import results_table
 
     cols, rows = results_table(frame)
     head = ["cell", "stage", *cols]
@@ -180,8 +180,8 @@ def write_curves(stages: list[Any], work: Path, out: Path) -> dict[str, int]:
 
 
 def pack(args: argparse.Namespace) -> dict[str, Any]:
-    from phaselab.catalog.export import export_grid
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.reports.export import export_grid
+    from phaselab.catalog.store.api import CatalogStore
 
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -193,13 +193,13 @@ def pack(args: argparse.Namespace) -> dict[str, Any]:
         "wall_seconds": args.seconds, "mlflow": bool(args.mlflow), "versions": versions()}
     db = work / "catalog.db"
     store = CatalogStore(f"sqlite:///{db}") if db.is_file() else None
-    if store is None or store.get_grid(grid) is None:
+    if store is None or store.reads.get_grid(grid) is None:
         info["error"] = f"grid {grid!r} is not in the catalog {db}"
         return info
     info["export"] = export_grid(store, grid, "parquet", work / "export")
     tar_folder(work / "export", out / "export.tar")
     info.update(write_tables(store, grid, work, out))
-    stages = store.stages_for_grid(store.get_grid(grid)["id"], current_only=True)
+    stages = store.stages_for_grid(store.reads.get_grid(grid)["id"], current_only=True)
     info["stages"] = [{"hash": s.stage_hash[:12], "kind": s.kind, "name": s.name, "state": s.state,
                        "gpu_seconds": s.gpu_seconds} for s in stages]
     info["states"] = {st: sum(s.state == st for s in stages) for st in sorted({s.state for s in stages})}

@@ -97,8 +97,8 @@ if [[ $INSTALL == auto ]] && "$PY" -c "$DEPS" 2> /dev/null; then
 elif [[ $INSTALL != no ]]; then
   install_wheels
 fi
-"$PY" -c "import phaselab.orchestrator.cli" 2> /dev/null || map_package
-"$PY" -c "$DEPS; import phaselab.orchestrator.cli" 2>&1 | tee -a "$LOG"
+"$PY" -c "import phaselab.orchestrator.cli.main" 2> /dev/null || map_package
+"$PY" -c "$DEPS; import phaselab.orchestrator.cli.main" 2>&1 | tee -a "$LOG"
 ((PIPESTATUS[0] == 0)) || { say "dependencies do not import (traceback above)"; exit 3; }
 if ((MLFLOW)) && ! "$PY" -c "import mlflow" 2> /dev/null; then
   say "mlflow does not import: running with --no-mlflow (curves only from metrics.jsonl)"
@@ -115,7 +115,7 @@ if ((MPS)); then
   say "MPS control daemon started ($CUDA_MPS_PIPE_DIRECTORY)"
 fi
 
-RUN=("$PY" -m phaselab.orchestrator.cli run "$GRID" "${OVERRIDES[@]}"
+RUN=("$PY" -m phaselab.orchestrator.cli.main run "$GRID" "${OVERRIDES[@]}"
      --catalog "sqlite:///$WORK/catalog.db" --runs-root "$WORK/runs")
 ((MLFLOW)) || RUN+=(--no-mlflow)
 [[ -n $NUM_CPUS ]] && RUN+=(--num-cpus "$NUM_CPUS")

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.orchestrator.hashing import canonical_json, sha256_hex
 from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_data
+from phaselab.orchestrator.stages.digest import canonical_json, sha256_hex
 
 OFFLINE_KINDS = frozenset({"indirect_indexing", "jsb", "text", "dna"})
 

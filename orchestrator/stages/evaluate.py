@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from phaselab.orchestrator.hashing import canonical_json, package_root, sha256_hex
 from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_eval
+from phaselab.orchestrator.stages.digest import canonical_json, package_root, sha256_hex
 
 
 class EvalStage(Stage):

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from phaselab.catalog.tracking import MetricRecord, NullTracker
-from phaselab.orchestrator.hashing import canonical_json, sha256_hex
 from phaselab.orchestrator.stages.base import (
     Resources,
     SectionError,
@@ -43,6 +42,7 @@ from phaselab.orchestrator.stages.base import (
     StageResult,
     convert_section,
 )
+from phaselab.orchestrator.stages.digest import canonical_json, sha256_hex
 from phaselab.orchestrator.stages.pretrain import PretrainStage
 from phaselab.workloads.config import flatten, suggest
 

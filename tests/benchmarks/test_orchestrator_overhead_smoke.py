@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import orchestrator_overhead as ob
 
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
 
 def test_percentile_known_answers():
@@ -64,7 +64,7 @@ def test_noop_config_errors_name_the_key():
 
 @pytest.mark.ray
 def test_phaselab_side_five_noop_stages(tmp_path: Path):
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     local_ray.shared()
     res = ob.run_phaselab(5, tmp_path, sleep_s=0.05)
@@ -75,10 +75,10 @@ def test_phaselab_side_five_noop_stages(tmp_path: Path):
     assert all(t > lat + 0.05 for t, lat in zip(res["claim_to_succeeded_s"], res["launch_latency_s"]))
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
     try:
-        rows = store.stages_for_grid(store.get_grid("overhead")["id"])
+        rows = store.stages_for_grid(store.reads.get_grid("overhead")["id"])
         assert len(rows) == 5 and {r.state for r in rows} == {"SUCCEEDED"} and {r.attempts for r in rows} == {1}
         for r in rows:   # the noop stage's metric went through finalize_success into the catalog
-            metrics = [m for m in store.metrics_frame(grid="overhead") if m["stage_hash"] == r.stage_hash]
+            metrics = [m for m in store.reads.metrics_frame(grid="overhead") if m["stage_hash"] == r.stage_hash]
             assert [m["name"] for m in metrics] == ["slept_s"] and 0.05 <= metrics[0]["value"] < 5
             started = json.loads((tmp_path / "runs" / r.stage_hash / "running.json").read_text())["started"]
             assert started >= r.started_at.timestamp() - 1e-3   # the task starts after the claim

@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from phaselab.catalog.store import CatalogStore, StageSpec
+from phaselab.catalog.store.api import CatalogStore, StageSpec
 from phaselab.catalog.tracking import MetricRecord
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pg_schema import postgres_schema
 
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.store.api import CatalogStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

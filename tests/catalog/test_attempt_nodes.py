@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from phaselab.catalog import db
-from phaselab.catalog.store import CatalogStore, StageSpec
+from phaselab.catalog.store import db
+from phaselab.catalog.store.api import CatalogStore, StageSpec
 from phaselab.catalog.tracking import MetricRecord
 
 H = "a" * 64
@@ -34,8 +34,8 @@ def test_each_attempt_keeps_the_node_it_started_on(store: CatalogStore) -> None:
     assert store.record_attempt_start(H, 2, NODE_2)
     store.finalize_success(H, metrics=[MetricRecord(name="loss", value=1.5, step=3)], artifacts=[],
                            env={"git_sha": "abc", "world_size": 1}, backend=None, mlflow_run_id=None)
-    assert store.attempt_nodes([H, "b" * 64]) == {H: [(1, NODE_1), (2, NODE_2)]}
-    rows = store.attempts_for_stage(H)
+    assert store.reads.attempt_nodes([H, "b" * 64]) == {H: [(1, NODE_1), (2, NODE_2)]}
+    rows = store.reads.attempts_for_stage(H)
     assert [(r["attempt_no"], r["node_id"], r["env"]) for r in rows] == \
         [(1, NODE_1, {}), (2, NODE_2, {"git_sha": "abc", "world_size": 1})]   # env once it succeeded
     assert all(r["started_at"] is not None for r in rows) and rows[0]["started_at"] <= rows[1]["started_at"]
@@ -50,7 +50,7 @@ def test_a_success_without_a_start_record_stores_its_node(store: CatalogStore) -
     _ready_stage(store)
     assert store.claim(H, "ctl-1")
     store.finalize_success(H, metrics=[], artifacts=[], env={}, backend=None, mlflow_run_id=None, node_id=NODE_1)
-    assert store.attempt_nodes([H]) == {H: [(1, NODE_1)]} and store.get_stage(H).node_id == NODE_1
+    assert store.reads.attempt_nodes([H]) == {H: [(1, NODE_1)]} and store.get_stage(H).node_id == NODE_1
 
 
 def test_bad_attempt_numbers_and_node_ids_are_refused(store: CatalogStore) -> None:
@@ -76,12 +76,12 @@ def test_migration_0003_adds_and_drops_the_node_columns(catalog_url: str) -> Non
 
 
 def test_the_stage_export_has_the_node(store: CatalogStore) -> None:
-    from phaselab.catalog.export import stage_rows, stage_schema
+    from phaselab.catalog.reports.export import stage_rows, stage_schema
 
     _ready_stage(store)
     assert store.claim(H, "ctl-1") and store.record_attempt_start(H, 1, NODE_1)
     assert "node_id" in stage_schema().names
-    (row,) = stage_rows(store, store.get_grid("g")["id"], "g")
+    (row,) = stage_rows(store, store.reads.get_grid("g")["id"], "g")
     assert row["node_id"] == NODE_1
 
 
@@ -90,13 +90,13 @@ def test_every_claimed_attempt_has_a_row_however_early_it_died(store: CatalogSto
     killed); attempt 2 is lost after its worker said where it ran; attempt 3 fails: three rows."""
     _ready_stage(store)
     assert store.claim(H, "ctl-1")
-    assert [(r["attempt_no"], r["node_id"], r["env"]) for r in store.attempts_for_stage(H)] == [(1, None, {})]
+    assert [(r["attempt_no"], r["node_id"], r["env"]) for r in store.reads.attempts_for_stage(H)] == [(1, None, {})]
     assert store.transition(H, "READY", expected={"RUNNING"}, failure_class="preemption", message="reclaimed")
     assert store.claim(H, "ctl-2") and store.record_attempt_start(H, 2, NODE_2)
     assert store.transition(H, "READY", expected={"RUNNING"}, failure_class="preemption", message="lost")
     (row,) = store.claim_ready("ctl-3")
     assert store.record_failure(H, failure_class="resource", message="no space left on device at /x")
-    rows = store.attempts_for_stage(H)
+    rows = store.reads.attempts_for_stage(H)
     assert [(r["attempt_no"], r["node_id"]) for r in rows] == [(1, None), (2, NODE_2), (3, None)]
     assert row.attempts == 3 and all(r["started_at"] is not None for r in rows)
-    assert store.attempt_nodes([H]) == {H: [(1, None), (2, NODE_2), (3, None)]}
+    assert store.reads.attempt_nodes([H]) == {H: [(1, None), (2, NODE_2), (3, None)]}

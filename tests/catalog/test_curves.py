@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog.curves import plot_learning_curves, series
+from phaselab.catalog.reports.curves import plot_learning_curves, series
 
 ZIP = {"a1": {"variant": "rope", "pe": {"kind": "rope"}, "seed": 0},
        "a2": {"variant": "rope", "pe": {"kind": "rope"}, "seed": 1},

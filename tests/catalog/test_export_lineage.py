@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from catalog_testlib import add_stage, cell, run_stage
 
-from phaselab.catalog import export, lineage
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.reports import export
+from phaselab.catalog.store import walks
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -56,7 +57,7 @@ def test_export_round_trip(store: CatalogStore, tmp_path: Path, fmt: str) -> Non
                  for r in table.to_pylist())
     want = sorted((r["stage_kind"], r["name"], r["context_len"], r["task"], r["value"], r["stderr"],
                    r["unit"], r["axes"]["pe"], export.SCHEMA_VERSION)
-                  for r in store.metrics_frame(grid="demo"))
+                  for r in store.reads.metrics_frame(grid="demo"))
     assert got == want and len(got) == 5
     if fmt == "parquet":
         part = next(out.glob("metrics/grid=demo/stage_kind=eval/*.parquet"))
@@ -75,6 +76,6 @@ def test_export_rejects_unknown_grid_and_format(store: CatalogStore, tmp_path: P
 
 def test_lineage_walks(store: CatalogStore) -> None:
     s = _demo(store)
-    assert lineage.ancestors(store, s["ev"]) == [(s["ft"], "evaluates", 1), (s["pre"], "finetunes", 2)]
-    assert lineage.descendants(store, s["pre"]) == [(s["ft"], "finetunes", 1), (s["ev"], "evaluates", 2)]
-    assert lineage.ancestors(store, s["ev_p"]) == []
+    assert walks.ancestors(store, s["ev"]) == [(s["ft"], "evaluates", 1), (s["pre"], "finetunes", 2)]
+    assert walks.descendants(store, s["pre"]) == [(s["ft"], "finetunes", 1), (s["ev"], "evaluates", 2)]
+    assert walks.ancestors(store, s["ev_p"]) == []

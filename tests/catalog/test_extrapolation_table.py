@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog.figures import CURVE_TABLES, plot_curves
-from phaselab.catalog.tables import get_spec
-from phaselab.catalog.tables.spec import build
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.catalog.reports.figures import CURVE_TABLES, plot_curves
+from phaselab.catalog.reports.tables import get_spec
+from phaselab.catalog.reports.tables.spec import build
+from phaselab.orchestrator.plan.dag import plan_grid
 
 EVALS = ("ppl", "ppl_yarn_inference", "ppl_yarn_ft", "ppl_pi_ft")
 LENGTHS = [256, 512, 1024, 2048, 4096]
@@ -91,7 +91,7 @@ TINY += [f"stages.{s}.{k}" for s in EVALS for k in ("resources.gpus=0", f"eval.p
 @pytest.mark.slow
 @pytest.mark.ray
 def test_grid_runs_on_cpu_with_a_tiny_model(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", "run", "extrapolation_small", *TINY,
+    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli.main", "run", "extrapolation_small", *TINY,
            "--catalog", f"sqlite:///{tmp_path}/catalog.db", "--runs-root", str(tmp_path / "runs"),
            "--no-mlflow", "--num-cpus", "2", "--json"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=400, check=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 from catalog_testlib import add_stage, cell, h, run_stage
 from test_pivot import _grid
 
-from phaselab.catalog import grid_figures as gf
-from phaselab.catalog.store import CatalogStore
-from phaselab.catalog.tables import Pivot
+from phaselab.catalog.reports import grid_figures as gf
+from phaselab.catalog.reports.tables import Pivot
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
 
@@ -21,9 +21,9 @@ def _truetype_only(pdf: Path) -> bool:
 
 def test_length_curves_mark_the_training_length(sqlite_store: CatalogStore, tmp_path: Path) -> None:
     _grid(sqlite_store)
-    evals = [r["stage_hash"] for r in sqlite_store.metrics_frame(grid="lr_sweep")]
+    evals = [r["stage_hash"] for r in sqlite_store.reads.metrics_frame(grid="lr_sweep")]
     assert gf.train_lengths(sqlite_store, evals) == []            # no trained upstream recorded
-    cid = sqlite_store.cells_for_stage(evals[0])[0]["cell_id"]
+    cid = sqlite_store.reads.cells_for_stage(evals[0])[0]["cell_id"]
     pre = add_stage(sqlite_store, cid, "pretrain-64", kind="pretrain", config={"model": {"block_size": 64}})
     sqlite_store.add_edge(pre, evals[0], "evaluates")
     assert gf.train_lengths(sqlite_store, evals[:1]) == [64]
@@ -47,8 +47,8 @@ def test_niah_heatmaps_one_panel_per_row(sqlite_store: CatalogStore, tmp_path: P
 def test_table_figures_read_like_grid_figures() -> None:
     """``phaselab tables --out`` draws with the labels of ``phaselab figures``: the length axis
     with its unit, encodings by their papers' names (plus a log-2 axis and styled lines)."""
-    from phaselab.catalog.figures import _labelled
-    from phaselab.catalog.tables import get_spec
+    from phaselab.catalog.reports.figures import _labelled
+    from phaselab.catalog.reports.tables import get_spec
 
     spec = _labelled(get_spec("quickstart_ppl"))
     assert spec.cols.title == "context length [tokens]"

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from phaselab.catalog import db
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.store import db
+from phaselab.catalog.store.api import CatalogStore
 
 PROCESSES = 8
 
@@ -18,7 +18,7 @@ PROCESSES = 8
 CHILD = """
 import sys, time
 from pathlib import Path
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.store.api import CatalogStore
 url, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 store = CatalogStore(url)
 ready.touch()
@@ -55,6 +55,6 @@ def test_eight_concurrent_first_upgrades(catalog_url: str, tmp_path: Path) -> No
         with store.engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT count(*) FROM alembic_version").scalar() == 1
         gid = store.upsert_grid(name="race", grid_hash="r" * 64, yaml_submitted="", yaml_resolved="")
-        assert store.get_grid("race")["id"] == gid
+        assert store.reads.get_grid("race")["id"] == gid
     finally:
         store.dispose()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog import mlflow_server
+from phaselab.catalog.tracking import mlflow_server
 
 pytestmark = pytest.mark.slow
 

@@ -60,7 +60,7 @@ def test_sigterm_to_phaselab_mlflow_stops_the_server(tmp_path: Path) -> None:
 def test_a_remote_host_needs_allow_remote(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     res = CliRunner().invoke(app, ["mlflow", "--host", "0.0.0.0", "--port", str(_free_port()), "--catalog",
                                    f"sqlite:///{tmp_path / 'c.db'}", "--json"])

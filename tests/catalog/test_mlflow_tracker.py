@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog import mlflow_server
-from phaselab.catalog.mlflow_tracker import MlflowTracker, flatten_params, metric_key
-from phaselab.catalog.tracking import MetricRecord
+from phaselab.catalog.tracking import MetricRecord, mlflow_server
+from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker, flatten_params, metric_key
 
 STAGE = "ab" * 32
 
@@ -215,8 +214,8 @@ def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[st
     from catalog_testlib import add_stage, cell
     from mlflow import MlflowClient
 
-    from phaselab.catalog import lineage
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
+    from phaselab.catalog.tracking import lineage
 
     uri, root = tracking
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
@@ -227,7 +226,7 @@ def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[st
     ev = add_stage(store, cid, "ppl")
     store.add_edge(pre, ev, "evaluates")
     parent = lineage.cell_parent_run(store, uri, cell_id=cid, artifact_root=root)
-    assert lineage.cell_parent_run(store, uri, cell_id=cid) == parent == store.get_cell(cid)["mlflow_run_id"]
+    assert lineage.cell_parent_run(store, uri, cell_id=cid) == parent == store.reads.get_cell(cid)["mlflow_run_id"]
 
     t = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool", attn_backend="sdpa")
     t.log_metrics({"loss": 1.0}, step=1)
@@ -242,7 +241,7 @@ def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[st
 
 def test_dead_tracker_at_start_costs_no_waiting(tmp_path: Path) -> None:
     """A closed port: no HTTP retries at all, every call is spooled at once."""
-    from phaselab.catalog.mlflow_tracker import prepare_cell_runs, replay_spools
+    from phaselab.catalog.tracking.mlflow_tracker import prepare_cell_runs, replay_spools
 
     uri = f"http://127.0.0.1:{_free_port()}"
     started = time.monotonic()
@@ -271,7 +270,7 @@ def test_mid_run_outage_is_replayed_once_by_the_next_run(mlflow_template: Path, 
     leaves one point per (metric, step), the run FINISHED, and nothing spooled."""
     from mlflow import MlflowClient
 
-    from phaselab.catalog.mlflow_tracker import replay_spools
+    from phaselab.catalog.tracking.mlflow_tracker import replay_spools
 
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -318,7 +317,7 @@ def test_half_applied_replay_keeps_the_run_for_the_calls_left(tracking: tuple[st
     replay (another process) could ever apply them."""
     from mlflow import MlflowClient
 
-    from phaselab.catalog.mlflow_tracker import replay_spools
+    from phaselab.catalog.tracking.mlflow_tracker import replay_spools
 
     uri, _ = tracking
     dead = _stage_tracker(f"http://127.0.0.1:{_free_port()}", None, tmp_path)

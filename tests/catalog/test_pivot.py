@@ -11,8 +11,8 @@ import pytest
 from catalog_testlib import add_stage, cell, h, run_stage
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import CatalogStore
-from phaselab.catalog.tables import Pivot, render_pivot
+from phaselab.catalog.reports.tables import Pivot, render_pivot
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
 LRS = (0.001, 0.003)
@@ -70,7 +70,7 @@ def test_pivot_errors_name_what_exists(sqlite_store: CatalogStore) -> None:
 
 
 def test_cli_pivot_csv_is_not_wrapped_when_piped(tmp_path: Path) -> None:
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     url = f"sqlite:///{tmp_path / 'catalog.db'}"
     store = CatalogStore(url)
@@ -93,8 +93,8 @@ def test_pivot_from_an_export_equals_the_catalog_pivot_on_the_cells_that_ran(sql
                                                                             tmp_path: Path) -> None:
     """``phaselab tables GRID --metric M --from-export DIR``: the same numbers as the catalog's
     pivot; a cell that never ran has no row in an export, so it is absent instead of a hole."""
-    from phaselab.catalog.export import export_grid
-    from phaselab.catalog.tables import render_pivot_from_export
+    from phaselab.catalog.reports.export import export_grid
+    from phaselab.catalog.reports.tables import render_pivot_from_export
 
     _grid(sqlite_store)
     export_grid(sqlite_store, "lr_sweep", "parquet", tmp_path / "export")
@@ -107,7 +107,7 @@ def test_pivot_from_an_export_equals_the_catalog_pivot_on_the_cells_that_ran(sql
     with pytest.raises(ValueError, match="no export of grid 'lr_sweep'"):
         render_pivot_from_export(pivot, tmp_path / "nothing", "md")
     runner = CliRunner()
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     res = runner.invoke(app, ["tables", "lr_sweep", "--metric", "ppl", "--rows", "lr,pe", "--cols", "context_len",
                               "--from-export", str(tmp_path / "export")])

@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 from catalog_testlib import add_stage, cell, h, run_stage
 
-from phaselab.catalog import db
-from phaselab.catalog.schema import Base
-from phaselab.catalog.store import ArtifactSpec, CatalogStore, StageSpec, StateError
+from phaselab.catalog.store import db
+from phaselab.catalog.store.api import ArtifactSpec, CatalogStore, StageSpec, StateError
+from phaselab.catalog.store.schema import Base
 from phaselab.catalog.tracking import MetricRecord
 
 CATALOG_TABLES = {"grid", "grid_version", "cell", "stage", "cell_stage", "stage_edge", "metric",
@@ -67,7 +67,7 @@ def test_upserts_are_idempotent(store: CatalogStore) -> None:
     g1 = store.upsert_grid(name="g", grid_hash="h1", yaml_submitted="x: 1", yaml_resolved="x: 1\ny: 2")
     assert store.upsert_grid(name="g", grid_hash="h1", yaml_submitted="x: 1", yaml_resolved="x") == g1
     assert store.upsert_grid(name="g", grid_hash="h2", yaml_submitted="x: 2", yaml_resolved="x: 2") == g1
-    grid = store.get_grid("g")
+    grid = store.reads.get_grid("g")
     assert grid["grid_hash"] == "h2"
     assert [(v["version"], v["grid_hash"], v["yaml_resolved"]) for v in grid["versions"]] == \
         [(1, "h1", "x: 1\ny: 2"), (2, "h2", "x: 2")]
@@ -85,7 +85,7 @@ def test_upserts_are_idempotent(store: CatalogStore) -> None:
         store.link_cell_stage(c1, spec.stage_hash, role="pretrain")
         store.add_edge(spec.stage_hash, ev, "evaluates")
     assert _count(store, "stage") == 2 and _count(store, "cell_stage") == 2
-    assert store.edges(ev) == [(spec.stage_hash, ev, "evaluates")]
+    assert store.reads.edges(ev) == [(spec.stage_hash, ev, "evaluates")]
     assert {s.stage_hash for s in store.stages_for_grid(g1)} == {spec.stage_hash, ev}
     with pytest.raises(ValueError, match="relation"):
         store.add_edge(spec.stage_hash, ev, "feeds")
@@ -152,15 +152,15 @@ def test_finalize_is_idempotent_and_records_everything(store: CatalogStore) -> N
     row = store.get_stage(sh)
     assert (row.state, row.backend, row.mlflow_run_id, row.gpu_seconds) == \
         ("SUCCEEDED", "sdpa", "run123", 7.5)
-    assert sorted(m.value for m in store.metrics_for_stage(sh)) == [0.5, 10.0, 11.0, 12.0, 13.0, 14.0]
-    assert store.artifacts_for_stage(sh) == [art]
-    attempt = store.attempts_for_stage(sh)[0]
+    assert sorted(m.value for m in store.reads.metrics_for_stage(sh)) == [0.5, 10.0, 11.0, 12.0, 13.0, 14.0]
+    assert store.reads.artifacts_for_stage(sh) == [art]
+    attempt = store.reads.attempts_for_stage(sh)[0]
     assert (attempt["attempt_no"], attempt["world_size"], attempt["attn_backend"], attempt["seeds"]) == \
         (1, 2, "sdpa", [0, 1])
     # A later report with a corrected value updates in place, it does not add a row.
     store.finalize_success(sh, metrics=[MetricRecord(name="acc", value=0.75, task="blimp", split="test")],
                            artifacts=[], env=env, backend=None, mlflow_run_id=None)
-    accs = [m for m in store.metrics_for_stage(sh) if m.name == "acc"]
+    accs = [m for m in store.reads.metrics_for_stage(sh) if m.name == "acc"]
     assert [a.value for a in accs] == [0.75] and store.get_stage(sh).mlflow_run_id == "run123"
 
 
@@ -180,7 +180,7 @@ def test_finalize_rejects_bad_input_and_states(store: CatalogStore) -> None:
     # inf is a legitimate (diverged) perplexity and must survive the round trip.
     sh2 = add_stage(store, 1, "inf")
     run_stage(store, sh2, [MetricRecord(name="ppl", value=math.inf, context_len=65536)])
-    assert store.metrics_for_stage(sh2)[0].value == math.inf
+    assert store.reads.metrics_for_stage(sh2)[0].value == math.inf
 
 
 def test_failure_mid_finalize_commits_nothing(store: CatalogStore) -> None:
@@ -201,7 +201,7 @@ def test_failure_mid_finalize_commits_nothing(store: CatalogStore) -> None:
     assert store.get_stage(sh).state == "RUNNING"
     assert _count(store, "metric") == 0 and _count(store, "artifact") == 0
     # the claim's attempt row stays as the claim wrote it: no fingerprint from the rolled-back finalize
-    assert [(r["attempt_no"], r["env"], r["git_sha"]) for r in store.attempts_for_stage(sh)] == [(1, {}, None)]
+    assert [(r["attempt_no"], r["env"], r["git_sha"]) for r in store.reads.attempts_for_stage(sh)] == [(1, {}, None)]
 
 
 def test_concurrent_finalize_from_8_threads(store: CatalogStore) -> None:
@@ -268,13 +268,13 @@ def test_metrics_frame_joins_cell_axes(store: CatalogStore) -> None:
     run_stage(store, ev_p, [MetricRecord(name="acc", value=0.94, task="ii", split="test")])
     store.transition(pending, "READY", expected={"PLANNED"})
 
-    rows = store.metrics_frame(grid="ii")
+    rows = store.reads.metrics_frame(grid="ii")
     got = sorted((r["axes"]["pe"], r["stage_kind"], r["name"], r["value"]) for r in rows)
     assert got == [("pope", "dataset", "tokens", 1e6), ("pope", "eval", "acc", 0.94),
                    ("rope", "dataset", "tokens", 1e6), ("rope", "eval", "acc", 0.11)]
     assert {r["grid"] for r in rows} == {"ii"} and all(r["state"] == "SUCCEEDED" for r in rows)
-    assert store.metrics_frame(grid="other") == []
-    assert len(store.metrics_frame()) == 4
+    assert store.reads.metrics_frame(grid="other") == []
+    assert len(store.reads.metrics_frame()) == 4
 
 
 def test_resubmitted_grid_shows_only_its_current_version(store: CatalogStore) -> None:
@@ -290,7 +290,7 @@ def test_resubmitted_grid_shows_only_its_current_version(store: CatalogStore) ->
     run_stage(store, new, [MetricRecord(name="ppl", value=8.0, context_len=64)])
 
     def seen(**kw: object) -> list[tuple[str, float, int]]:
-        return sorted((r["role"], r["value"], r["grid_version"]) for r in store.metrics_frame(grid="g", **kw))
+        return sorted((r["role"], r["value"], r["grid_version"]) for r in store.reads.metrics_frame(grid="g", **kw))
 
     assert seen() == [("dataset", 100.0, 2), ("ppl", 8.0, 2)]
     assert seen(current_only=False) == [("dataset", 100.0, 2), ("ppl", 8.0, 2), ("ppl", 9.0, 1)]
@@ -324,9 +324,9 @@ def test_import_catalog_does_not_import_torch_or_mlflow() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, phaselab.catalog, phaselab.catalog.store, phaselab.catalog.mlflow_tracker, "
-            "phaselab.catalog.export, phaselab.catalog.tables, phaselab.catalog.lineage, "
-            "phaselab.catalog.figures, phaselab.catalog.fingerprint, phaselab.catalog.mlflow_server; "
+    code = ("import sys, phaselab.catalog, phaselab.catalog.store.api, phaselab.catalog.tracking.mlflow_tracker, "
+            "phaselab.catalog.reports.export, phaselab.catalog.reports.tables, phaselab.catalog.tracking.lineage, "
+            "phaselab.catalog.reports.figures, phaselab.catalog.store.fingerprint, phaselab.catalog.tracking.mlflow_server; "
             "bad = [m for m in ('torch', 'triton', 'mlflow', 'pyarrow', 'matplotlib') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from catalog_testlib import add_stage, cell, h, run_stage
 
-from phaselab.catalog.store import CatalogStore
-from phaselab.catalog.tables import get_spec, render_table
-from phaselab.catalog.tables.dataset import dataset_label
+from phaselab.catalog.reports.tables import get_spec, render_table
+from phaselab.catalog.reports.tables.dataset import dataset_label
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from catalog_testlib import add_stage, h, run_stage
 
-from phaselab.catalog.store import CatalogStore
-from phaselab.catalog.tables import (
+from phaselab.catalog.reports.tables import (
     TABLES,
     check_stale,
     get_spec,
@@ -20,7 +19,8 @@ from phaselab.catalog.tables import (
     render_from_export,
     render_table,
 )
-from phaselab.catalog.tables.spec import Dim, TableSpec, build
+from phaselab.catalog.reports.tables.spec import Dim, TableSpec, build
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -90,7 +90,7 @@ def test_table_from_an_export_equals_the_catalog_table(sqlite_store: CatalogStor
                                                        name: str) -> None:
     """``phaselab tables NAME --from-export DIR`` (the committed docs/results exports) renders
     what the catalog that wrote the export renders, holes and missing seeds included."""
-    from phaselab.catalog.export import export_grid
+    from phaselab.catalog.reports.export import export_grid
 
     spec = get_spec(name)
     populate(sqlite_store, spec)
@@ -116,7 +116,7 @@ def _rows(values: dict[tuple[str, int], float]) -> list[dict[str, Any]]:
 
 
 def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
-    from phaselab.catalog.tables.spec import render_markdown
+    from phaselab.catalog.reports.tables.spec import render_markdown
 
     t = build(_ii_spec(), _rows({("rope", 0): 0.10, ("rope", 1): 0.12, ("rope", 2): 0.14,
                                  ("pope", 0): 0.941, ("pope", 1): 0.95}))
@@ -132,7 +132,7 @@ def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
 
 
 def test_gap_to_paper_row_per_result_with_a_paper_number() -> None:
-    from phaselab.catalog.tables.spec import render_latex, render_markdown
+    from phaselab.catalog.reports.tables.spec import render_latex, render_markdown
 
     spec = _ii_spec(reference={("rope",): {"ii": (10.0, 1.0)}, ("alibi",): {"ii": 20.0}})
     t = build(spec, _rows({("rope", 0): 0.12, ("rope", 1): 0.12, ("rope", 2): 0.12, ("pope", 0): 0.9}))
@@ -170,7 +170,7 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
     (reason,) = check_stale(store)["pope_indirect_indexing"]
     assert reason.startswith(f"input stage {rerun[:12]} changed: 1|") and "-> 2|" in reason
 
-    gid = store.get_grid("pope_indirect_indexing")["id"]       # a new seed finishes
+    gid = store.reads.get_grid("pope_indirect_indexing")["id"]       # a new seed finishes
     cid = store.upsert_cell(grid_id=gid, cell_key="seed=3,variant=rope", axes={"variant": "rope", "seed": 3})
     new = add_stage(store, cid, "late-seed")
     run_stage(store, new, [MetricRecord(name="acc", value=0.2, split="test", task="indirect_indexing")])
@@ -184,7 +184,7 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
 def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path, name: str) -> None:
     from matplotlib.image import imread
 
-    from phaselab.catalog.figures import CURVE_TABLES, plot_curves, render_figures
+    from phaselab.catalog.reports.figures import CURVE_TABLES, plot_curves, render_figures
 
     assert name in CURVE_TABLES  # every curve table has its case here
     populate(sqlite_store, get_spec(name))
@@ -195,3 +195,25 @@ def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path, 
     assert img.shape[0] > 300 and img.shape[1] > 500 and img[..., :3].std() > 0.05   # not blank
     with pytest.raises(ValueError, match="not numeric"):
         plot_curves(build(get_spec("pope_downstream"), []), tmp_path / "x")
+
+
+def test_footnote_says_what_ran(sqlite_store: CatalogStore) -> None:
+    """The table's footnote names the kernel implementation, determinism, precision, graph mode
+    and device its input stages recorded (DESIGN §4); stages that recorded nothing add nothing."""
+    store = sqlite_store
+    spec = get_spec("pope_indirect_indexing")
+    populate(store, spec)
+    before = render_table(store, spec, "md", now=NOW, record=False).text
+    assert "ran with" not in before
+    hashes = sorted(build(spec, store.reads.metrics_frame(grid=spec.grid)).inputs)
+    for i, h_ in enumerate(hashes[:2]):
+        env = {"git_sha": "0" * 40, "deterministic": i == 0,
+               "provenance": {"attention": {"impls": {"pope": ["cudnn"]}}, "precision": "bf16",
+                              "compile": True, "cuda_graphs": False, "device": "NVIDIA H200"}}
+        store.transition(h_, "READY", expected={"SUCCEEDED"})
+        assert store.claim(h_, "test-controller")
+        store.finalize_success(h_, metrics=store.reads.metrics_for_stage(h_), artifacts=[], env=env,
+                               backend="triton", mlflow_run_id=None)
+    text = render_table(store, spec, "md", now=NOW, record=False).text
+    assert ("ran with attn_impl pope=cudnn, deterministic false / true, precision bf16, "
+            "graph_mode compile, device NVIDIA H200;") in text

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog.export import read_metrics
+from phaselab.catalog.reports.export import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "gpu" / "run_grid.sh"

@@ -169,7 +169,7 @@ def test_raycluster_has_a_cpu_head_that_never_trains_and_autoscaled_h200_workers
 
 
 def test_rayjob_runs_a_shipped_grid_on_the_head_with_a_deterministic_id() -> None:
-    from phaselab.orchestrator.grids import resolve_grid_path
+    from phaselab.orchestrator.language.library import resolve_grid_path
 
     job = kind("RayJob")
     spec = job["spec"]

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phaselab.orchestrator.reaper import descendants
+from phaselab.orchestrator.engine.reaper import descendants
 
 __all__ = ["ORPHANS_WITHIN_S", "KilledQuickstart", "closed_port", "descendants", "killed_quickstart", "quickstart_cmd",
            "quickstart_env", "start_quickstart", "wait_for_stage"]
@@ -31,7 +31,7 @@ def closed_port() -> int:
 
 
 def quickstart_cmd(work: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "phaselab.orchestrator.cli", "run", "quickstart", *TINY, "--num-cpus", "2",
+    return [sys.executable, "-m", "phaselab.orchestrator.cli.main", "run", "quickstart", *TINY, "--num-cpus", "2",
             "--catalog", f"sqlite:///{work / 'catalog.db'}", "--runs-root", str(work / "runs"), *extra]
 
 

@@ -1,5 +1,5 @@
 """Real Ray nodes for the multi-node tests: each one a ``ray start --block`` process (through
-``python -m phaselab.orchestrator.ray_local start``, everything on 127.0.0.1) with its own temp
+``python -m phaselab.orchestrator.engine.ray_local start``, everything on 127.0.0.1) with its own temp
 dir and ports, started, identified (its node id, from its raylet's command line), killed like a
 lost machine (SIGKILL to the whole process tree) and stopped."""
 
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from phaselab.orchestrator.reaper import descendants
+from phaselab.orchestrator.engine.reaper import descendants
 
 # every port a node listens on; a head adds the GCS, dashboard and Ray Client ports
 NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
@@ -79,7 +79,7 @@ class RayNode:
         log_path = self.temp_dir / "ray-start.log"
         seen = log_path.stat().st_size if log_path.exists() else 0   # a restart appends to the log
         log = open(log_path, "ab")   # noqa: SIM115 - kept open by the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "phaselab.orchestrator.ray_local", "start", *self._argv()],
+        self.proc = subprocess.Popen([sys.executable, "-m", "phaselab.orchestrator.engine.ray_local", "start", *self._argv()],
                                      env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         log.close()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from _orchestrator_grids import BASE
 
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.hashing import (
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
+from phaselab.orchestrator.plan.hashing import (
     CodeVersion,
     ast_hash,
     canonical_json,
@@ -148,14 +148,14 @@ def test_dedup_across_cells_and_grids(tmp_path: Path) -> None:
 def test_a_field_added_with_its_default_in_key_defaults_keeps_existing_keys() -> None:
     """The rule for adding a config field (DESIGN §5.4): a stage whose value is the default the
     field was added with keys as before the field existed; any other value changes the key."""
-    from phaselab.orchestrator.hashing import make_key
+    from phaselab.orchestrator.plan.hashing import make_key
 
     old = {"train": {"steps": 10, "lr": 1e-3}}
     with_field = {"train": {"steps": 10, "lr": 1e-3, "new_switch": "off"}}
     other_value = {"train": {"steps": 10, "lr": 1e-3, "new_switch": "on"}}
 
     def key(config: dict, defaults: dict) -> str:
-        from phaselab.orchestrator import hashing
+        from phaselab.orchestrator.plan import hashing
 
         saved = dict(hashing.KEY_DEFAULTS)
         hashing.KEY_DEFAULTS.clear()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import app
+from phaselab.orchestrator.cli.main import app
 
 CONFIG = """\
 model: {preset: tiny, block_size: 16}

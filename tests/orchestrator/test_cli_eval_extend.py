@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from phaselab.catalog.tracking import RecordingTracker
-from phaselab.orchestrator.cli import app
+from phaselab.orchestrator.cli.main import app
 from phaselab.workloads.evals.api import run_eval
 from phaselab.workloads.models.checkpoint_io import save_model
 from phaselab.workloads.models.config import ContextExtension

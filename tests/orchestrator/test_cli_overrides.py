@@ -10,9 +10,9 @@ import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import plan_grid
 
 WITH_FT = BASE + """\
   ft:

@@ -15,12 +15,12 @@ import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import CatalogStore
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.notify import Notifier
-from phaselab.orchestrator.progress import PROGRESS_ENV, PROGRESS_FILE, RunView, read_progress
+from phaselab.catalog.store.api import CatalogStore
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.engine.notify import Notifier
+from phaselab.orchestrator.engine.progress import PROGRESS_ENV, PROGRESS_FILE, RunView, read_progress
+from phaselab.orchestrator.plan.dag import plan_grid
 
 TRAIN = {"model": {"preset": "tiny", "block_size": 16}, "data": {"kind": "text", "block_size": 16},
          "train": {"steps": 5, "batch_size": 2, "warmup": 0, "eval_every": 0, "final_eval_batches": 1,
@@ -200,7 +200,7 @@ def test_a_notification_that_fails_never_fails_the_grid(tmp_path: Path, capsys: 
 def test_status_shows_the_node_column_only_when_stages_ran_on_several_nodes() -> None:
     from rich.console import Console
 
-    from phaselab.orchestrator.views import status_renderable
+    from phaselab.orchestrator.cli.views import status_renderable
 
     def row(name: str, node: str | None) -> dict:
         return {"hash": name * 12, "kind": "pretrain", "name": name, "state": "SUCCEEDED", "failure_class": None,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import app
+from phaselab.orchestrator.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def test_a_symlink_in_out_dir_leading_outside_is_refused(tmp_path: Path) -> None
 
 
 def test_shipped_example_config_is_valid() -> None:
-    from phaselab.orchestrator.cli_train import _train_config
+    from phaselab.orchestrator.cli.train import _train_config
 
     spec, out_dir, init_from = _train_config(ROOT / "docs" / "examples" / "train_tiny.yaml", ["train.steps=2"])
     assert spec["model"]["n_layer"] == 2 and spec["data"]["kind"] == "text" and spec["train"]["steps"] == 2

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from _orchestrator_grids import BASE
 
-from phaselab.orchestrator.closure import closure, references
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.hashing import CODE_PACKAGES, code_index, package_root
+from phaselab.orchestrator.plan.closure import closure, references
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
+from phaselab.orchestrator.plan.hashing import CODE_PACKAGES, code_index, package_root
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from pathlib import Path
 import local_ray
 import pytest
 
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
 pytestmark = pytest.mark.ray
 
@@ -55,7 +55,7 @@ def _grid(tmp_path: Path, steps: int = 8, overrides: tuple[str, ...] = ()) -> tu
 
 
 def _store(tmp_path: Path):
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
     store.upgrade()
@@ -89,7 +89,7 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_address) -> None:
-    from phaselab.orchestrator.runner import path_digest
+    from phaselab.orchestrator.engine.runner import path_digest
 
     _, dag = _grid(tmp_path)
     store = _store(tmp_path)
@@ -103,23 +103,23 @@ def test_grid_runs_to_completion_then_everything_is_cached(tmp_path: Path, ray_a
     for h, node in dag.nodes.items():
         row = store.get_stage(h)
         assert (row.state, row.attempts) == ("SUCCEEDED", 1)
-        arts = store.artifacts_for_stage(h)
+        arts = store.reads.artifacts_for_stage(h)
         assert arts and all(path_digest(Path(a.uri)) == (a.sha256, a.bytes) for a in arts)
-        names = {m.name for m in store.metrics_for_stage(h)}
+        names = {m.name for m in store.reads.metrics_for_stage(h)}
         assert names >= ({"ppl", "nll"} if node.kind == "eval" else {"loss", "acc"})
         assert (tmp_path / "runs" / h / "stage.yaml").is_file()
     for h in dag.nodes:
         _check_what_ran(store, h)
-    ppl = [m for h, n in dag.nodes.items() if n.kind == "eval" for m in store.metrics_for_stage(h) if m.name == "ppl"]
+    ppl = [m for h, n in dag.nodes.items() if n.kind == "eval" for m in store.reads.metrics_for_stage(h) if m.name == "ppl"]
     assert all(1.0 < m.value < 66.0 for m in ppl)    # a trained char model: better than uniform over 66
     n_metrics, n_artifacts = _count(store, "metric"), _count(store, "artifact")
 
     # `phaselab eval CHECKPOINT --suite ...` on a stage's checkpoint, outside any grid
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
-    ckpt = next(a.uri for h, n in dag.nodes.items() if n.kind == "pretrain" for a in store.artifacts_for_stage(h))
+    ckpt = next(a.uri for h, n in dag.nodes.items() if n.kind == "pretrain" for a in store.reads.artifacts_for_stage(h))
     res = CliRunner().invoke(app, ["eval", ckpt, "--suite", "ppl-by-length", "ppl.lengths=[16,32]",
                                    "ppl.max_tokens=128", "data.kind=text", "device=cpu",
                                    "--out", str(tmp_path / "eval"), "--json"])
@@ -237,7 +237,7 @@ def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
 
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     _, dag = _grid(tmp_path, steps=2000)
     store = _store(tmp_path)
@@ -255,7 +255,7 @@ def test_cancel_stops_running_stages(tmp_path: Path, ray_address) -> None:
     states = result["summary"].states
     assert states[pope] == "CANCELLED"
     assert all(s in ("SUCCEEDED", "CANCELLED") for s in states.values())
-    assert store.metrics_for_stage(pope) == []
+    assert store.reads.metrics_for_stage(pope) == []
 
 
 def test_killed_worker_is_retried_and_resumes_from_checkpoint(tmp_path: Path, ray_address) -> None:
@@ -298,7 +298,7 @@ def test_failing_stage_leaves_a_consistent_catalog(tmp_path: Path, ray_address, 
         if node.kind == "pretrain":
             assert (row.state, row.failure_class, row.attempts) == ("FAILED", failure_class, 1)
             assert fragment in row.message and "advice:" in row.message
-            assert store.metrics_for_stage(h) == [] and store.artifacts_for_stage(h) == []
+            assert store.reads.metrics_for_stage(h) == [] and store.reads.artifacts_for_stage(h) == []
         else:
             assert row.state == "BLOCKED" and row.attempts == 0
             assert "is FAILED" in row.message
@@ -319,13 +319,13 @@ def test_ray_train_launcher_names_the_run_by_the_stage_hash(tmp_path: Path, ray_
     row = store.get_stage(h)
     assert row.ray_run_name == h and row.attempts == 1
     assert (runs / "ray_train" / h).is_dir()                    # Ray Train V2 storage: <runs>/ray_train/<hash>
-    ckpt = store.artifacts_for_stage(h)[0]
-    assert Path(ckpt.uri).is_file() and {m.name for m in store.metrics_for_stage(h)} >= {"loss", "acc"}
+    ckpt = store.reads.artifacts_for_stage(h)[0]
+    assert Path(ckpt.uri).is_file() and {m.name for m in store.reads.metrics_for_stage(h)} >= {"loss", "acc"}
     # what ran is reported by the Ray Train worker, not the stage's task (which ran no model)
     _check_what_ran(store, h)
     import pyarrow.dataset as ds
 
-    from phaselab.catalog.export import export_grid
+    from phaselab.catalog.reports.export import export_grid
 
     export_grid(store, dag.spec.grid, "parquet", tmp_path / "export")
     (row,) = ds.dataset(tmp_path / "export" / "stages", format="parquet", partitioning="hive").to_table().to_pylist()
@@ -373,14 +373,14 @@ def test_tune_stage_records_trials_and_feeds_the_best_checkpoint(tmp_path: Path,
     trials = [r for r in store.stages_in_state({"SUCCEEDED", "CANCELLED"}) if r.kind == "trial"]
     assert len(trials) == 2 and {tuple(r.config["overrides"].items()) for r in trials} == \
         {(("train.lr", 1e-3),), (("train.lr", 3e-2),)}
-    assert all((t.stage_hash, tune_hash, "uses") in store.edges(tune_hash) for t in trials)
+    assert all((t.stage_hash, tune_hash, "uses") in store.reads.edges(tune_hash) for t in trials)
     done = [t for t in trials if t.state == "SUCCEEDED"]
     assert done and all(t.failure_class == "early_stopped" for t in trials if t.state == "CANCELLED")
-    loss = {t.stage_hash: next(m.value for m in store.metrics_for_stage(t.stage_hash)
+    loss = {t.stage_hash: next(m.value for m in store.reads.metrics_for_stage(t.stage_hash)
                                if m.name == "loss" and m.split == "valid") for t in done}
     best = min(loss, key=loss.get)
-    best_ckpt = store.artifacts_for_stage(best)[0].uri
-    tune_ckpt = next(a for a in store.artifacts_for_stage(tune_hash) if a.name == "checkpoint").uri
+    best_ckpt = store.reads.artifacts_for_stage(best)[0].uri
+    tune_ckpt = next(a for a in store.reads.artifacts_for_stage(tune_hash) if a.name == "checkpoint").uri
     assert tune_ckpt == best_ckpt
     # a second run is all cached, and the trials are not duplicated
     again = Controller(store, dag, runs_root=tmp_path / "runs").run(timeout_s=60)

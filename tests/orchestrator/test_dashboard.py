@@ -54,7 +54,7 @@ class Cli:
 
     def __init__(self, args: list[str], work: Path, env: dict[str, str]) -> None:
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "phaselab.orchestrator.cli", "run", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "phaselab.orchestrator.cli.main", "run", *args],
                                      cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         threading.Thread(target=self._read, daemon=True).start()
@@ -159,7 +159,7 @@ def test_dashboard_without_its_packages_fails_clearly(tmp_path: Path) -> None:
     code = ("import runpy, sys; sys.modules['aiohttp'] = None; "
             "sys.argv = ['phaselab', 'run', 'quickstart', '--dashboard', '--no-mlflow', "
             f"'--catalog', 'sqlite:///{tmp_path / 'c.db'}']; "
-            "runpy.run_module('phaselab.orchestrator.cli', run_name='__main__')")
+            "runpy.run_module('phaselab.orchestrator.cli.main', run_name='__main__')")
     start = time.monotonic()
     res = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env=_env(tmp_path) | {"COLUMNS": "400"})

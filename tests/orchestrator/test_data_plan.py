@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from _orchestrator_grids import BASE, locate
 
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import plan_grid
 from phaselab.orchestrator.stages.dataset import data_summary
-from phaselab.orchestrator.yamlio import GridError
 
 
 def _bins(folder, n_train=500, vocab=300):
@@ -60,7 +60,7 @@ def test_data_prepare_command_writes_shards_a_grid_plans(tmp_path):
     datasets = pytest.importorskip("datasets")
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["alpha beta gamma " * 20] * 6}),
                           "validation": datasets.Dataset.from_dict({"text": ["delta epsilon"]})}

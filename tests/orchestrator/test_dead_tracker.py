@@ -37,7 +37,7 @@ def run_quickstart(work: Path, *extra: str, tracking_uri: str | None = None) -> 
 
 def _cli(work: Path, *args: str, tracking_uri: str) -> subprocess.CompletedProcess:
     """A phaselab command on the catalog and runs root of :func:`run_quickstart`'s ``work``."""
-    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli", *args, "--catalog", f"sqlite:///{work / 'catalog.db'}",
+    cmd = [sys.executable, "-m", "phaselab.orchestrator.cli.main", *args, "--catalog", f"sqlite:///{work / 'catalog.db'}",
            "--runs-root", str(work / "runs")]
     return subprocess.run(cmd, cwd=work, env=quickstart_env(MLFLOW_TRACKING_URI=tracking_uri), capture_output=True,
                           text=True, timeout=RUN_LIMIT_S, check=False)
@@ -46,7 +46,7 @@ def _cli(work: Path, *args: str, tracking_uri: str) -> subprocess.CompletedProce
 def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from phaselab.catalog.mlflow_tracker import replay_spools
+    from phaselab.catalog.tracking.mlflow_tracker import replay_spools
 
     dead_uri = f"http://127.0.0.1:{closed_port()}"
     dead, dead_s = run_quickstart(tmp_path / "dead", tracking_uri=dead_uri)

@@ -6,7 +6,7 @@ import re
 import pytest
 from rich.console import Console
 
-from phaselab.orchestrator.demo import demo_spec, main, render, run_demo
+from phaselab.orchestrator.cli.demo import demo_spec, main, render, run_demo
 
 
 def test_demo_table_reports_measured_accuracies(tmp_path):

@@ -36,7 +36,7 @@ stages:
 
 def _cli(work: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
     env = quickstart_env(PYTHONPATH=str(EXAMPLES))
-    return subprocess.run([sys.executable, "-m", "phaselab.orchestrator.cli", *args], check=False, cwd=work, env=env,
+    return subprocess.run([sys.executable, "-m", "phaselab.orchestrator.cli.main", *args], check=False, cwd=work, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

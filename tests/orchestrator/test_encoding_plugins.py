@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from _orchestrator_grids import BASE, locate
 
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import plan_grid
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "encodings"
 XPOS = "phaselab_xpos:XPos"
@@ -114,7 +114,7 @@ def test_a_broken_plugin_fails_at_plan_naming_the_plugin_and_the_grid_line(tmp_p
 def test_phaselab_encodings_shows_a_plugins_options_and_a_broken_ones_error(plugins) -> None:
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     res = CliRunner().invoke(app, ["encodings", "rope", "phaselab_kerple:Kerple", "missing_mod:X"])
     assert res.exit_code == 0, res.output

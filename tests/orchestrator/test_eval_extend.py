@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from _orchestrator_grids import BASE, locate
 
-from phaselab.orchestrator.dag import build_dag, load_grid, plan_grid
-from phaselab.orchestrator.hashing import CodeVersion
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import build_dag, load_grid, plan_grid
+from phaselab.orchestrator.plan.hashing import CodeVersion
 from phaselab.orchestrator.stages import STAGES, StageContext
-from phaselab.orchestrator.yamlio import GridError
 
 CODE = CodeVersion(digest="0" * 64, modules={})   # one code version: only configs differ
 ROPE_ONLY = "    when: {pe: rope}\n"

@@ -6,7 +6,13 @@ import errno
 
 import pytest
 
-from phaselab.orchestrator.failures import POLICIES, classify, describe_resource, failure_report, message_of
+from phaselab.orchestrator.engine.failures import (
+    POLICIES,
+    classify,
+    describe_resource,
+    failure_report,
+    message_of,
+)
 
 
 def _diverged():

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.grids import shipped_grids
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.language.library import shipped_grids
+from phaselab.orchestrator.plan.dag import plan_grid
 
 pytestmark = pytest.mark.slow
 

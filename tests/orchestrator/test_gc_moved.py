@@ -10,10 +10,10 @@ from pathlib import Path
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import ArtifactSpec, CatalogStore
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.catalog.store.api import ArtifactSpec, CatalogStore
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.plan.dag import plan_grid
 
 
 def _tree(runs: Path, pre: str) -> tuple[Path, Path]:
@@ -51,7 +51,7 @@ def test_gc_dry_run_in_a_moved_project_keeps_committed_checkpoints(tmp_path: Pat
     assert paths == {(moved / "runs" / pre / "checkpoints" / "step_0000001").resolve()}
 
     # a relative stored path is read under the runs root
-    from phaselab.orchestrator.gc import kept_paths
+    from phaselab.orchestrator.engine.gc import kept_paths
 
     rel = kept_paths([f"{pre}/checkpoints/step_0000002/model.pt"], moved / "runs", {pre})
     assert (moved / "runs" / pre / "checkpoints" / "step_0000002" / "model.pt").resolve() in rel

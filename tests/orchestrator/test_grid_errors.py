@@ -9,8 +9,8 @@ import pytest
 from _orchestrator_grids import BASE, locate
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import plan_grid
 
 # (id, old -> new replacements on BASE, needle locating the error, message fragment, suggestion)
 CASES = [
@@ -96,7 +96,7 @@ def test_corpus_is_large_enough() -> None:
 
 
 def test_bad_grid_writes_nothing_to_the_catalog(tmp_path: Path) -> None:
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     db = tmp_path / "catalog.db"
     bad = _write(tmp_path, BASE.replace("stages:", "stagess:"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from phaselab.orchestrator.grid import expand_cells, resolve_cell
-from phaselab.orchestrator.overrides import apply_overrides, parse_override
-from phaselab.orchestrator.spec import validate_spec
-from phaselab.orchestrator.yamlio import GridError, load_yaml
+from phaselab.orchestrator.language.expand import expand_cells, resolve_cell
+from phaselab.orchestrator.language.overrides import apply_overrides, parse_override
+from phaselab.orchestrator.language.spec import validate_spec
+from phaselab.orchestrator.language.yamlio import GridError, load_yaml
 
 GRID = """\
 grid: g

@@ -21,9 +21,9 @@ from _orchestrator_grids import BASE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.hashing import CodeVersion
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
+from phaselab.orchestrator.plan.hashing import CodeVersion
 
 EXAMPLES = int(os.environ.get("PHASELAB_FUZZ_EXAMPLES", "200"))   # about 25 ms a case on 2 cores
 REPORT = os.environ.get("PHASELAB_FUZZ_REPORT", "")

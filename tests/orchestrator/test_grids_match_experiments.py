@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaselab.orchestrator.dag import stage_config
+from phaselab.orchestrator.plan.dag import stage_config
 
 # (grid, stage, axes) -> (steps, warmup, lr, min_lr, schedule, batch_size);
 # EXPERIMENTS §2.1, §2.2, §2.3, §2.4, §3.1, §3.2

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from _orchestrator_grids import BASE, locate
 
-from phaselab.orchestrator import limits
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.grid import check_size, expand_cells, resolve_cell
-from phaselab.orchestrator.spec import validate_spec
-from phaselab.orchestrator.yamlio import GridError, Marks, load_yaml, load_yaml_file
+from phaselab.orchestrator.language import limits
+from phaselab.orchestrator.language.expand import check_size, expand_cells, resolve_cell
+from phaselab.orchestrator.language.spec import validate_spec
+from phaselab.orchestrator.language.yamlio import GridError, Marks, load_yaml, load_yaml_file
+from phaselab.orchestrator.plan.dag import plan_grid
 
 BUDGET_S = 2.0
 BUDGET_BYTES = 64 << 20
@@ -209,7 +209,7 @@ def test_cell_and_stage_maxima_can_be_raised_explicitly(monkeypatch: pytest.Monk
 def test_deep_grid_through_the_cli_prints_a_message_not_a_traceback(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     path = _write(tmp_path, BASE + "x-deep: " + "[" * 20_000 + "]" * 20_000 + "\n")
     res = CliRunner().invoke(app, ["plan", str(path), "--json"])
@@ -223,7 +223,7 @@ def test_deep_grid_through_the_cli_prints_a_message_not_a_traceback(tmp_path: Pa
 def test_binary_or_latin1_file_through_plan_names_the_file(tmp_path: Path, payload: bytes) -> None:
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     path = _write(tmp_path, payload)
     err = _bounded(lambda: plan_grid(path))
@@ -264,7 +264,7 @@ def _cli_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict]
 
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
+    from phaselab.orchestrator.cli.main import app
 
     res = CliRunner().invoke(app, [*args, "--json"], env=env)
     assert "Traceback" not in res.output, res.output
@@ -301,7 +301,7 @@ def test_max_cells_flag_raises_the_cell_maximum_for_one_plan(tmp_path: Path, mon
 def test_sync_tracking_reports_what_is_still_pending(tmp_path: Path) -> None:
     import socket
 
-    from phaselab.catalog.mlflow_tracker import MlflowTracker
+    from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,10 +15,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.failures import CLASSES, POLICIES, classify, policy_of, retry_limit, should_retry
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.engine.failures import (
+    CLASSES,
+    POLICIES,
+    classify,
+    policy_of,
+    retry_limit,
+    should_retry,
+)
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
 GRID = """\
 grid: hangs
@@ -53,7 +60,7 @@ def test_no_exception_classifies_as_hung() -> None:
 
 
 def _setup(tmp_path: Path):
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     path = tmp_path / "grid.yaml"
     path.write_text(GRID)

@@ -18,11 +18,11 @@ import pytest
 from _orchestrator_grids import BASE
 from _quickstart import quickstart_cmd, quickstart_env, wait_for_stage
 
-from phaselab.catalog.store import CatalogStore
+from phaselab.catalog.store.api import CatalogStore
 
 
 def _states(store: CatalogStore) -> dict[str, str]:
-    grid = store.get_grid("quickstart")
+    grid = store.reads.get_grid("quickstart")
     return {r.stage_hash: r.state for r in store.stages_for_grid(grid["id"])} if grid else {}
 
 
@@ -61,7 +61,7 @@ def test_sigint_stops_cleanly_and_resume_repeats_nothing(tmp_path: Path) -> None
     done = {h for h, s in after.items() if s == "SUCCEEDED"}
     assert done
 
-    res = subprocess.run([sys.executable, "-m", "phaselab.orchestrator.cli", "resume", "quickstart", "--num-cpus", "2",
+    res = subprocess.run([sys.executable, "-m", "phaselab.orchestrator.cli.main", "resume", "quickstart", "--num-cpus", "2",
                           "--catalog", f"sqlite:///{work / 'catalog.db'}", "--runs-root", str(work / "runs"),
                           "--no-mlflow", "--json"], check=False, cwd=work, env=quickstart_env(), capture_output=True, text=True,
                          timeout=400)
@@ -75,9 +75,9 @@ def test_sigint_stops_cleanly_and_resume_repeats_nothing(tmp_path: Path) -> None
 def test_status_shows_a_dead_controllers_stage_as_interrupted(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from phaselab.orchestrator.cli import app
-    from phaselab.orchestrator.controller import Controller
-    from phaselab.orchestrator.dag import plan_grid
+    from phaselab.orchestrator.cli.main import app
+    from phaselab.orchestrator.engine.controller import Controller
+    from phaselab.orchestrator.plan.dag import plan_grid
 
     grid = tmp_path / "g.yaml"
     grid.write_text(BASE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.orchestrator.plan.dag import plan_grid
 
 
 def _launchers(grid: str, *overrides: str) -> dict[str, set[str]]:

@@ -49,7 +49,7 @@ def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tracker(uri: str, tmp_path: Path):
-    from phaselab.catalog.mlflow_tracker import MlflowTracker
+    from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker
 
     return MlflowTracker.for_stage(tracking_uri=uri, grid="replay", grid_id=1, cell_id=1, cell_key="seed=0",
                                    stage_hash=STAGE, stage_kind="pretrain", spool_dir=tmp_path / "spool",

@@ -20,7 +20,7 @@ import pytest
 from _quickstart import quickstart_cmd, quickstart_env
 from _screenshots import keep
 
-from phaselab.catalog import mlflow_server
+from phaselab.catalog.tracking import mlflow_server
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 CHROMIUM = Path("/usr/bin/chromium")

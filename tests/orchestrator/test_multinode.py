@@ -50,7 +50,7 @@ def _command(prefix: list[str]) -> list[str]:
 
 
 def _node_options(head: bool) -> list[str]:
-    (argv,) = [c[4:] for c in COMMANDS if c[:4] == ["python", "-m", "phaselab.orchestrator.ray_local", "start"]
+    (argv,) = [c[4:] for c in COMMANDS if c[:4] == ["python", "-m", "phaselab.orchestrator.engine.ray_local", "start"]
                and ("--head" in c) == head]
     return argv
 
@@ -113,8 +113,8 @@ def _count(store, sql: str) -> int:
 
 
 def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_url, tmp_path: Path) -> None:
-    from phaselab.catalog.store import CatalogStore
-    from phaselab.orchestrator.dag import build_dag, load_grid
+    from phaselab.catalog.store.api import CatalogStore
+    from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
     head, worker = cluster["head"], cluster["worker"]
     grid = tmp_path / "grid.yaml"
@@ -131,10 +131,10 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     accel = hashes["on_accel"]
     try:
         def first_attempt_checkpointed() -> bool:
-            nodes = store.attempt_nodes([accel]) if store.revision() else {}
+            nodes = store.reads.attempt_nodes([accel]) if store.revision() else {}
             return bool(nodes.get(accel)) and any((runs / accel / "checkpoints").glob("step_*"))
         _wait(first_attempt_checkpointed, 150, "the accelerator stage to start on the worker and checkpoint")
-        assert store.attempt_nodes([accel])[accel] == [(1, worker.node_id)]
+        assert store.reads.attempt_nodes([accel])[accel] == [(1, worker.node_id)]
         lost = worker.node_id
         killed_at = datetime.now(UTC)
         worker.kill()                            # the worker node is lost mid-stage ...
@@ -149,7 +149,7 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     assert summary["ok"] and summary["counts"] == {"SUCCEEDED": 2}
 
     rows = {h: store.get_stage(h) for h in dag.nodes}
-    nodes = store.attempt_nodes(list(dag.nodes))
+    nodes = store.reads.attempt_nodes(list(dag.nodes))
     assert worker.node_id != lost
     assert nodes[accel] == [(1, lost), (2, worker.node_id)]        # retried on the replacement node
     assert (rows[accel].state, rows[accel].attempts, rows[accel].node_id) == ("SUCCEEDED", 2, worker.node_id)
@@ -165,9 +165,9 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
     assert _count(store, "SELECT COUNT(*) FROM attempt") == 3
     assert _count(store, "SELECT COUNT(*) FROM metric") == \
         _count(store, "SELECT COUNT(*) FROM (SELECT DISTINCT stage_hash, ident FROM metric) AS d")
-    final = {(m.name, m.split): m for m in store.metrics_for_stage(accel)}
+    final = {(m.name, m.split): m for m in store.reads.metrics_for_stage(accel)}
     assert final[("step", None)].value == steps and final[("loss", "valid")].step == steps
-    started = {a["attempt_no"]: a["started_at"] for a in store.attempts_for_stage(accel)}
+    started = {a["attempt_no"]: a["started_at"] for a in store.reads.attempts_for_stage(accel)}
     assert started[1] < killed_at < started[2] < rows[accel].finished_at
     status = subprocess.run([PHASELAB, *_command(["phaselab", "status"])[1:], "--catalog", pg_url], env=cluster["env"],
                             capture_output=True, text=True, check=False, timeout=60)
@@ -183,7 +183,7 @@ def test_stages_placed_by_node_and_a_lost_worker_node_is_survived(cluster, pg_ur
 
 
 def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_path: Path) -> None:
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     grid = tmp_path / "grid.yaml"
     # resources are not part of a stage's key: another step count keeps it from being a cache hit
@@ -196,7 +196,7 @@ def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_p
     store = CatalogStore(pg_url)
     try:
         def waiting() -> bool:
-            grid_row = store.get_grid("nonode") if store.revision() else None
+            grid_row = store.reads.get_grid("nonode") if store.revision() else None
             rows = store.stages_for_grid(grid_row["id"]) if grid_row else []
             return bool(rows) and rows[0].state == "READY" and "waiting for resources" in (rows[0].message or "")
         try:
@@ -209,7 +209,7 @@ def test_a_stage_no_node_can_run_waits_visibly_then_fails(cluster, pg_url, tmp_p
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1, err[-2000:]
-    (row,) = store.stages_for_grid(store.get_grid("nonode")["id"])
+    (row,) = store.stages_for_grid(store.reads.get_grid("nonode")["id"])
     assert (row.state, row.failure_class, row.attempts) == ("FAILED", "config", 0)
     assert "asks for accelerator 'H200', which no node of the cluster has" in row.message
     assert ACCEL in row.message and "PHASELAB_RESOURCE_WAIT_S=4" in row.message

@@ -9,8 +9,8 @@ from pathlib import Path
 from rich.console import Console
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.views import status_renderable
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.cli.views import status_renderable
 
 REASON = ("Traceback (most recent call last): RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB "
           "(GPU 0; 79.15 GiB total capacity; 77.01 GiB already allocated)")

@@ -36,7 +36,7 @@ def test_running_quickstart_listens_on_loopback_only_and_keeps_its_token_private
 
 def test_submitted_job_carries_the_catalog_password_sealed_in_its_environment_only(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselab.orchestrator.jobs import job_request
+    from phaselab.orchestrator.engine.jobs import job_request
 
     url = "postgresql+psycopg://phaselab:s3cret-pw@db.internal:5432/catalog"
     for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S"):
@@ -45,7 +45,7 @@ def test_submitted_job_carries_the_catalog_password_sealed_in_its_environment_on
     monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-123")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     req = job_request("http://head:8265", "quickstart", url, tmp_path / "runs", version=3)
-    assert req["entrypoint"] == (f"python -m phaselab.orchestrator.cli resume quickstart --runs-root "
+    assert req["entrypoint"] == (f"python -m phaselab.orchestrator.cli.main resume quickstart --runs-root "
                                  f"{(tmp_path / 'runs').resolve()} --version 3")
     assert "s3cret" not in str(req) and "tok-123" not in str(req)   # sealed (test_secrets.py), token not sent
     env = req["runtime_env"]["env_vars"]
@@ -56,7 +56,7 @@ def test_submitted_job_carries_the_catalog_password_sealed_in_its_environment_on
 def test_stage_tasks_get_the_catalog_mlflow_and_autotune_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remote Ray nodes do not inherit the driver's environment: what a stage needs travels in
     its runtime_env, the Triton autotune switch only where the user set it."""
-    from phaselab.orchestrator.cli import stage_env
+    from phaselab.orchestrator.cli.main import stage_env
 
     for name in ("PHASELAB_CATALOG_URL", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_AUTOTUNE"):
         monkeypatch.delenv(name, raising=False)

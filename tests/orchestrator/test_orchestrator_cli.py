@@ -10,11 +10,11 @@ import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import ArtifactSpec, CatalogStore
+from phaselab.catalog.store.api import ArtifactSpec, CatalogStore
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.plan.dag import plan_grid
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_export_and_tables(tmp_path: Path, env) -> None:
 
 
 def test_plan_warns_when_a_hit_came_from_another_environment(env) -> None:
-    from phaselab.catalog.fingerprint import env_fingerprint
+    from phaselab.catalog.store.fingerprint import env_fingerprint
 
     grid, url, store = env
     dag = plan_grid(grid)
@@ -204,7 +204,7 @@ def test_status_and_retry_follow_the_latest_version(env) -> None:
 
 
 def test_resume_rebuilds_the_latest_version_from_the_catalog(env) -> None:
-    from phaselab.orchestrator.cli import _stored_dag
+    from phaselab.orchestrator.cli.main import _stored_dag
 
     grid, _url, store = env
     dag = plan_grid(grid, ["defaults.train.steps=3"])

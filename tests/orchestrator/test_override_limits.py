@@ -12,10 +12,10 @@ import pytest
 from _orchestrator_grids import BASE, locate
 from typer.testing import CliRunner
 
-from phaselab.orchestrator import limits
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.yamlio import GridError
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.language import limits
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import plan_grid
 
 # 9 aliases of 9 aliases ... 9 levels deep: 9^9 = 387M strings from under 400 bytes
 BOMB = "[" + ",".join(["&a0 [" + ",".join(["lol"] * 9) + "]"] + ["*a0"] * 8) + "]"

@@ -14,8 +14,8 @@ from pathlib import Path
 import local_ray
 import pytest
 
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
 pytestmark = pytest.mark.ray
 
@@ -44,7 +44,7 @@ def one_gpu_cluster():
 
 
 def _run(tmp_path: Path, gpus: float):
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     path = tmp_path / "grid.yaml"
     path.write_text(GRID.replace("GPUS", str(gpus)))
@@ -66,5 +66,5 @@ def test_quarter_gpus_run_four_stages_side_by_side(tmp_path: Path, one_gpu_clust
     seeds = sorted(dag.nodes[h].members[0][0] for h in dag.nodes)
     assert seeds == [f"seed={s}" for s in range(4)]
     for h in dag.nodes:   # one result per seed: the training records of its own stage
-        names = {m.name for m in store.metrics_for_stage(h)}
+        names = {m.name for m in store.reads.metrics_for_stage(h)}
         assert {"loss", "acc"} <= names

@@ -1,4 +1,4 @@
-"""The project home (catalog/home.py): every command finds the catalog and the runs from any
+"""The project home (catalog/store/home.py): every command finds the catalog and the runs from any
 sub-folder of the project, and says which catalog it looked for when there is none."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.catalog import db, home
-from phaselab.catalog.mlflow_common import catalog_dir
-from phaselab.catalog.store import CatalogStore
-from phaselab.orchestrator.cli import app
-from phaselab.orchestrator.controller import Controller, default_runs_root
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.catalog.store import db, home
+from phaselab.catalog.store.api import CatalogStore
+from phaselab.catalog.tracking.mlflow_common import catalog_dir
+from phaselab.orchestrator.cli.main import app
+from phaselab.orchestrator.engine.controller import Controller, default_runs_root
+from phaselab.orchestrator.plan.dag import plan_grid
 
 
 @pytest.fixture

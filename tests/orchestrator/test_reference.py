@@ -1,4 +1,4 @@
-"""docs/GRID_REFERENCE.md is the output of ``python -m phaselab.orchestrator.reference``: a key
+"""docs/GRID_REFERENCE.md is the output of ``python -m phaselab.orchestrator.language.reference``: a key
 added to the schema, a stage kind or a config dataclass changes the reference, and this test
 fails until the committed file is regenerated."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phaselab.orchestrator.reference import grid_reference
+from phaselab.orchestrator.language.reference import grid_reference
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "GRID_REFERENCE.md"
 
@@ -14,7 +14,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "GRID_REFERENCE.md"
 def test_the_committed_reference_is_current() -> None:
     text = grid_reference()
     assert DOC.read_text() == text, ("docs/GRID_REFERENCE.md is stale: "
-                                     "python -m phaselab.orchestrator.reference > docs/GRID_REFERENCE.md")
+                                     "python -m phaselab.orchestrator.language.reference > docs/GRID_REFERENCE.md")
 
 
 def test_the_reference_names_every_kind_section_and_key_a_grid_uses() -> None:

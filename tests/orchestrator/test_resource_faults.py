@@ -10,8 +10,8 @@ import pytest
 from _fs_faults import fill, make_readonly, tiny_fs
 from typer.testing import CliRunner
 
-from phaselab.catalog.store import CatalogStore
-from phaselab.orchestrator.cli import app
+from phaselab.catalog.store.api import CatalogStore
+from phaselab.orchestrator.cli.main import app
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, catalog: Path, runs: Path, *extra: str, verb: str = "run") -> dict:
@@ -73,5 +73,5 @@ def test_an_unreachable_cluster_registers_no_grid_version(tmp_path: Path, monkey
         out = _run(monkeypatch, tmp_path / "catalog.db", tmp_path / "runs", "--address", address)
     assert out["error"].startswith("no Ray cluster answers at 127.0.0.1:")
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
-    assert store.get_grid("quickstart") is None   # no version, so no READY stage without a controller
+    assert store.reads.get_grid("quickstart") is None   # no version, so no READY stage without a controller
     assert store.stages_in_state(["PLANNED", "READY", "RUNNING"]) == []

@@ -61,7 +61,7 @@ def test_a_run_with_a_catalog_password_leaves_it_in_no_file_and_no_output(tmp_pa
             assert PASSWORD in url
             env["PHASELAB_CATALOG_URL"] = url
             proc = subprocess.run(
-                [sys.executable, "-m", "phaselab.orchestrator.cli", "run", str(grid), "--num-cpus", "1",
+                [sys.executable, "-m", "phaselab.orchestrator.cli.main", "run", str(grid), "--num-cpus", "1",
                  "--no-mlflow", "--runs-root", str(work / "runs"), "--json"],
                 check=False, cwd=work, env=env, capture_output=True, text=True, timeout=400)
             out = json.loads(proc.stdout)
@@ -78,7 +78,7 @@ def test_a_run_with_a_catalog_password_leaves_it_in_no_file_and_no_output(tmp_pa
 
 def test_submitted_job_gets_credentials_sealed_with_the_cluster_token(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselab.orchestrator.jobs import SEALED_ENV, job_request, unseal_env
+    from phaselab.orchestrator.engine.jobs import SEALED_ENV, job_request, unseal_env
 
     url = f"postgresql+psycopg://phaselab:{PASSWORD}@db.internal:5432/catalog"
     for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S",
@@ -110,7 +110,7 @@ def test_submitted_job_gets_credentials_sealed_with_the_cluster_token(tmp_path: 
 
 
 def test_redact_and_split_secrets() -> None:
-    from phaselab.catalog.mlflow_common import redact, split_secrets
+    from phaselab.catalog.tracking.mlflow_common import redact, split_secrets
 
     assert redact(f"cannot reach postgresql+psycopg://u:{PASSWORD}@h:5432/d?x=1 or http://a:b@h/x") == \
         "cannot reach postgresql+psycopg://u:***@h:5432/d?x=1 or http://a:***@h/x"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from _orchestrator_grids import BASE, locate
 
-from phaselab.catalog.tables import get_spec
-from phaselab.catalog.tables.spec import build, render_latex, render_markdown
+from phaselab.catalog.reports.tables import get_spec
+from phaselab.catalog.reports.tables.spec import build, render_latex, render_markdown
 from phaselab.catalog.tracking import RecordingTracker
-from phaselab.orchestrator.dag import build_dag, load_grid, plan_grid
-from phaselab.orchestrator.hashing import CodeVersion
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import build_dag, load_grid, plan_grid
+from phaselab.orchestrator.plan.hashing import CodeVersion
 from phaselab.orchestrator.stages import STAGES, StageContext
-from phaselab.orchestrator.yamlio import GridError
 
 CODE = CodeVersion(digest="0" * 64, modules={})
 PPL = "    eval: {suite: ppl-by-length, ppl: {lengths: [32]}, device: cpu"

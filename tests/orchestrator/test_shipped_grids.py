@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.orchestrator.dag import plan_grid
-from phaselab.orchestrator.grids import grids_dir, resolve_grid_path, shipped_grids
+from phaselab.orchestrator.language.library import grids_dir, resolve_grid_path, shipped_grids
+from phaselab.orchestrator.plan.dag import plan_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = {  # grid -> (cells, stages by kind)
@@ -67,8 +67,8 @@ def test_unknown_grid_name_suggests() -> None:
 
 
 def test_orchestrator_imports_stay_light() -> None:
-    code = ("import sys; import phaselab.orchestrator.cli, phaselab.orchestrator.dag, phaselab.orchestrator.controller, "
-            "phaselab.orchestrator.views; bad = [m for m in ('torch', 'ray', 'mlflow', 'triton', 'sqlalchemy') "
+    code = ("import sys; import phaselab.orchestrator.cli.main, phaselab.orchestrator.plan.dag, phaselab.orchestrator.engine.controller, "
+            "phaselab.orchestrator.cli.views; bad = [m for m in ('torch', 'ray', 'mlflow', 'triton', 'sqlalchemy') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -24,8 +24,10 @@ import local_ray
 import pytest
 
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
+from phaselab.orchestrator.cli.views import plan_rows
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.language.yamlio import GridError
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 from phaselab.orchestrator.stages import (
     STAGES,
     Resources,
@@ -37,8 +39,6 @@ from phaselab.orchestrator.stages import (
     section_names,
 )
 from phaselab.orchestrator.stages.base import convert_section
-from phaselab.orchestrator.views import plan_rows
-from phaselab.orchestrator.yamlio import GridError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,8 +151,8 @@ def ray_address():
 
 
 def test_the_toy_kind_runs_on_a_local_ray_cluster(tmp_path: Path, ray_address) -> None:
-    from phaselab.catalog.store import CatalogStore
-    from phaselab.orchestrator.verify import verify_stage
+    from phaselab.catalog.store.api import CatalogStore
+    from phaselab.orchestrator.engine.verify import verify_stage
 
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")
     store.upgrade()
@@ -164,7 +164,7 @@ def test_the_toy_kind_runs_on_a_local_ray_cluster(tmp_path: Path, ray_address) -
             row = store.get_stage(h)
             assert row.state == "SUCCEEDED" and row.kind == node.kind
         for node in (n for n in dag.nodes.values() if n.name == "second"):
-            note = next(a for a in store.artifacts_for_stage(node.hash) if a.name == "note")
+            note = next(a for a in store.reads.artifacts_for_stage(node.hash) if a.name == "note")
             label = node.config["wait"]["label"]
             assert json.loads(Path(note.uri).read_text()) == {"chain": [label[:-1], label]}
         with pytest.raises(ValueError, match="not a SUCCEEDED training stage"):

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from phaselab.catalog.tracking import NullTracker
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 from phaselab.orchestrator.stages import STAGES, Resources, StageContext
 from phaselab.orchestrator.stages.pretrain import resources_per_worker
 
@@ -52,7 +52,7 @@ def _dag(tmp_path: Path, text: str, name: str = "grid.yaml"):
 
 def _contexts(tmp_path: Path) -> dict[str, StageContext]:
     """name -> the StageContext ``runner`` would build from the controller's payload."""
-    from phaselab.catalog.store import ArtifactSpec, CatalogStore
+    from phaselab.catalog.store.api import ArtifactSpec, CatalogStore
 
     dag = _dag(tmp_path, GRID)
     store = CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}")

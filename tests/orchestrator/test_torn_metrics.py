@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from phaselab.catalog.tracking import RecordingTracker
-from phaselab.orchestrator.failures import classify
+from phaselab.orchestrator.engine.failures import classify
 from phaselab.orchestrator.stages.pretrain import REPLAY_STATE, replay_metrics
 from phaselab.workloads.train.ray_entry import (
     JsonlTracker,

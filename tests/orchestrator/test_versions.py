@@ -10,8 +10,8 @@ import pytest
 from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
-from phaselab.orchestrator.cli import _stored_dag, app
-from phaselab.orchestrator.dag import plan_grid
+from phaselab.orchestrator.cli.main import _stored_dag, app
+from phaselab.orchestrator.plan.dag import plan_grid
 
 
 def _cli(*args: str) -> tuple[int, dict]:
@@ -48,7 +48,7 @@ def test_status_shows_the_version_last_submitted_not_the_highest(two_versions) -
 
 
 def test_resume_rebuilds_the_version_last_submitted_or_named(two_versions) -> None:
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     url, _, v1, v2 = two_versions
     store = CatalogStore(url)

@@ -21,9 +21,9 @@ from pathlib import Path
 import local_ray
 import pytest
 
-from phaselab.orchestrator.controller import Controller
-from phaselab.orchestrator.dag import build_dag, load_grid
-from phaselab.orchestrator.runner import WorkerHeartbeat, execute
+from phaselab.orchestrator.engine.controller import Controller
+from phaselab.orchestrator.engine.runner import WorkerHeartbeat, execute
+from phaselab.orchestrator.plan.dag import build_dag, load_grid
 
 GRID = """\
 grid: beats
@@ -34,7 +34,7 @@ stages:
 
 
 def _setup(tmp_path: Path, sleep_s: float, **kw):
-    from phaselab.catalog.store import CatalogStore
+    from phaselab.catalog.store.api import CatalogStore
 
     path = tmp_path / "grid.yaml"
     path.write_text(GRID.replace("SLEEP", str(sleep_s)))

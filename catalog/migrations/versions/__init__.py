@@ -1,1 +1,0 @@
-"""phaselab.catalog.migrations.versions."""

@@ -1,0 +1,1 @@
+"""phaselab.catalog.store.migrations.versions."""

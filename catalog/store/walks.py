@@ -1,0 +1,35 @@
+"""Walks over the stage DAG stored in the catalog's edges: what a stage was built from
+(``ancestors``) and what a re-run of it taints (``descendants``)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from phaselab.catalog.store.api import CatalogStore
+
+
+def _walk(store: CatalogStore, stage_hash: str, *, up: bool) -> list[tuple[str, str, int]]:
+    edges = store.reads.edges()
+    nxt: dict[str, list[tuple[str, str]]] = {}
+    for u, d, rel in edges:
+        src, dst = (d, u) if up else (u, d)
+        nxt.setdefault(src, []).append((dst, rel))
+    seen: dict[str, tuple[str, int]] = {}
+    queue = deque([(stage_hash, 0)])
+    while queue:
+        node, depth = queue.popleft()
+        for other, rel in sorted(nxt.get(node, [])):
+            if other not in seen:
+                seen[other] = (rel, depth + 1)
+                queue.append((other, depth + 1))
+    return sorted(((h, rel, depth) for h, (rel, depth) in seen.items()), key=lambda t: (t[2], t[0]))
+
+
+def ancestors(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]]:
+    """Every upstream stage as (hash, relation of the first edge found, distance), nearest first."""
+    return _walk(store, stage_hash, up=True)
+
+
+def descendants(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]]:
+    """Every downstream stage as (hash, relation, distance), nearest first (what a re-run taints)."""
+    return _walk(store, stage_hash, up=False)
