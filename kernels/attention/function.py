@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from phaselab.kernels import relbias
 from phaselab.kernels.attention import ops, pope_cudnn, tapa_phase, triton_common
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
@@ -208,9 +209,9 @@ class TritonBackend:
     name: ClassVar[str] = "triton"
 
     def unsupported_reason(self, call: Any) -> str | None:
-        if call.score_mod not in ("pope", "tapa"):
-            return (f"score_mod={call.score_mod!r}: the triton backend has fused kernels for pope and "
-                    f"tapa only; use sdpa for plain/RoPE/ALiBi attention")
+        if call.score_mod not in ("pope", "tapa", "relbias"):
+            return (f"score_mod={call.score_mod!r}: the triton backend has fused kernels for pope, tapa "
+                    f"and distance-bias tables (relbias: ALiBi, KERPLE) only; use sdpa for plain/RoPE attention")
         if call.device_type != "cuda" and not triton_common.interpreting():
             return f"device {call.device_type!r}: Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
         if call.varlen:
@@ -230,8 +231,12 @@ class TritonBackend:
                  deterministic: bool = False) -> Tensor:
         if cu_seqlens is not None:
             raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
-        if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa"):
-            raise ValueError(f"the triton backend needs a pope or tapa ScoreMod, got {score_mod!r}")
+        if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa", "relbias"):
+            raise ValueError(f"the triton backend needs a pope, tapa or relbias ScoreMod, got {score_mod!r}")
+        if score_mod.kind == "relbias":  # the bias-table kernel (phaselab.kernels.relbias)
+            record_impl("relbias", "triton", deterministic=True)
+            return relbias.score_mod_attention(q_BHTD, k_BGSD, v_BGSD, score_mod, pos_q=pos_q, pos_k=pos_k,
+                                               scale=scale, causal=causal, trivial_pos=trivial_pos)
         p = score_mod.params
         if score_mod.kind == "pope":
             device = q_BHTD.device

@@ -10,6 +10,7 @@ Scores (unscaled, unmasked; `scores`):
     pope   sum_c mu_q,mc mu_k,nc cos((n-m) theta_c + delta_hc),  mu = amplitude(x)   (MATH §3.1)
     tapa   A * cos(phase_scale |m-n|^alpha Phi),  A = <q_A,k_A>/sqrt(D_A)            (MATH §4.2)
     alibi  <q_m, k_n>; the bias -slope_h (m-n) is added *after* scaling (`logits`, MATH §5)
+    relbias <q_m, k_n>; the encoding's table bias[h, m-n] is added after scaling (`logits`)
 Logits: scale * score (+ ALiBi bias); masked by positions (key s visible to query t iff
 pos_k[s] <= pos_q[t]); softmax in the compute dtype; a row that sees no key outputs 0.
 """
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.score_mod import ScoreMod, apply_score_fn, tapa_split
+from phaselab.kernels.attention.score_mod import ScoreMod, alibi_table, apply_score_fn, distance_bias, tapa_split
 from phaselab.kernels.registry import record_impl
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
@@ -174,8 +175,7 @@ def _tapa_scores(q_BHTD: Tensor, k_BHSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Ten
 def alibi_bias(pos_q_BT: Tensor, pos_k_BS: Tensor, slopes_H: Tensor, *,
                compute_dtype: torch.dtype = torch.float32) -> Tensor:
     """ALiBi additive logit bias_BHTS = -slope_h * (m - n) (MATH §5), in the compute dtype."""
-    dist_B1TS = _signed_distance(pos_q_BT, pos_k_BS).to(compute_dtype)[:, None]
-    return -slopes_H.to(compute_dtype)[None, :, None, None] * dist_B1TS
+    return alibi_table(slopes_H, _signed_distance(pos_q_BT, pos_k_BS), compute_dtype).transpose(0, 1)
 
 
 # ----------------------------------------------------------------------------- scores and logits
@@ -197,7 +197,7 @@ def scores(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
     if score_mod is not None and not isinstance(score_mod, ScoreMod):
         raise TypeError(f"score_mod must be a ScoreMod or None, got {type(score_mod).__name__}")
     k_BHSD = repeat_kv(k_BGSD, q_BHTD.shape[1])
-    if score_mod is None or score_mod.kind in ("alibi", "custom"):
+    if score_mod is None or score_mod.kind in ("alibi", "relbias", "custom"):
         return q_BHTD.to(dtype) @ k_BHSD.to(dtype).transpose(-1, -2)
     if score_mod.kind == "pope":
         return _pope_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
@@ -220,6 +220,8 @@ def logits(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
             raise ValueError(f"alibi slopes have shape {tuple(slopes_H.shape)}, expected "
                              f"({q_BHTD.shape[1]},) = query heads")
         out = out + alibi_bias(pos_q_BT, pos_k_BS, slopes_H, compute_dtype=dtype)
+    if score_mod is not None and score_mod.kind == "relbias":  # a distance-only encoding's table
+        out = out + distance_bias(score_mod, pos_q_BT, pos_k_BS, q_BHTD.shape[1], dtype)
     if score_mod is not None and score_mod.kind == "custom":   # an encoding's `score` (EXTENDING.md)
         out = apply_score_fn(score_mod, out, pos_q_BT, pos_k_BS)
     return out

@@ -8,7 +8,13 @@ defaults at construction, so every backend reads the same, explicit values:
             "amplitude": "softplus" | "relu" | "identity"}
     tapa:  {"alpha": 0.1, "theta": 0.5, "phase_scale": 2*pi, "phase": "quadratic" | "linear"}
     alibi: {"slopes": Tensor[H] (0 for heads without ALiBi)}
+    relbias: {"table": (dist int64 [N], dtype) -> Tensor[H, N] (see `bias_table`), "name": the encoding's kind}
     custom: {"fn": score -> score (see `apply_score_fn`), "name": the encoding's kind}
+
+"relbias" is a score modification that depends only on (head, pos_q - pos_k) and its parameters,
+added to the scaled score: logit = scale * <q, k> + table[h, pos_q - pos_k]. Its table is plain
+PyTorch (differentiable in the encoding's parameters); on CUDA it runs in the bias-table flash
+kernel of `phaselab.kernels.relbias`, whose backward returns the table's gradient.
 
 For `pope` and `tapa` the q and k handed to the backend are the RAW projections (D wide,
 pre-softplus, un-rotated). `reference.logits(q, k, ..., score_mod=mod)` is the spec every fused
@@ -28,9 +34,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # torch stays a lazy import so that importing this module stays cheap
+    import torch
     from torch import Tensor
 
-KINDS = ("pope", "tapa", "alibi", "custom")
+KINDS = ("pope", "tapa", "alibi", "relbias", "custom")
 POPE_AMPLITUDES = ("softplus", "relu", "identity")
 TAPA_PHASES = ("quadratic", "linear")
 
@@ -39,9 +46,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     # MATH §4.2: alpha = 0.1, theta = 0.5, phase_scale = 2*pi (paper); quadratic phase (Eq. 12).
     "tapa": {"alpha": 0.1, "theta": 0.5, "phase_scale": 2.0 * math.pi, "phase": "quadratic"},
     "alibi": {},
+    "relbias": {"name": "relbias"},
     "custom": {"name": "custom"},
 }
-_REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",), "custom": ("fn",)}
+_REQUIRED = {"pope": ("inv_freq",), "tapa": (), "alibi": ("slopes",), "relbias": ("table",), "custom": ("fn",)}
 
 
 class FrozenParams(Mapping[str, Any]):
@@ -79,7 +87,7 @@ class ScoreMod:
     eq=False: params hold tensors, whose `==` is elementwise; identity is the only sound equality.
     """
 
-    kind: Literal["pope", "tapa", "alibi", "custom"]
+    kind: Literal["pope", "tapa", "alibi", "relbias", "custom"]
     params: Mapping[str, Any]
 
     def __post_init__(self) -> None:
@@ -138,6 +146,12 @@ def alibi_slopes(n_heads: int, n_alibi_heads: int | None = None) -> Tensor:
     return slopes
 
 
+def alibi_table(slopes_H: Tensor, dist: Tensor, dtype: torch.dtype) -> Tensor:
+    """ALiBi's bias -slope_h * (m - n) (MATH §5) at signed distances `dist` (int64, any shape),
+    [H, *dist.shape] in `dtype`: the formula's one home (the encoding's table, the reference)."""
+    return -slopes_H.to(dtype).view(-1, *([1] * dist.ndim)) * dist.to(dtype)[None]
+
+
 def _check_float_tensor(name: str, value: Any, ndim: int) -> None:
     import torch
 
@@ -176,6 +190,11 @@ def _validate_alibi(p: dict[str, Any]) -> None:
     _check_float_tensor("alibi slopes", p["slopes"], 1)
 
 
+def _validate_relbias(p: dict[str, Any]) -> None:
+    if not callable(p["table"]):
+        raise TypeError(f"relbias table must be callable, got {type(p['table']).__name__}")
+
+
 def _validate_custom(p: dict[str, Any]) -> None:
     if not callable(p["fn"]):
         raise TypeError(f"custom fn must be callable, got {type(p['fn']).__name__}")
@@ -197,5 +216,33 @@ def apply_score_fn(mod: ScoreMod, logits_BHTS: Tensor, pos_q_BT: Tensor, pos_k_B
     return out
 
 
+def bias_table(mod: ScoreMod, dist_N: Tensor, n_head: int, dtype: torch.dtype) -> Tensor:
+    """A "relbias" ScoreMod's table [n_head, N] at the signed distances dist_N (int64 m - n), in
+    `dtype` (fp32 for the kernels, float64 in a reference test). Another shape or a non-float
+    result is a ValueError naming the encoding."""
+    import torch
+
+    out = mod.params["table"](dist_N, dtype)
+    want = (n_head, dist_N.shape[0])
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want or not out.is_floating_point():
+        got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"encoding {mod.params['name']!r}: bias_table() returned {got}, expected a float "
+                         f"tensor of shape {want} [H, len(dist)]")
+    return out.to(dtype)
+
+
+def distance_bias(mod: ScoreMod, pos_q_BT: Tensor, pos_k_BS: Tensor, n_head: int, dtype: torch.dtype) -> Tensor:
+    """A "relbias" ScoreMod's additive bias [B, H, T, S] in `dtype`: its table over the distances
+    that occur, gathered at m - n (exact int64 before any conversion)."""
+    import torch
+
+    dist_BTS = pos_q_BT.to(torch.int64)[:, :, None] - pos_k_BS.to(torch.int64)[:, None, :]
+    if dist_BTS.numel() == 0:
+        return torch.zeros((dist_BTS.shape[0], n_head, *dist_BTS.shape[1:]), dtype=dtype, device=pos_q_BT.device)
+    lo, hi = int(dist_BTS.min()), int(dist_BTS.max())
+    table_HN = bias_table(mod, torch.arange(lo, hi + 1, device=pos_q_BT.device), n_head, dtype)
+    return table_HN[:, dist_BTS - lo].transpose(0, 1)
+
+
 _VALIDATORS = {"pope": _validate_pope, "tapa": _validate_tapa, "alibi": _validate_alibi,
-               "custom": _validate_custom}
+               "relbias": _validate_relbias, "custom": _validate_custom}

@@ -4,7 +4,9 @@ Supported: plain / RoPE (score_mod None; q, k pre-rotated), PoPE through its Car
 form (`reference.pope_expand`, MATH §3.3; v stays D wide, which SDPA accepts), ALiBi in fp32/fp64
 as an additive float mask, and packed documents (cu_seqlens) as a block-diagonal mask.
 An encoding's own `score` ("custom" ScoreMod) runs on CUDA through FlexAttention (compiled,
-block-sparse causal mask; `flex_score_attention`).
+block-sparse causal mask; `flex_score_attention`); a distance-only one ("relbias": ALiBi, KERPLE)
+through the bias-table kernel (`phaselab.kernels.relbias`) on CUDA, and on the CPU in fp32/fp64
+as an additive float mask, like the "alibi" kind.
 Refused with a reason: TAPA (its cosine is not a dot product), ALiBi in bf16/fp16 (the bias would
 be rounded to q's dtype), a custom score on the CPU or with cu_seqlens, and deterministic
 backward on CUDA.
@@ -25,8 +27,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from phaselab.kernels import relbias
 from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
-from phaselab.kernels.attention.score_mod import ScoreMod
+from phaselab.kernels.attention.score_mod import ScoreMod, distance_bias
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, record_impl
 
 
@@ -135,8 +138,13 @@ class SdpaBackend:
                     "'reference' or 'triton'")
         if call.score_mod == "custom":
             return _flex_reason(call)
-        if call.score_mod not in (None, "pope", "alibi"):
+        if call.score_mod == "relbias" and call.device_type == "cuda":  # the bias-table kernel
+            return relbias.unsupported_reason(call.dtype, call.head_dim, call.qk_width, call.varlen)
+        if call.score_mod not in (None, "pope", "alibi", "relbias"):
             return f"unknown score_mod {call.score_mod!r}"
+        if call.score_mod == "relbias" and call.dtype not in (torch.float32, torch.float64):
+            return (f"a distance-bias table (ALiBi, KERPLE, ...) on the CPU is an additive float mask in q's "
+                    f"dtype {call.dtype}, which would round it; use fp32, 'reference' or 'triton'")
         if call.score_mod == "alibi" and call.dtype not in (torch.float32, torch.float64):
             return (f"ALiBi needs an additive float mask in q's dtype {call.dtype}; the bias "
                     f"-slope*(m-n) would be rounded (bf16 spacing is 2 at 500); use fp32, "
@@ -161,6 +169,10 @@ class SdpaBackend:
             record_impl("sdpa", "flex", deterministic=not call.needs_grad)
             return flex_score_attention(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q, pos_k=pos_k, scale=scale,
                                         causal=causal, score_mod=score_mod, compiled=True)
+        if score_mod is not None and score_mod.kind == "relbias" and call.device_type == "cuda":
+            record_impl("sdpa", "relbias-triton", deterministic=True)
+            return relbias.score_mod_attention(q_BHTD, k_BGSD, v_BGSD, score_mod, pos_q=pos_q, pos_k=pos_k,
+                                               scale=scale, causal=causal, trivial_pos=trivial_pos)
         if score_mod is not None and score_mod.kind == "pope":
             p = score_mod.params
             q_BHTD, k_BGSD = pope_expand(q_BHTD, k_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k,
@@ -173,8 +185,9 @@ class SdpaBackend:
             empty_B1T1 = ~mask.any(dim=-1, keepdim=True)
             mask = mask | empty_B1T1  # let empty rows attend somewhere (no NaN); zeroed below
         attn_mask: Any = mask
-        if score_mod is not None and score_mod.kind == "alibi":
-            bias = alibi_bias(pos_q, pos_k, score_mod.params["slopes"], compute_dtype=q_BHTD.dtype)
+        if score_mod is not None and score_mod.kind in ("alibi", "relbias"):
+            bias = (alibi_bias(pos_q, pos_k, score_mod.params["slopes"], compute_dtype=q_BHTD.dtype)
+                    if score_mod.kind == "alibi" else distance_bias(score_mod, pos_q, pos_k, H, q_BHTD.dtype))
             attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
             if is_causal:  # an additive mask cannot be combined with is_causal
                 attn_mask = attn_mask.masked_fill(~visibility(pos_q, pos_k), float("-inf"))

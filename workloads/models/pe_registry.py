@@ -122,3 +122,25 @@ def _tiny_forward(cls: Any, pe_cfg: Any) -> None:
         from phaselab.kernels.attention.score_mod import apply_score_fn
 
         apply_score_fn(mod, torch.randn(1, H, T, T), pos, pos)
+    if mod is not None and mod.kind == "relbias":
+        _check_table(pe, mod, H, T, pe_cfg.kind)
+
+
+def _check_table(pe: Any, mod: Any, H: int, T: int, kind: str) -> None:
+    """The table has shape [H, N] over signed distances (both signs: non-causal calls) and, when the
+    encoding also writes `score`, agrees with it (one definition, two forms)."""
+    import torch
+
+    from phaselab.kernels.attention.score_mod import ScoreMod, apply_score_fn, bias_table, distance_bias
+    from phaselab.workloads.models.positional.base import PositionalEncoding
+
+    bias_table(mod, torch.arange(-T + 1, T), H, torch.float32)   # ValueError naming the encoding
+    if type(pe).score is PositionalEncoding.score:   # no `score` of its own to compare
+        return
+    pos = torch.arange(T)[None]
+    zeros = torch.zeros(1, H, T, T, dtype=torch.float64)
+    general = apply_score_fn(ScoreMod(kind="custom", params={"fn": pe.score, "name": kind}), zeros, pos, pos)
+    table = distance_bias(mod, pos, pos, H, torch.float64)
+    if not torch.allclose(general, table, rtol=1e-5, atol=1e-6):
+        raise EncodingError(f"encoding plugin {kind!r}: bias_table() and score() disagree on a tiny input "
+                            f"(largest difference {float((general - table).abs().max()):.3g})")

@@ -1,7 +1,9 @@
 """KERPLE-log (Chi et al., "KERPLE: Kernelized Relative Positional Embedding for Length
 Extrapolation", arXiv 2205.09921, Eq. 8) as a phaselab encoding: a learnable score modification,
 score - r1_h · log(1 + r2_h · |n - m|), with r1_h, r2_h > 0 learned per head and per layer
-(kept positive by a softplus of fp32 parameters).
+(kept positive by a softplus of fp32 parameters). The score depends only on the head and the
+distance, so it is declared as a table over distances (`bias_table`): on CUDA it runs in
+phaselab's bias-table kernel, whose backward reduces the table's gradient to r1 and r2.
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ class Kerple(PositionalEncoding):
         raw = [_inv_softplus(self.config.r1_init), _inv_softplus(self.config.r2_init)]
         self.raw_r = nn.Parameter(torch.tensor(raw, dtype=torch.float32)[:, None].repeat(1, n_head))
 
-    def score(self, score, q_pos, k_pos, head):
-        r = F.softplus(self.raw_r.to(score.dtype))
-        r1, r2 = r[0][head], r[1][head]   # [1, H, 1, 1] here, scalars under FlexAttention
-        distance = (q_pos - k_pos).abs().to(score.dtype)
-        return score - r1 * torch.log1p(r2 * distance)
+    def bias_table(self, dist, dtype):
+        r1, r2 = F.softplus(self.raw_r.to(dtype))[:, :, None]   # [H, 1] each
+        return -r1 * torch.log1p(r2 * dist.abs().to(dtype))     # [H, len(dist)]

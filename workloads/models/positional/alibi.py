@@ -1,4 +1,5 @@
-"""ALiBi (Press et al., arXiv 2108.12409; MATH §5): logit += -slope_h·(m - n) inside the kernel.
+"""ALiBi (Press et al., arXiv 2108.12409; MATH §5): logit += -slope_h·(m - n) inside the kernel,
+declared as a distance table (`bias_table`), so it runs in the bias-table kernel on CUDA.
 
 "ALiBi half-heads" (the PoPE paper's ablation, EXPERIMENTS §2.1) applies it to the first
 round(heads_fraction·H) heads and NoPE to the rest (EXPERIMENTS §6 #14). The geometric slopes
@@ -12,7 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes
+from phaselab.kernels.attention.score_mod import alibi_slopes, alibi_table
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
 
@@ -35,13 +36,15 @@ class ALiBi(PositionalEncoding):
         self.n_alibi = n_alibi
         self.register_fp32_buffer("slopes", slopes)
 
-    def score(self, score: Tensor, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
-        """score - slope_h·(m - n) (MATH §5), the encoding's definition in plain PyTorch; the
-        backends run the fused form `score_mod` returns (sdpa: an additive fp32 mask)."""
-        return score - self.slopes.to(score.dtype)[head] * (q_pos - k_pos).to(score.dtype)
+    def bias_table(self, dist: Tensor, dtype: torch.dtype) -> Tensor:
+        """-slope_h·(m - n) at the signed distances `dist` (MATH §5): a fixed table, so ALiBi runs
+        in the bias-table kernel on CUDA (kernels/relbias) with no gradient to reduce."""
+        return alibi_table(self.slopes, dist, dtype)
 
-    def score_mod(self) -> ScoreMod:
-        return ScoreMod(kind="alibi", params={"slopes": self.slopes})
+    def score(self, score: Tensor, q_pos: Tensor, k_pos: Tensor, head: Tensor) -> Tensor:
+        """score - slope_h·(m - n), the same bias per element in the interface's general form (the
+        backends run `bias_table`, which `score_mod` declares)."""
+        return score - self.slopes.to(score.dtype)[head] * (q_pos - k_pos).to(score.dtype)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alibi_heads={self.n_alibi}"

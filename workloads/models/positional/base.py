@@ -62,6 +62,8 @@ class PositionalEncoding(Fp32Buffers):
     - `prepare_qk`: a q/k transform (RoPE, xPos);
     - `score`: a score modification in plain PyTorch over (score, query position, key position,
       head), differentiable in the encoding's parameters; run inside the attention backend;
+    - `bias_table`: a distance-only score modification as a table bias[h, m - n] (ALiBi, KERPLE),
+      run in the bias-table kernel on CUDA;
     - `input_module`: the embedding side (absolute encodings);
     - `score_mod`: a fused kernel's ScoreMod (PoPE, TAPA, ALiBi) instead of `score`.
 
@@ -108,6 +110,15 @@ class PositionalEncoding(Fp32Buffers):
         """
         return NotImplemented
 
+    def bias_table(self, dist: Tensor, dtype: torch.dtype) -> Tensor:
+        """A distance-only score modification, or NotImplemented (the default): the bias [H, N]
+        added to the scaled score at the signed distances `dist` (int64 [N], query position minus
+        key position), in `dtype` (fp32 in the kernels, float64 in a reference test), in plain
+        PyTorch and differentiable in the encoding's parameters. Declaring it runs the encoding in
+        the bias-table kernel (kernels/relbias) on CUDA, learned parameters included; it takes the
+        place of `score` (docs/EXTENDING.md)."""
+        return NotImplemented
+
     def qk_width(self, head_dim: int) -> int:
         """Width of q and k as handed to the backend (D; the sdpa backend expands PoPE itself)."""
         return head_dim
@@ -118,11 +129,14 @@ class PositionalEncoding(Fp32Buffers):
         return q_BTHD, k_BSGD
 
     def score_mod(self) -> ScoreMod | None:
-        """Kernel-side part of the encoding, or None: a "custom" ScoreMod when `score` is defined."""
-        if type(self).score is PositionalEncoding.score:
-            return None
+        """Kernel-side part of the encoding, or None: a "relbias" ScoreMod when `bias_table` is
+        defined, else a "custom" one when `score` is."""
         from phaselab.kernels.attention.score_mod import ScoreMod
 
+        if type(self).bias_table is not PositionalEncoding.bias_table:
+            return ScoreMod(kind="relbias", params={"table": self.bias_table, "name": self.pe_cfg.kind})
+        if type(self).score is PositionalEncoding.score:
+            return None
         return ScoreMod(kind="custom", params={"fn": self.score, "name": self.pe_cfg.kind})
 
     def softmax_scale(self, head_dim: int) -> float:
