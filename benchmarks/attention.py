@@ -18,6 +18,14 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
                    compiled once per length and mode, the compile excluded from the timing)
     flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
                    the PoPE expand path runs on, against cuDNN / FlashAttention-2
+    flex-plain     compiled FlexAttention, causal block mask, no score_mod (the score-mod baseline)
+    flex-alibi     the same with ALiBi as a score_mod (fixed slopes: 2**(-8j/H))
+    flex-learned   the same with a score_mod reading a learnable per-head slope (requires_grad): the
+                   captured-gradient path (issue 34: 11.7x / 823x cuDNN at 4k; slow, not in the set)
+    relbias-alibi  phaselab's bias-table kernel (kernels/relbias) with ALiBi's fixed table
+    relbias-learned  the same with a KERPLE-log table of learnable r1, r2 (requires_grad): the table
+                   built in torch inside the timed call, its gradient reduced by the kernel
+    (`--methods distance-bias` runs sdpa-cudnn, flex-plain, flex-alibi, relbias-alibi, relbias-learned)
     tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
     tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
     tapa-material  the reference (fp32 logits materialised) where it fits in memory
@@ -61,14 +69,15 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from phaselab.kernels.attention import reference, triton_pope_expand
 from phaselab.kernels.attention.flash_function import flash_attention
 from phaselab.kernels.attention.function import pope_attention, tapa_attention
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, alibi_table, pope_inv_freq
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-flex": "pope",
                "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
-               "tapa-public": "tapa"}
+               "tapa-public": "tapa", "flex-plain": "plain", "flex-alibi": "plain", "flex-learned": "plain",
+               "relbias-alibi": "plain", "relbias-learned": "plain"}
 
 
 def sdpa(backend):
@@ -132,6 +141,54 @@ def pope_expand_flex(q, k, v, pos, ctx):
     return _FLEX["fn"](qh, kh, v, block_mask=_FLEX[N], scale=q.shape[-1] ** -0.5)
 
 
+def _flex(q, k, v, score_mod=None):
+    """Compiled FlexAttention with the causal block mask, built and compiled as `pope_expand_flex`'s."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    N = q.shape[2]
+    if "fn" not in _FLEX:
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+    if N not in _FLEX:
+        _FLEX[N] = create_block_mask(lambda b, h, m, n: n <= m, None, None, N, N, device=q.device, _compile=True)
+    return _FLEX["fn"](q, k, v, score_mod=score_mod, block_mask=_FLEX[N], scale=q.shape[-1] ** -0.5)
+
+
+def flex_plain(q, k, v, pos, ctx):
+    return _flex(q, k, v)
+
+
+def flex_alibi(q, k, v, pos, ctx):
+    slopes = ctx["slopes"]
+    return _flex(q, k, v, lambda s, b, h, m, n: s - slopes[h] * (m - n))
+
+
+def flex_learned(q, k, v, pos, ctx):
+    slope = torch.nn.functional.softplus(ctx["bias_raw"][0])
+    return _flex(q, k, v, lambda s, b, h, m, n: s - slope[h] * (m - n))
+
+
+def relbias_alibi(q, k, v, pos, ctx):
+    from phaselab.kernels.relbias import relbias_attention
+
+    N = q.shape[2]
+    table = alibi_table(ctx["slopes"], torch.arange(N, device=q.device), torch.float32)
+    return relbias_attention(q, k, v, table, pos_q_BT=pos, pos_k_BS=pos, trivial_pos=True,
+                             autotune=getattr(ctx.get("options"), "autotune", True))
+
+
+def relbias_learned(q, k, v, pos, ctx):
+    from phaselab.kernels.relbias import relbias_attention
+
+    r1, r2 = torch.nn.functional.softplus(ctx["bias_raw"])[:, :, None]
+    table = -r1 * torch.log1p(r2 * torch.arange(q.shape[2], device=q.device, dtype=torch.float32))
+    return relbias_attention(q, k, v, table, pos_q_BT=pos, pos_k_BS=pos, trivial_pos=True,
+                             autotune=getattr(ctx.get("options"), "autotune", True))
+
+
+METHOD_SETS = {"distance-bias": ["sdpa-cudnn", "flex-plain", "flex-alibi", "relbias-alibi", "relbias-learned"]}
+
+
 def flash_plain(q, k, v, pos, ctx):
     return flash_attention(q, k, v, causal=True)
 
@@ -187,7 +244,9 @@ METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SD
            "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material,
-           "tapa-public": tapa_public}
+           "tapa-public": tapa_public,
+           "flex-plain": flex_plain, "flex-alibi": flex_alibi, "flex-learned": flex_learned,
+           "relbias-alibi": relbias_alibi, "relbias-learned": relbias_learned}
 
 
 def time_ms(fn, warmup: int, iters: int) -> float:
@@ -240,7 +299,9 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
               for _ in range(3)]
     pos = torch.arange(N, device=dev)[None]
     ctx = {"inv_freq": pope_inv_freq(D).to(dev),
-           "delta": (-2 * math.pi * torch.rand(H, D, device=dev)).requires_grad_(mode == "fwd+bwd")}
+           "delta": (-2 * math.pi * torch.rand(H, D, device=dev)).requires_grad_(mode == "fwd+bwd"),
+           "slopes": alibi_slopes(H).to(dev),
+           "bias_raw": torch.full((2, H), 0.5, device=dev).requires_grad_(mode == "fwd+bwd")}
     do = torch.randn(B, H, N, D, generator=gen, device=dev, dtype=dt)
     fn = METHODS[method]
 
@@ -249,7 +310,7 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
             with torch.no_grad():
                 fn(*leaves, pos, ctx)
         else:
-            for t in (*leaves, ctx["delta"]):
+            for t in (*leaves, ctx["delta"], ctx["bias_raw"]):
                 t.grad = None
             fn(*leaves, pos, ctx).backward(do)
 
@@ -356,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--tokens", type=int, default=65536, help="tokens per batch (B = tokens // N)")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *METHOD_SETS],
+                   help=f"methods, or a set of them: {METHOD_SETS}")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--material-limit-gib", type=float, default=8.0,
@@ -370,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="an earlier run's OUT.json: adds each row's ms over the same row there (x --versus)")
     p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
+    args.methods = list(dict.fromkeys(m for name in args.methods for m in METHOD_SETS.get(name, [name])))
     if args.tapa_public:
         load_tapa_public(args.tapa_public)
     if not torch.cuda.is_available():
