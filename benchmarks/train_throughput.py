@@ -19,11 +19,16 @@ default 989.5 = H200 SXM dense bf16); a FlashAttention-style backward also recom
 
 Backends: ``rope`` runs on sdpa; ``pope`` and ``tapa`` on triton on CUDA (the fused kernels,
 kernels/attention/function.py), else the reference; ``--encodings pope:sdpa`` picks one
-explicitly. The backend that ran (read from the built model) is recorded in every row.
+explicitly. Any other registered encoding (an entry point, or ``module:Class`` with its folder on
+PYTHONPATH: the examples xPos and KERPLE) runs on ``auto`` on CUDA (KERPLE's and ALiBi's distance
+tables on the bias-table kernel, kernels/relbias). The backend that ran (read from the built model)
+is recorded in every row.
 
 Usage (on a GPU machine: benchmarks/README.md, "Training throughput"):
     benchmarks/run_on_gpu.sh train_throughput --compile --warmup 15 --out train-h200
     python benchmarks/train_throughput.py --tiny --device cpu --out /tmp/tt   # CPU smoke (seconds)
+    PYTHONPATH=examples/encodings python benchmarks/train_throughput.py --compile --warmup 15 \
+        --encodings rope,phaselab_xpos:XPos,phaselab_kerple:Kerple,alibi --out train-h200-examples
 """
 
 from __future__ import annotations
@@ -70,13 +75,24 @@ class Case:
 
 
 def parse_cases(text: str, device: torch.device) -> list[Case]:
-    """``rope,pope,tapa`` or ``pope:sdpa,...`` -> Cases (default backends by device, module doc)."""
+    """``rope,pope,tapa`` or ``pope:sdpa,...`` -> Cases (default backends by device, module doc).
+    Any kind the encoding registry names is accepted (docs/EXTENDING.md): an entry point (``kerple``)
+    or ``"module:Class"`` (``phaselab_kerple:Kerple``, its folder on PYTHONPATH), with a backend
+    after a last ``:`` (``phaselab_kerple:Kerple:triton``); such kinds default to ``auto`` on CUDA."""
+    from phaselab.kernels.registry import AUTO, registered
+    from phaselab.workloads.models import pe_registry
+
     cases = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        enc, _, backend = item.partition(":")
+        enc, _, backend = item.rpartition(":")
+        if not enc or (backend not in registered() and backend != AUTO):
+            enc, backend = item, ""
         if enc not in DEFAULT_BACKEND:
-            raise ValueError(f"unknown encoding {enc!r} in --encodings; expected {sorted(DEFAULT_BACKEND)}")
-        cuda_pick, other_pick = DEFAULT_BACKEND[enc]
+            try:
+                pe_registry.target(enc)
+            except pe_registry.EncodingError as err:
+                raise ValueError(f"--encodings: {err}") from None
+        cuda_pick, other_pick = DEFAULT_BACKEND.get(enc, (AUTO, "reference"))
         cases.append(Case(encoding=enc, backend=backend or (cuda_pick if device.type == "cuda" else other_pick)))
     if not cases:
         raise ValueError(f"--encodings {text!r} names no encoding")
@@ -249,7 +265,7 @@ def profiles(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--encodings", default="rope,pope,tapa", help="rope,pope,tapa; ENC:BACKEND to pick one")
+    p.add_argument("--encodings", default="rope,pope,tapa", help="rope,pope,tapa, any registered kind (kerple, phaselab_kerple:Kerple); ENC:BACKEND to pick one")
     p.add_argument("--preset", default="owt-124m")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=32, help="sequences per optimiser step")

@@ -49,8 +49,10 @@ def test_default_backends_by_device():
     assert [c.key for c in tt.parse_cases("rope,pope,tapa", cpu)] == ["rope:sdpa", "pope:reference", "tapa:reference"]
     assert [c.key for c in tt.parse_cases("rope,pope,tapa", cuda)] == ["rope:sdpa", "pope:triton", "tapa:triton"]
     assert [c.key for c in tt.parse_cases("pope:sdpa", cuda)] == ["pope:sdpa"]
-    with pytest.raises(ValueError, match="'alibi'"):
-        tt.parse_cases("alibi", cpu)
+    assert [c.key for c in tt.parse_cases("alibi,phaselab_kerple:Kerple:triton", cuda)] == \
+        ["alibi:auto", "phaselab_kerple:Kerple:triton"]   # any registered kind (docs/EXTENDING.md)
+    with pytest.raises(ValueError, match="unknown pe.kind 'ropee'; did you mean 'rope'"):
+        tt.parse_cases("ropee", cpu)
 
 
 def test_tiny_cpu_run_writes_json_and_markdown(tmp_path: Path):
