@@ -113,7 +113,8 @@ def telemetry(lines: Sequence[dict], *, bench: Bench) -> dict:
 def timed_fit(spec: dict, *, out_dir: Path, run_name: str, storage: Path, case: Case, device: str,
               stop_after: int | None = None) -> dict:
     """One ``fit`` with its wall time, time to the first train line and nvidia-smi memory peak."""
-    from phaselab.workloads.train.ray_entry import fit, read_metrics
+    from phaselab.catalog.run_folder import read_steps
+    from phaselab.workloads.train.ray_entry import fit
 
     t0 = time.monotonic()
     watcher, mem = LineWatcher(out_dir / "metrics.jsonl", t0), GpuMemPoller()
@@ -130,7 +131,7 @@ def timed_fit(spec: dict, *, out_dir: Path, run_name: str, storage: Path, case: 
     wall = time.monotonic() - t0
     arrivals = watcher.stop()
     peak = mem.stop() if device == "cuda" else {}
-    lines = read_metrics(out_dir / "metrics.jsonl")
+    lines = read_steps(out_dir / "metrics.jsonl")
     return {"wall_s": wall, "first_line_s": first_train_line_s(lines, arrivals), "error": error,
             "peak_mib_by_gpu": peak, "lines": lines, "metrics": outcome.metrics if outcome else {}}
 

@@ -128,8 +128,8 @@ def test_one_real_fit_measured(tmp_path):
     """One real fit (ZeRO-2, 1 worker, 6 steps, checkpoint at 3): the numbers scaling.py derives
     agree with the loop's own per-step accounting."""
     pytest.importorskip("ray")
+    from phaselab.catalog.run_folder import read_steps
     from phaselab.workloads.train.deepspeed_engine import prebuild_comm_op
-    from phaselab.workloads.train.ray_entry import read_metrics
 
     # DeepSpeed's shm comm op is JIT-compiled once per checkout (~30 s, STACK.md; make install
     # does it): here, in one process, if not yet, rather than inside the timed worker
@@ -139,7 +139,7 @@ def test_one_real_fit_measured(tmp_path):
     case = scaling_cases.Case(preset="tiny", encoding="rope", zero_stage=2, world=1)
     row = scaling_measure.run_case(case, bench, tmp_path, "t")
     assert row["error"] is None
-    lines = [m for m in read_metrics(Path(row["metrics_path"])) if "train/loss" in m]
+    lines = [m for m in read_steps(Path(row["metrics_path"])) if "train/loss" in m]
     assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
     for m in lines[1:]:  # the loop counts global tokens: batch 8 x 64 per step
         assert m["train/tokens_per_s"] / m["train/steps_per_s"] == pytest.approx(512, rel=1e-9)
@@ -147,7 +147,7 @@ def test_one_real_fit_measured(tmp_path):
     assert row["steps_measured"] == 4
     assert row["tokens_per_s_per_gpu"] == pytest.approx(4 * 512 / sum(kept), rel=1e-9)
     assert row["ckpt_save_s"] is not None and math.isfinite(row["ckpt_save_s"]) and row["ckpt_save_s"] > 0
-    saves = {m["step"]: m["ckpt/save_s"] for m in read_metrics(Path(row["metrics_path"])) if "ckpt/save_s" in m}
+    saves = {m["step"]: m["ckpt/save_s"] for m in read_steps(Path(row["metrics_path"])) if "ckpt/save_s" in m}
     assert saves == {3: row["ckpt_save_s"], 6: row["ckpt_save_s_final"]}  # the loop's numbers, as logged
     assert row["peak_mem_gib_alloc"] is None  # CPU: no allocator peak is logged, none is invented
     assert row["final_loss"] < row["first_loss"] < 4.3  # ln(66) = 4.19 at init

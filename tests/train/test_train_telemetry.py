@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from phaselab.catalog.run_folder import read_steps
 from phaselab.workloads.config import from_dict, to_dict
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
 from phaselab.workloads.train.api import run_training
 from phaselab.workloads.train.checkpoint import CheckpointDir
-from phaselab.workloads.train.ray_entry import JsonlTracker, read_metrics
+from phaselab.workloads.train.ray_entry import JsonlTracker
 
 TEXT = {"kind": "text", "block_size": 32, "text": {"tokenizer": "char"}}
 
@@ -68,7 +69,7 @@ def test_save_and_load_times_reach_the_metrics_file(tmp_path):
     killed = run_training(_spec(steps=6, device="cpu"), out_dir=out, tracker=witness, stop_after=3)
     first_wall = time.perf_counter() - t0
     assert killed.metrics["step"] == 3  # a simulated kill after step 3: last checkpoint is step 2
-    first = read_metrics(first_file)
+    first = read_steps(first_file)
     saves = _values(first, "ckpt/save_s")
     assert sorted(saves) == [2]
     _positive_finite(saves, below=first_wall)
@@ -79,7 +80,7 @@ def test_save_and_load_times_reach_the_metrics_file(tmp_path):
     resumed = run_training(_spec(steps=6, device="cpu"), out_dir=out, tracker=JsonlTracker(second_file))
     second_wall = time.perf_counter() - t0
     assert resumed.metrics["step"] == 6
-    second = read_metrics(second_file)
+    second = read_steps(second_file)
     loads = _values(second, "ckpt/load_s")
     assert sorted(loads) == [2]  # logged at the step the run resumes from
     _positive_finite(loads, below=second_wall)
@@ -94,7 +95,7 @@ def test_cpu_loop_logs_no_peak_memory(tmp_path):
     tracker_file = tmp_path / "m.jsonl"
     out = run_training(_spec(steps=3, device="cpu"), out_dir=tmp_path / "run",
                        tracker=JsonlTracker(tracker_file))
-    lines = read_metrics(tracker_file)
+    lines = read_steps(tracker_file)
     assert len(_values(lines, "train/loss")) == 3
     assert not any("train/peak_mem_gib" in m for m in lines)
     assert "train/peak_mem_gib" not in out.metrics
@@ -107,7 +108,7 @@ def test_cuda_loop_logs_peak_memory_per_window(tmp_path):
     tracker_file = tmp_path / "m.jsonl"
     spec = _spec(steps=4, device="cuda")
     run_training(spec, out_dir=tmp_path / "run", tracker=JsonlTracker(tracker_file))
-    peaks = _values(read_metrics(tracker_file), "train/peak_mem_gib")
+    peaks = _values(read_steps(tracker_file), "train/peak_mem_gib")
     assert sorted(peaks) == [1, 2, 3, 4]
     n_params = sum(p.numel() for p in Transformer(from_dict(ModelConfig, spec["model"])).parameters())
     floor = 4 * n_params * 4 / 2**30  # weights + grads + exp_avg + exp_avg_sq, fp32

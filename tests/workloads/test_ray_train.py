@@ -32,9 +32,9 @@ def _spec(*, zero_stage, steps=6) -> dict:
 
 
 def _losses(out_dir: Path) -> dict[int, float]:
-    from phaselab.workloads.train.ray_entry import read_metrics
+    from phaselab.catalog.run_folder import read_steps, steps_path
 
-    return {int(m["step"]): m["train/loss"] for m in read_metrics(out_dir / "metrics.jsonl")
+    return {int(m["step"]): m["train/loss"] for m in read_steps(steps_path(out_dir))
             if "train/loss" in m}
 
 

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.ray
 
 
 def test_zero3_two_workers_keep_the_best_validation_weights(ray_cluster, tmp_path: Path) -> None:
+    from phaselab.catalog.run_folder import read_steps, steps_path
     from phaselab.workloads.evals.api import run_eval
     from phaselab.workloads.train.checkpoint import read_best
-    from phaselab.workloads.train.ray_entry import fit, read_metrics
+    from phaselab.workloads.train.ray_entry import fit
 
     model = preset("tiny", n_layer=1, d_model=32, n_head=2, block_size=48, pe={"kind": "rope"})
     data = {"kind": "indirect_indexing", "ii": {"n_valid": 32, "n_test": 32}}
@@ -32,7 +33,7 @@ def test_zero3_two_workers_keep_the_best_validation_weights(ray_cluster, tmp_pat
     out = fit(spec, out_dir=tmp_path / "out", run_name="best", storage_path=tmp_path / "ray", num_workers=2)
     valid: dict[int, float] = {}
     test: dict[int, float] = {}
-    for row in read_metrics(tmp_path / "out" / "metrics.jsonl"):
+    for row in read_steps(steps_path(tmp_path / "out")):
         for name, seen in (("valid/loss", valid), ("test/loss", test)):
             if name in row:
                 seen.setdefault(int(row["step"]), row[name])

@@ -84,6 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from phaselab.catalog import run_folder
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads import provenance
 from phaselab.workloads.config import from_dict
@@ -490,11 +491,11 @@ def run_eval(spec: Mapping[str, Any], *, checkpoint: Path, out_dir: Path, tracke
     if info is not None:
         out.records = out.records + selection_records(info, out.records)
     tracker.log_records(out.records)
-    records_path = out_dir / "records.json"
+    records_path = out_dir / run_folder.RECORDS_FILE
     records_path.write_text(json.dumps([r.to_dict() for r in out.records], indent=1))
     for name, path in sorted(out.artifacts.items()):
         tracker.log_artifact(path, name=name)
-    tracker.log_artifact(records_path, name="records.json")
+    tracker.log_artifact(records_path, name=run_folder.RECORDS_FILE)
     return out.records
 
 

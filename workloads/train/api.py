@@ -1,7 +1,9 @@
-"""``run_training``: one training stage on one process, and the spec parsing every launcher shares.
+"""``run_training``: one training stage on one process; the public names of training.
 
 The run itself (setup, loop, checkpoints, final evaluation) is ``session.TrainSession``, which
 the Ray Train worker (``ray_entry``) runs too; this module adds the one-process checkpoint folder.
+The spec's parsing lives in ``spec`` and the starting model in ``model_init``; their public
+names are importable from here too (``__all__``).
 
     outcome = run_training(spec, out_dir=Path("runs/x"), tracker=NullTracker(), init_from=None)
     outcome.checkpoint   # runs/x/checkpoints/step_0001000/model.pt  (what run_eval loads)
@@ -27,24 +29,32 @@ Re-running with the same ``out_dir`` resumes from the newest complete checkpoint
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from phaselab.catalog import run_folder
 from phaselab.catalog.tracking import MetricRecord, Tracker
-from phaselab.workloads.config import ConfigError, flatten, from_dict, to_dict
-from phaselab.workloads.data import DataConfig
-from phaselab.workloads.models.config import ContextExtension, ModelConfig
-from phaselab.workloads.paths import PathRefused, check_path, check_run_folder, shown
-from phaselab.workloads.train.checkpoint import BEST, LATEST, CheckpointDir
-from phaselab.workloads.train.loop import TrainConfig, resolve_device
-from phaselab.workloads.train.session import EVAL_SPLITS, MODEL_FILE, Ranks, TrainSession
+from phaselab.workloads.config import flatten
+from phaselab.workloads.paths import check_path, check_run_folder
+from phaselab.workloads.train.checkpoint import CheckpointDir
+from phaselab.workloads.train.loop import resolve_device
+from phaselab.workloads.train.model_init import build_model, resolve_model_file
+from phaselab.workloads.train.session import Ranks, TrainSession
+from phaselab.workloads.train.spec import (
+    EVAL_SPLITS,
+    SPEC_KEYS,
+    TrainSpec,
+    parse_eval_splits,
+    parse_spec,
+    periodic_splits,
+    with_eval_splits,
+)
 
-SPEC_KEYS = ("model", "data", "train", "extend")
+__all__ = ["EVAL_SPLITS", "SPEC_KEYS", "TrainOutcome", "TrainSpec", "best_folder", "build_model",
+           "parse_eval_splits", "parse_spec", "periodic_splits", "resolve_model_file", "run_training",
+           "with_eval_splits"]
 
 
 @dataclass
@@ -59,120 +69,10 @@ class TrainOutcome:
     best: Path | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainSpec:
-    """The typed form of a training spec (model None = take it from ``init_from``)."""
-
-    model: ModelConfig | None = None
-    data: DataConfig
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    extend: ContextExtension | None = None
-
-
-def parse_spec(spec: Mapping[str, Any]) -> TrainSpec:
-    """Strictly convert a spec mapping (CONTRACTS §3.1 rules); raises ConfigError.
-    ``train.eval_splits`` is read by :func:`periodic_splits`, not by TrainConfig."""
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"training spec must be a mapping, got {type(spec).__name__}")
-    if "data" not in spec:
-        raise ConfigError("data: required section of a training spec is missing")
-    periodic_splits(spec)
-    train = spec.get("train")
-    if isinstance(train, Mapping) and EVAL_SPLITS in train:
-        spec = {**spec, "train": {k: v for k, v in train.items() if k != EVAL_SPLITS}}
-    return from_dict(TrainSpec, spec)
-
-
-# ``train.eval_splits``: the splits evaluated at every periodic validation. The loop validates
-# on "valid"; the others are evaluated through its ``on_eval`` hook, logged as ``<split>/loss``
-# and ``<split>/acc`` and their minimum loss kept (EXPERIMENTS §2.2: the minimum test NLL over
-# evaluations, labelled as such). Default ["valid"], left out of the typed config.
-
-
-def parse_eval_splits(raw: Any) -> tuple[str, ...]:
-    """A list of split names that includes "valid" (ConfigError naming ``train.eval_splits``)."""
-    key = f"train.{EVAL_SPLITS}"
-    if not isinstance(raw, (list, tuple)) or not all(isinstance(s, str) and s for s in raw):
-        raise ConfigError(f"{key}: expected a list of split names like [valid, test], got {raw!r}")
-    if "valid" not in raw or len(set(raw)) != len(raw):
-        raise ConfigError(f"{key}: must name 'valid' (the loop's own validation) once, and each "
-                          f"split once; got {list(raw)!r}")
-    return tuple(raw)
-
-
-def periodic_splits(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The splits of ``train.eval_splits`` besides "valid" (empty by default)."""
-    train = spec.get("train")
-    if not isinstance(train, Mapping) or EVAL_SPLITS not in train:
-        return ()
-    return tuple(s for s in parse_eval_splits(train[EVAL_SPLITS]) if s != "valid")
-
-
-def resolve_model_file(path: Path, *, what: str = "init_from") -> Path:
-    """``model.pt`` itself, a checkpoint folder holding one, or a run's ``checkpoints/`` / run
-    folder (its newest complete checkpoint). ``paths.PathRefused`` (a ValueError naming ``what``
-    and the path) when it is no usable path or holds no checkpoint."""
-    path = check_path(path, what=what, expect="exists")
-    if path.is_file():
-        return path
-    for candidate in (path, path / "checkpoints"):
-        if (candidate / MODEL_FILE).is_file():
-            return candidate / MODEL_FILE
-        if (candidate / LATEST).exists() or any(candidate.glob("step_*")):
-            latest = CheckpointDir(candidate).latest()
-            if latest is not None:
-                return latest / MODEL_FILE
-    raise PathRefused(f"{what} {shown(path)} holds no model.pt and no complete checkpoint")
-
-
-def build_model(parsed: TrainSpec, dataset: Any, init_from: Path | None) -> torch.nn.Module:
-    """A fresh model from ``parsed.model``, or the ``init_from`` weights re-housed at the new
-    block size and extended (module docstring)."""
-    from phaselab.workloads.models.transformer import Transformer
-
-    if init_from is None:
-        if parsed.model is None:
-            raise ConfigError("model: required unless init_from is given")
-        if parsed.extend is not None:
-            raise ValueError("extend is only meaningful with init_from (a pretrained checkpoint)")
-        cfg = parsed.model
-        if cfg.block_size < dataset.block_size:
-            raise ValueError(f"model.block_size={cfg.block_size} < data block_size={dataset.block_size}")
-        if cfg.vocab_size < dataset.vocab_size:
-            raise ValueError(f"model.vocab_size={cfg.vocab_size} < dataset vocab_size={dataset.vocab_size}")
-        return Transformer(cfg)
-    from phaselab.workloads.models.checkpoint_io import load_model
-
-    try:
-        source = load_model(resolve_model_file(init_from, what="checkpoint"))
-    except PathRefused as err:   # names the file; say that it came from init_from
-        raise PathRefused(f"init_from: {err}") from None
-    ext = parsed.extend
-    block = ext.block_size if ext is not None and ext.block_size is not None else dataset.block_size
-    base_cfg = source.cfg
-    if parsed.model is not None and dataclasses.replace(parsed.model, block_size=base_cfg.block_size) != base_cfg:
-        raise ValueError("spec model differs from the init_from checkpoint's model config apart from "
-                         f"block_size: {to_dict(parsed.model)} vs {to_dict(base_cfg)}")
-    if block < dataset.block_size:
-        raise ValueError(f"extend.block_size={block} < data block_size={dataset.block_size}")
-    model = Transformer(dataclasses.replace(base_cfg, block_size=block))
-    model.load_state_dict(source.state_dict(), strict=True)
-    if ext is not None:
-        model.extended(ext)
-    return model
-
-
 def best_folder(out_dir: Path) -> Path | None:
     """``out_dir/best`` when a training run kept best-validation weights there, else None."""
-    path = Path(out_dir) / BEST
+    path = Path(out_dir) / run_folder.BEST_DIR
     return path if path.is_dir() and any(path.iterdir()) else None
-
-
-def with_eval_splits(resolved: dict[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved spec with ``train.eval_splits`` put back when the spec sets other splits."""
-    if not periodic_splits(spec):
-        return resolved
-    return {**resolved, "train": {**resolved["train"], EVAL_SPLITS: list(spec["train"][EVAL_SPLITS])}}
 
 
 def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
@@ -207,7 +107,7 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     session = TrainSession(parsed, spec, out_dir=out_dir, tracker=tracker, init_from=init_from and Path(init_from),
                            device=resolve_device(cfg.device), ranks=Ranks(), trace_batches=trace_batches)
     tracker.log_params(flatten(session.resolved) | {"init_from": str(init_from)})
-    ckpts = CheckpointDir(out_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    ckpts = CheckpointDir(out_dir / run_folder.CHECKPOINTS_DIR, keep=cfg.keep_checkpoints)
     latest = ckpts.latest()
     if latest is not None:
         session.resume(contextlib.nullcontext(latest))
@@ -215,11 +115,11 @@ def run_training(spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
     final = ckpts.latest()
     if result.stopped == "stop_after":
         return TrainOutcome(metrics={"step": float(result.step), **result.metrics},
-                            checkpoint=(final / MODEL_FILE) if final else out_dir, records=[])
+                            checkpoint=(final / run_folder.MODEL_FILE) if final else out_dir, records=[])
     if final is None:
         raise RuntimeError(f"training finished but {ckpts.root} holds no checkpoint")
     done = session.finish(result)
     tracker.log_metrics(done.evaluated, step=result.step)
     tracker.log_records(done.records)
-    return TrainOutcome(metrics=done.metrics, checkpoint=final / MODEL_FILE, records=done.records,
+    return TrainOutcome(metrics=done.metrics, checkpoint=final / run_folder.MODEL_FILE, records=done.records,
                         best=best_folder(out_dir))

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from phaselab.catalog.run_folder import BEST_FILE, LATEST, MODEL_FILE
 from phaselab.workloads.paths import confine
 
 _STEP_RE = re.compile(r"^step_(\d{7})$")
-LATEST = "latest"
 
 
 def step_name(step: int) -> str:
@@ -212,8 +212,6 @@ def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") ->
 # previous best or the new one. Only improvements are saved, so the newest complete folder is
 # always the best one even when a kill interrupts the pruning of the older one.
 
-BEST = "best"
-BEST_FILE = "best.json"
 # What the loop's periodic validation reports (loop.evaluate), each in its natural direction.
 BEST_CRITERIA: Mapping[str, str] = {"valid/loss": "min", "valid/acc": "max"}
 
@@ -230,7 +228,7 @@ def read_best(root: Path, metric: str, mode: str) -> dict[str, Any] | None:
     if latest is None or not (latest / BEST_FILE).is_file():
         return None
     info = json.loads((latest / BEST_FILE).read_text())
-    return {**info, "model": str(latest / "model.pt")}
+    return {**info, "model": str(latest / MODEL_FILE)}
 
 
 class BestKeeper:

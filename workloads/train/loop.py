@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -397,7 +395,6 @@ class StepEvents:
         self.window_steps, self.window_tokens, self.window_s = 0, 0, 0.0
         if self.rank == 0:
             self.tracker.log_metrics(metrics, step=step)
-            write_progress(step, self.cfg.steps, metrics)
 
     def _validate(self, step: int) -> dict[str, float]:
         engine = self.engine
@@ -409,21 +406,6 @@ class StepEvents:
         if self.on_eval is not None:
             self.on_eval(step, out)
         return out
-
-
-def write_progress(step: int, steps: int, metrics: Mapping[str, float]) -> None:
-    """The run's newest log step as JSON in the file ``$PHASELAB_PROGRESS_FILE`` names (unset:
-    nothing), replaced atomically, for live progress views (``phaselab.orchestrator.progress``).
-    A view only: a file that cannot be written never stops training."""
-    path = os.environ.get("PHASELAB_PROGRESS_FILE")
-    if not path:
-        return
-    doc = {"step": step, "steps": steps, "loss": metrics.get("train/loss"), "time": time.time(),
-           "tokens_per_s": metrics.get("train/tokens_per_s"), "steps_per_s": metrics.get("train/steps_per_s")}
-    with contextlib.suppress(OSError):
-        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(f"{path}.tmp", path)
 
 
 def train(engine: Engine, dataset: Any, cfg: TrainConfig, *, tracker: Tracker, start_step: int,

@@ -15,9 +15,9 @@ each checkpoint by the contract of DESIGN §5.7: every rank writes its part into
 train_state.pt), barrier, every rank ``ray.train.report(metrics, checkpoint=...)``, and Ray merges
 the rank folders. Resume: ``ray.train.get_checkpoint().as_directory()`` → ``TrainSession.restore``.
 
-Per-step metrics of rank 0 go to ``out_dir/metrics.jsonl`` (``out_dir`` must be on storage every
-worker can reach; the orchestrator replays it into MLflow), the final MetricRecords to
-``out_dir/records.json``, the best-validation weights to ``out_dir/best`` (rank 0;
+Per-step metrics of rank 0 go to the run folder's per-step log (``catalog.run_folder.STEPS_FILE``;
+``out_dir`` must be on storage every worker can reach; the orchestrator replays it into MLflow),
+the final MetricRecords to ``out_dir/records.json``, the best-validation weights to ``out_dir/best`` (rank 0;
 checkpoint.BestKeeper). Besides the loop's lines (``train/*``, ``valid/*``, ``ckpt/save_s``), a
 resumed run writes ``ckpt/load_s`` at the resumed step: rank 0's wall seconds from asking Ray for
 the checkpoint folder to the restored RNG state.
@@ -37,6 +37,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from phaselab.catalog import run_folder
 from phaselab.catalog.tracking import MetricRecord, NullTracker
 
 log = logging.getLogger(__name__)
@@ -86,99 +87,18 @@ def run_config(*, run_name: str, storage_path: Path, display_name: str | None = 
     return rc
 
 
-class MetricsFileError(ValueError):
-    """A metrics.jsonl line before the last one is malformed: corruption, not a torn write
-    (failure class ``data`` when it stops a writer)."""
-
-
 class JsonlTracker(NullTracker):
-    """Appends ``{"step": s, **metrics}`` lines to a file; the other Tracker calls are no-ops
-    (params and records travel through fit's return value).
-
-    Each record is one unbuffered ``write()`` of a complete line, so a killed writer can leave
-    at most one torn *final* line. The first write of a tracker (a resumed run's new
-    writer) cuts such a line away first, so the run appends to valid JSONL again.
-    """
+    """Appends ``{"step": s, **metrics}`` lines to a run folder's per-step log
+    (``catalog.run_folder.StepLog``: one complete line per write, a torn final line repaired
+    before the first); the other Tracker calls are no-ops (params and records travel through
+    fit's return value)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repaired = False
+        self._log = run_folder.StepLog(self.path)
 
     def log_metrics(self, metrics: Mapping[str, float], *, step: int) -> None:
-        line = json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
-        if not self._repaired:   # lazily: only the rank that writes touches the file
-            truncate_torn_tail(self.path)
-            self._repaired = True
-        data = line.encode("utf-8")
-        # Unbuffered O_APPEND: the whole line goes to the kernel in one write(2) (nothing is
-        # held back in a user-space buffer to be flushed later, or in pieces).
-        with open(self.path, "ab", buffering=0) as f:
-            done = f.write(data)
-            while done < len(data):   # a short write (disk full, signal): finish the line
-                done += f.write(data[done:])
-
-
-def _scan(path: Path, data: bytes) -> tuple[list[dict[str, float]], tuple[int, int, str] | None]:
-    """The records of a metrics file's bytes and its torn final line, if any, as
-    ``(line number, byte offset, why)``. A final line is torn when it has no trailing newline or
-    does not parse as a JSON object (a killed writer's); a bad line before it raises MetricsFileError
-    naming ``path`` and the line number (that is corruption, not a torn write)."""
-    lines = data.split(b"\n")   # after the last newline: b"" or a torn line
-    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
-    rows: list[dict[str, float]] = []
-    offset = 0
-    for i, raw in enumerate(lines[:last + 1]):
-        start, offset = offset, offset + len(raw) + 1
-        if not raw.strip():
-            continue
-        if i == len(lines) - 1:
-            return rows, (i + 1, start, f"no trailing newline ({len(raw)} bytes)")
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except ValueError as err:   # JSONDecodeError, UnicodeDecodeError
-            row, why = None, str(err)
-        else:
-            why = None if isinstance(row, dict) else f"not a JSON object but {type(row).__name__}"
-        if why is None:
-            rows.append(row)
-        elif i == last:
-            return rows, (i + 1, start, f"does not parse: {why}")
-        else:
-            raise MetricsFileError(f"{path}:{i + 1}: malformed metrics line {raw[:80]!r}: {why}")
-    return rows, None
-
-
-def truncate_torn_tail(path: Path) -> bool:
-    """Cut a torn final line (see :func:`read_metrics`) off ``path``, so what follows is appended
-    to valid JSONL. Returns whether it cut. Corruption before the last line raises MetricsFileError."""
-    path = Path(path)
-    if not path.is_file():
-        return False
-    _, torn = _scan(path, path.read_bytes())
-    if torn is None:
-        return False
-    number, offset, why = torn
-    log.warning("%s:%d: cutting a torn final line (%s) at byte %d before appending", path, number, why, offset)
-    with open(path, "rb+") as f:
-        f.truncate(offset)
-    return True
-
-
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The complete lines a JsonlTracker wrote, in order.
-
-    A final line without a trailing newline or that does not parse is what a killed writer
-    leaves: it is skipped with a logged warning, never read as finished. A malformed line
-    before the last one is corruption: MetricsFileError (a ValueError) naming the file and the line.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows, torn = _scan(path, path.read_bytes())
-    if torn is not None:
-        log.warning("%s:%d: skipping a torn final line (%s)", path, torn[0], torn[2])
-    return rows
+        self._log.append(step, metrics)
 
 
 def _allreduce_mean(value: float) -> float:
@@ -258,7 +178,7 @@ def train_loop_per_worker(cfg: dict) -> None:
     share_gpu(device, cfg.get("gpu_fraction"))
     out_dir = Path(cfg["out_dir"])
     trace = Path(cfg["trace_batches"]) if cfg.get("trace_batches") else None
-    session = TrainSession(_parsed(cfg), cfg["spec"], out_dir=out_dir, tracker=JsonlTracker(out_dir / "metrics.jsonl"),
+    session = TrainSession(_parsed(cfg), cfg["spec"], out_dir=out_dir, tracker=JsonlTracker(run_folder.steps_path(out_dir)),
                            init_from=Path(cfg["init_from"]) if cfg.get("init_from") else None,
                            device=device, ranks=ranks, trace_batches=trace)
     ckpt = ray.train.get_checkpoint()
@@ -328,7 +248,8 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
 
     Args:
         spec: the training spec of ``api.run_training`` (validated here, on the driver).
-        out_dir: shared folder for ``metrics.jsonl``, ``metrics.json`` and ``records.json``.
+        out_dir: the run folder the workers share (``catalog.run_folder``: the per-step log, the
+            final metrics and records).
         run_name: the stage content hash; the same name under the same ``storage_path`` resumes.
         storage_path: Ray Train's run root (checkpoints live in ``storage_path/run_name``).
         display_name: the run's name in the Ray dashboard (default: the context's
@@ -371,16 +292,16 @@ def fit(spec: Mapping[str, Any], *, out_dir: Path, run_name: str, storage_path: 
         raise result.error
     if result.checkpoint is None:
         raise RuntimeError(f"Ray Train run {run_name!r} finished without a checkpoint")
-    records_path = out_dir / "records.json"
+    records_path = out_dir / run_folder.RECORDS_FILE
     records = ([MetricRecord(**r) for r in json.loads(records_path.read_text())]
                if records_path.exists() and stop_after is None else [])
     # Ray attaches to result.metrics the metrics of the last *checkpointed* report; the final
     # evaluation (reported after it) is read from what rank 0 wrote.
-    metrics_path = out_dir / "metrics.json"
+    metrics_path = out_dir / run_folder.FINAL_METRICS_FILE
     source = (json.loads(metrics_path.read_text()) if metrics_path.exists() and stop_after is None
               else result.metrics or {})
     metrics = {k: float(v) for k, v in source.items() if isinstance(v, (int, float))}
-    return TrainOutcome(metrics=metrics, checkpoint=Path(result.checkpoint.path) / "model.pt",
+    return TrainOutcome(metrics=metrics, checkpoint=Path(result.checkpoint.path) / run_folder.MODEL_FILE,
                         records=records, best=best_folder(out_dir))
 
 

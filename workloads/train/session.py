@@ -30,13 +30,14 @@ from typing import Any
 
 import torch
 
+from phaselab.catalog import run_folder
+from phaselab.catalog.run_folder import MINIMA_FILE, MODEL_FILE, SPEC_FILE, STATE_FILE, rng_file
 from phaselab.catalog.tracking import MetricRecord, Tracker
 from phaselab.workloads import provenance
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.data import build_dataset
 from phaselab.workloads.precision import resolved_precision
 from phaselab.workloads.train.checkpoint import (
-    BEST,
     BestKeeper,
     EvalMinima,
     load_train_state,
@@ -48,12 +49,10 @@ from phaselab.workloads.train.checkpoint import (
 )
 from phaselab.workloads.train.fast_step import engine_for
 from phaselab.workloads.train.loop import LoopResult, data_position, evaluate, train
+from phaselab.workloads.train.model_init import build_model
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import stop_on_sigterm
-
-MODEL_FILE, STATE_FILE, SPEC_FILE = "model.pt", "train_state.pt", "spec.json"
-METRICS_FILE, RECORDS_FILE, MINIMA_FILE = "metrics.json", "records.json", "eval_minima.json"
-EVAL_SPLITS = "eval_splits"
+from phaselab.workloads.train.spec import EVAL_SPLITS, TrainSpec, periodic_splits, with_eval_splits
 
 OnEval = Callable[[int, Mapping[str, float]], None]
 # publish(step, metrics, write) -> checkpoint name: ``write(folder)`` fills a fresh folder with
@@ -71,15 +70,11 @@ class Ranks:
     reduce: Callable[[float], float] = float
 
 
-def rng_file(rank: int) -> str:
-    return f"rng_rank{rank}.pt"
-
-
 class TrainSession:
     """Model, data, engine and hooks of one training run on this rank (module docstring).
 
     Args:
-        parsed: the typed spec (``api.TrainSpec``); ``spec`` the mapping it came from (its
+        parsed: the typed spec (``spec.TrainSpec``); ``spec`` the mapping it came from (its
             ``train.eval_splits`` is read here).
         out_dir: the stage's folder (best weights, eval minima, final files).
         tracker: per-step metrics (rank 0 logs).
@@ -88,11 +83,9 @@ class TrainSession:
             is recorded (:class:`BatchTrace`).
     """
 
-    def __init__(self, parsed: Any, spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
+    def __init__(self, parsed: TrainSpec, spec: Mapping[str, Any], *, out_dir: Path, tracker: Tracker,
                  init_from: Path | None, device: torch.device, ranks: Ranks,
                  trace_batches: Path | None = None) -> None:
-        from phaselab.workloads.train.api import build_model, periodic_splits, with_eval_splits
-
         self.cfg, self.ranks, self.tracker, self.out_dir = parsed.train, ranks, tracker, Path(out_dir)
         self.resolved = with_eval_splits(to_dict(parsed), spec)
         self.splits = periodic_splits(spec)
@@ -188,7 +181,7 @@ class TrainSession:
             return None
         from phaselab.workloads.models.checkpoint_io import save_model
 
-        keeper, engine, ranks = BestKeeper(self.out_dir / BEST), self.engine, self.ranks
+        keeper, engine, ranks = BestKeeper(self.out_dir / run_folder.BEST_DIR), self.engine, self.ranks
 
         def on_eval(step: int, metrics: Mapping[str, float]) -> None:
             better = keeper.update({k: ranks.reduce(float(v)) for k, v in metrics.items()})
@@ -250,8 +243,9 @@ class TrainSession:
         final = {"step": float(result.step), **result.metrics, **evaluated,
                  **time_breakdown(self.setup_s, result.times, time.perf_counter() - t0)}
         if self.ranks.rank == 0:
-            (self.out_dir / RECORDS_FILE).write_text(json.dumps([r.to_dict() for r in records], indent=1))
-            (self.out_dir / METRICS_FILE).write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+            (self.out_dir / run_folder.RECORDS_FILE).write_text(json.dumps([r.to_dict() for r in records], indent=1))
+            (self.out_dir / run_folder.FINAL_METRICS_FILE).write_text(json.dumps(final, indent=2, sort_keys=True)
+                                                                      + "\n")
             provenance.write(self.out_dir, self.what_ran())
         return Final(metrics=final, records=records, evaluated=evaluated)
 
