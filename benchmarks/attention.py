@@ -59,8 +59,6 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("PHASELAB_AUTOTUNE", "1")
-
 import step_profile
 import torch
 import torch.nn.functional as F
@@ -69,9 +67,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from phaselab.kernels.attention import reference, triton_pope_expand
 from phaselab.kernels.attention.flash_function import flash_attention
 from phaselab.kernels.attention.function import pope_attention, tapa_attention
+from phaselab.kernels.attention.options import EXP2_CHOICES, AttentionOptions
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, alibi_table, pope_inv_freq
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
+# how our kernels run (autotuned unless --untuned; --exp2, --no-tapa-series for A/B rows), set by main
+OPTIONS = AttentionOptions(autotune=True)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-flex": "pope",
@@ -89,17 +90,17 @@ def sdpa(backend):
 
 def pope_fused(q, k, v, pos, ctx):
     return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
-                          impl="fused")
+                          impl="fused", options=ctx["options"])
 
 
 def pope_expand(q, k, v, pos, ctx):
     return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
-                          impl="expand")
+                          impl="expand", options=ctx["options"])
 
 
 def pope_cudnn(q, k, v, pos, ctx):
     return pope_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"], delta_HD=ctx["delta"],
-                          impl="cudnn", trivial_pos=True, deterministic=False)
+                          impl="cudnn", trivial_pos=True, deterministic=False, options=ctx["options"])
 
 
 def _expanded(q, k, pos, ctx):
@@ -190,7 +191,7 @@ METHOD_SETS = {"distance-bias": ["sdpa-cudnn", "flex-plain", "flex-alibi", "relb
 
 
 def flash_plain(q, k, v, pos, ctx):
-    return flash_attention(q, k, v, causal=True)
+    return flash_attention(q, k, v, causal=True, options=ctx["options"])
 
 
 def pope_unfused(q, k, v, pos, ctx):
@@ -203,11 +204,12 @@ def pope_unfused(q, k, v, pos, ctx):
 
 
 def tapa_fused(q, k, v, pos, ctx):
-    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5)
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, options=ctx["options"])
 
 
 def tapa_fused_atomic(q, k, v, pos, ctx):
-    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=False)
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=False,
+                          options=ctx["options"])
 
 
 def tapa_material(q, k, v, pos, ctx):
@@ -298,7 +300,7 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     leaves = [torch.randn(B, H, N, D, generator=gen, device=dev, dtype=dt).requires_grad_(mode == "fwd+bwd")
               for _ in range(3)]
     pos = torch.arange(N, device=dev)[None]
-    ctx = {"inv_freq": pope_inv_freq(D).to(dev),
+    ctx = {"inv_freq": pope_inv_freq(D).to(dev), "options": OPTIONS,
            "delta": (-2 * math.pi * torch.rand(H, D, device=dev)).requires_grad_(mode == "fwd+bwd"),
            "slopes": alibi_slopes(H).to(dev),
            "bias_raw": torch.full((2, H), 0.5, device=dev).requires_grad_(mode == "fwd+bwd")}
@@ -431,8 +433,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--versus", metavar="JSON", default=None,
                    help="an earlier run's OUT.json: adds each row's ms over the same row there (x --versus)")
     p.add_argument("--out", type=str, default=None, help="write OUT.json and OUT.md")
+    p.add_argument("--untuned", action="store_true", help="our kernels' measured tiles, no autotuning")
+    p.add_argument("--exp2", choices=EXP2_CHOICES, default="mufu", help="AttentionOptions.exp2")
+    p.add_argument("--no-tapa-series", action="store_true", help="AttentionOptions.tapa_series=False")
     args = p.parse_args(argv)
     args.methods = list(dict.fromkeys(m for name in args.methods for m in METHOD_SETS.get(name, [name])))
+    global OPTIONS
+    OPTIONS = AttentionOptions(autotune=not args.untuned, exp2=args.exp2, tapa_series=not args.no_tapa_series)
     if args.tapa_public:
         load_tapa_public(args.tapa_public)
     if not torch.cuda.is_available():
@@ -442,7 +449,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "dtype": "bf16", "causal": True, "heads": args.heads, "tokens_per_batch": args.tokens,
         "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)",
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHASELAB_")}}
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHASELAB_")},
+        "options": {f: getattr(OPTIONS, f) for f in ("pope_impl", "tapa_series", "exp2", "autotune")}}
 
     def save(rows: list[dict]) -> None:
         if args.versus:

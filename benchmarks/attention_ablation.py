@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +97,8 @@ def patch(family: str, variant: str) -> dict:
 
 
 def time_length(family: str, N: int, extra: dict, warmup: int, iters: int) -> dict:
-    """fwd and fwd+bwd milliseconds of one variant at length N (65536 tokens, H = 16, bf16)."""
+    """fwd and fwd+bwd milliseconds of one variant at length N (65536 tokens, H = 16, bf16), on
+    the kernels' measured tiles (`AttentionOptions()`: no autotuning)."""
     import math
 
     import torch
@@ -138,7 +138,6 @@ def time_length(family: str, N: int, extra: dict, warmup: int, iters: int) -> di
 
 def child(family: str, variant: str, lengths: list[int], warmup: int, iters: int) -> None:
     """Time one variant in this process (fixed configs, autotuning off); prints one JSON row per N."""
-    os.environ["PHASELAB_AUTOTUNE"] = "0"
     extra = patch(family, variant)
     for N in lengths:
         row = {"family": family, "variant": variant, **time_length(family, N, extra, warmup, iters)}

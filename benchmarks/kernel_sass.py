@@ -10,7 +10,7 @@ dependent chains, but A/B timing on the device decides (benchmarks/attention_abl
 
 Usage:
     python benchmarks/kernel_sass.py pope_fwd --block 256 64 --warps 8
-    python benchmarks/kernel_sass.py pope_dq --block 128 64 --warps 8 --env PHASELAB_EXP2=poly
+    python benchmarks/kernel_sass.py pope_dq --block 128 64 --warps 8 --exp2 poly
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+
+from phaselab.kernels.attention.options import DEFAULT_OPTIONS, EXP2_CHOICES, AttentionOptions
 
 # kernel name -> (module, kernel, constexprs besides BLOCK_M/BLOCK_N, pointer element types)
 KERNELS = {
@@ -49,8 +51,10 @@ INT_PTRS = {"pos_q": "*i64", "pos_k": "*i64", "k_sorted": "*i32", "q_sorted": "*
 FLOATS = {"qk_scale", "sm_scale", "c_a", "alpha", "k_turn", "u_max", "c1", "c2", "c3", "c4", "c5"}
 
 
-def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int) -> tuple[str, str]:
-    """(ptxas -v report, SASS text) of kernel `name` for sm_90a."""
+def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int, *,
+                 options: AttentionOptions = DEFAULT_OPTIONS) -> tuple[str, str]:
+    """(ptxas -v report, SASS text) of kernel `name` for sm_90a with `options`' exp2 and
+    tapa_series (the kernels' EXP2 and SERIES constexprs)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -59,9 +63,11 @@ def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int)
     module = importlib.import_module(f"phaselab.kernels.attention.{mod_name}")
     jit_fn = getattr(module, kernel_name).fn  # under the autotuner
     names = list(inspect.signature(jit_fn.fn).parameters)
-    consts = {**consts, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    consts = {**consts, "BLOCK_M": block_m, "BLOCK_N": block_n, "EXP2": options.exp2_code, "AUTOTUNE": False}
     if "ATOMIC_DQ" in names:
         consts["ATOMIC_DQ"] = False
+    if "SERIES" in names:
+        consts["SERIES"] = options.tapa_series
     sig, attrs = {}, {}
     for i, arg in enumerate(names):
         if arg in consts:
@@ -105,15 +111,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--block", type=int, nargs=2, default=(128, 64), metavar=("BLOCK_M", "BLOCK_N"))
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--stages", type=int, default=2)
-    p.add_argument("--env", action="append", default=[], help="NAME=VALUE set before the kernels are imported")
+    p.add_argument("--exp2", choices=EXP2_CHOICES, default="mufu", help="AttentionOptions.exp2")
+    p.add_argument("--no-tapa-series", action="store_true", help="AttentionOptions.tapa_series=False")
     p.add_argument("--top", type=int, default=25)
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("kernel_sass.py compiles for sm_90a: unset TRITON_INTERPRET")
-    for kv in args.env:
-        key, _, value = kv.partition("=")
-        os.environ[key] = value
-    report, sass = compile_sass(args.kernel, *args.block, args.warps, args.stages)
+    options = AttentionOptions(exp2=args.exp2, tapa_series=not args.no_tapa_series)
+    report, sass = compile_sass(args.kernel, *args.block, args.warps, args.stages, options=options)
     # registers, spills, and ptxas' performance warnings (C7515: serialised wgmma, kernels/attention/README.md)
     print("\n".join(line.strip() for line in report.splitlines()
                     if "registers" in line or "spill" in line or "Performance Loss" in line))

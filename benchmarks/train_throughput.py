@@ -169,7 +169,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
     from phaselab.workloads.models.transformer import Transformer
 
     cfg = preset(args.preset, block_size=args.seq_len, pe={"kind": case.encoding},
-                 attention={"backend": case.backend})
+                 attention={"backend": case.backend, "autotune": args.autotune})
     if cfg.vocab_size < dataset.vocab_size:
         raise ValueError(f"preset {args.preset} has vocab_size {cfg.vocab_size} < the data's {dataset.vocab_size}")
     timed = args.warmup + args.steps
@@ -279,7 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--loss", choices=["fused", "torch"], default="fused",
                    help="fused: linear + cross-entropy kernel on CUDA (kernels/loss); torch: the logits path")
     p.add_argument("--autotune", action="store_true",
-                   help="PHASELAB_AUTOTUNE=1: time every Triton config in the first (warm-up) steps")
+                   help="model.attention.autotune: time every Triton config in the first (warm-up) steps")
     p.add_argument("--peak-tflops", type=float, default=H200_DENSE_BF16_TFLOPS,
                    help="the card's dense bf16 peak (default: H200, 989.5)")
     p.add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2", help="Tiny Shakespeare tokenizer")
@@ -298,8 +298,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.autotune:   # read by the kernels' config pruning at their first launch
-        os.environ["PHASELAB_AUTOTUNE"] = "1"
     device = resolve_device(args.device)
     cases = parse_cases(args.encodings, device)
     data_cfg = DataConfig(kind="text", block_size=args.seq_len, text=TextConfig(tokenizer=args.tokenizer))
@@ -312,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             "seq_len": args.seq_len, "batch_size": args.batch_size, "grad_accum": args.grad_accum,
             "steps": args.steps, "warmup": args.warmup, "precision": args.precision, "compile": args.compile,
             "loss": args.loss,
-            "triton_autotune": os.environ.get("PHASELAB_AUTOTUNE", "0") == "1",
+            "triton_autotune": args.autotune,
             "peak_tflops": args.peak_tflops, "data": f"{dataset.name} ({len(dataset.tokens('train')):,} train tokens)",
             "mfu_flops": "6*N + n_layer*n_head*c*T*D/2 per token, c = 12 (rope, tapa) / 18 (pope)"}
     rows = []

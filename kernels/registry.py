@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from phaselab.kernels.attention.options import AttentionOptions
     from phaselab.kernels.attention.score_mod import ScoreMod
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,13 @@ class AttentionBackend(Protocol):
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = False) -> Tensor: ...
+                 deterministic: bool = False, options: AttentionOptions | None = None) -> Tensor: ...
     # trivial_pos: the caller guarantees pos_q == pos_k == 0..T-1 (T == S) without looking at
     # them, so a backend may take a fast path (sdpa: is_causal) with no device sync (a sync per attention call is also a graph break under torch.compile)
     # deterministic: the model's `attention.deterministic`; a backend with a faster non-deterministic
     # path takes it only when this is False (triton: PoPE on cuDNN's core)
+    # options: the model's kernel choices (`attention.options.AttentionOptions`: PoPE implementation,
+    # TAPA series, exp2, autotuning); a backend without such choices ignores them
 
 
 _TARGETS: dict[str, str] = {

@@ -1,10 +1,13 @@
 """What ran, reported by the process that ran the model (DESIGN §4): the attention backend of
-every call site and the implementation each fused op took, determinism, precision, graph mode
-and the device.
+every call site, the implementation each fused op took and the kernel options it ran with,
+determinism, precision, graph mode and the device.
 
 The kernels record what they run as it happens (``kernels.registry.record_use`` per call site,
 ``record_impl`` per op and implementation, with whether that implementation's backward is
-deterministic); :func:`what_ran` reads those records together with the run's settings. Training
+deterministic; ``kernels.attention.options.record_options`` per op, the `AttentionOptions`
+values that applied to the implementation taken: the PoPE implementation asked for, exp2,
+TAPA's series, autotuning); :func:`what_ran` reads those records together with the run's
+settings. Training
 (``train.session``, rank 0, every launcher) and evaluation (``evals.api.run_eval``) write it to
 ``provenance.json`` in the stage's folder, where the stage's task reads it into the attempt's
 environment fingerprint, whichever process ran the model (a Ray Train worker included).
@@ -22,14 +25,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-PROVENANCE_FILE = "provenance.json"
+from phaselab.catalog import run_folder
 
 
 def reset() -> None:
     """Forget what earlier runs in this process recorded (a Ray worker runs many stages)."""
+    from phaselab.kernels.attention.options import reset_options
     from phaselab.kernels.registry import reset as reset_registry
 
     reset_registry()
+    reset_options()
 
 
 def device_name(device: Any) -> str:
@@ -54,6 +59,7 @@ def what_ran(*, device: Any, precision: str | None, compile: bool = False, cuda_
     """
     import torch
 
+    from phaselab.kernels.attention.options import options_used
     from phaselab.kernels.registry import backends_used, impls_used
 
     impls = impls_used()
@@ -62,14 +68,15 @@ def what_ran(*, device: Any, precision: str | None, compile: bool = False, cuda_
     torch_det = bool(torch.are_deterministic_algorithms_enabled())
     deterministic = (all(flags) and (torch_det or not on_cuda)) if flags else None
     return {"attention": {"sites": dict(sorted(backends_used().items())),
-                          "impls": {op: sorted(per_op) for op, per_op in sorted(impls.items())}},
+                          "impls": {op: sorted(per_op) for op, per_op in sorted(impls.items())},
+                          "options": options_used()},
             "deterministic": deterministic, "deterministic_requested": deterministic_requested,
             "torch_deterministic_algorithms": torch_det, "precision": precision,
             "compile": bool(compile), "cuda_graphs": bool(cuda_graphs), "device": device_name(device)}
 
 
 def write(out_dir: Path, provenance: Mapping[str, Any]) -> Path:
-    path = Path(out_dir) / PROVENANCE_FILE
+    path = Path(out_dir) / run_folder.PROVENANCE_FILE
     path.write_text(json.dumps(dict(provenance), indent=1, sort_keys=True) + "\n")
     return path
 
@@ -77,7 +84,7 @@ def write(out_dir: Path, provenance: Mapping[str, Any]) -> Path:
 def read(out_dir: Path) -> dict[str, Any] | None:
     """The provenance a run wrote to ``out_dir``, or None (not written, or unreadable)."""
     try:
-        out = json.loads((Path(out_dir) / PROVENANCE_FILE).read_text())
+        out = json.loads((Path(out_dir) / run_folder.PROVENANCE_FILE).read_text())
     except (OSError, ValueError):
         return None
     return out if isinstance(out, dict) else None

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.attention.triton_flash import flash_bwd, flash_fwd, pos_flags
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -19,18 +20,18 @@ class FlashAttentionFunction(torch.autograd.Function):
     """out = softmax(scale q k^T, causal by positions) v; gradients for q, k, v."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos_q, pos_k, scale, causal):
+    def forward(ctx, q, k, v, pos_q, pos_k, scale, causal, autotune):
         flags = None if pos_q is None else pos_flags(pos_q, pos_k)
-        out, lse = flash_fwd(q, k, v, pos_q, pos_k, flags, scale=scale, causal=causal)
+        ctx.cfg = {"scale": scale, "causal": causal, "autotune": autotune}
+        out, lse = flash_fwd(q, k, v, pos_q, pos_k, flags, **ctx.cfg)
         ctx.save_for_backward(q, k, v, out, lse, pos_q, pos_k, flags)
-        ctx.cfg = {"scale": scale, "causal": causal}
         return out
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, out, lse, pos_q, pos_k, flags = ctx.saved_tensors
         dq, dk, dv = flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, **ctx.cfg)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _check(q, k, v, pos_q, pos_k):
@@ -59,7 +60,8 @@ def _check(q, k, v, pos_q, pos_k):
 @torch.compiler.disable  # user-defined Triton kernels run outside the compiled graph (function.py)
 def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Tensor, *,
                     pos_q_BT: torch.Tensor | None = None, pos_k_BS: torch.Tensor | None = None,
-                    scale: float | None = None, causal: bool = True) -> torch.Tensor:
+                    scale: float | None = None, causal: bool = True,
+                    options: AttentionOptions = DEFAULT_OPTIONS) -> torch.Tensor:
     """Flash attention, differentiable in q, k, v; q/k width DK may differ from v's DV.
 
     Args:
@@ -67,8 +69,10 @@ def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Te
         pos_q_BT, pos_k_BS: int64 positions [B or 1, T] / [B or 1, S], or None for index positions
             (the queries are the last T of the S keys). scale: default 1/sqrt(DK).
         causal: key s visible to query t iff pos_k[s] <= pos_q[t] (default True).
+        options: `AttentionOptions`; the flash core reads `autotune`.
     Returns out [B, H, T, DV] in q's dtype; a row that sees no key is 0.
     """
     (q, k, v), pos_q, pos_k = _check(q_BHTD, k_BGSD, v_BGSD, pos_q_BT, pos_k_BS)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return FlashAttentionFunction.apply(q, k, v, pos_q, pos_k, scale, bool(causal))
+    record_options("flash", autotune=options.autotune)
+    return FlashAttentionFunction.apply(q, k, v, pos_q, pos_k, scale, bool(causal), options.autotune)

@@ -3,8 +3,11 @@ kernels (triton_pope.py, triton_tapa.py; as custom ops with autograd and vmap ru
 torch.compile keeps one graph through them). PoPE has two more implementations,
 `impl="expand"` (triton_pope_expand.py: 2D-wide q_hat/k_hat in device memory, the flash core of
 triton_flash.py, the chain rule in its backward's epilogues) and `impl="cudnn"` (pope_cudnn.py:
-the same prologue and chain rule around cuDNN's attention core), chosen per call, by
-PHASELAB_POPE_IMPL or by `DEFAULT_POPE_IMPL` ("auto").
+the same prologue and chain rule around cuDNN's attention core), chosen by `impl=` or by
+`AttentionOptions.pope_impl` (options.py; default "auto"). The options also say how the score
+tiles' exponentials run (`exp2`), whether TAPA's forward takes its series (`tapa_series`) and
+whether the kernels autotune (`autotune`); each call records the values it ran with
+(`options.record_options`, read by the run's provenance).
 
 Both kernels take BHTD inputs (last dim contiguous) with RAW D-wide q and k (MATH §3.1, §4.2),
 integer positions, and mask causally by positions (key s visible iff pos_k[s] <= pos_q[t];
@@ -26,14 +29,14 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from phaselab.kernels import relbias
-from phaselab.kernels.attention import ops, pope_cudnn, tapa_phase, triton_common
+from phaselab.kernels.attention import ops, pope_cudnn, triton_common
+from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES, TAPA_PHASES, ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
 
@@ -44,10 +47,9 @@ MAX_HEAD_DIM = 128
 # the chain rule in its epilogues (triton_pope_expand.py); "cudnn" runs the same prologue and chain
 # rule around cuDNN's attention core (pope_cudnn.py: Hopper, bf16/fp16, D <= 64, no GQA, a mask
 # cuDNN can express, not deterministic). "auto" (the default) takes "cudnn" where it runs and
-# "expand" elsewhere (kernels/attention/README.md has the measurements). PHASELAB_POPE_IMPL (read
-# per call) or `impl=` overrides the default; an explicit "cudnn" that cannot run raises.
+# "expand" elsewhere (kernels/attention/README.md has the measurements). `impl=` or
+# `options.pope_impl` chooses; an explicit "cudnn" that cannot run raises.
 POPE_IMPLS = ("fused", "expand", "cudnn")
-DEFAULT_POPE_IMPL = "auto"
 
 
 # ----------------------------------------------------------------------------- validation
@@ -108,7 +110,8 @@ def _check_scale(scale: float) -> float:
 def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    inv_freq_D: Tensor, delta_HD: Tensor | None = None, scale: float | None = None,
                    causal: bool = True, amplitude: str = "softplus", impl: str | None = None,
-                   trivial_pos: bool = False, deterministic: bool = True) -> Tensor:
+                   trivial_pos: bool = False, deterministic: bool = True,
+                   options: AttentionOptions = DEFAULT_OPTIONS) -> Tensor:
     """PoPE attention (MATH §3), differentiable in q, k, v and delta.
 
     Args:
@@ -119,19 +122,22 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         delta_HD: fp32 [H, D] phase bias on the key side, or None (the "without delta" ablation).
         scale: softmax scale, default 1/sqrt(D) (MATH §3.4).
         causal: mask by positions (default True). amplitude: "softplus" (default), "relu", "identity".
-        impl: "fused", "expand", "cudnn" (`POPE_IMPLS`) or "auto"; None reads PHASELAB_POPE_IMPL,
-            default `DEFAULT_POPE_IMPL` ("auto": "cudnn" where `pope_cudnn.unsupported_reason`
-            allows it, else "expand"). "fused" and "expand" are deterministic.
+        impl: "fused", "expand", "cudnn" (`POPE_IMPLS`) or "auto"; None takes `options.pope_impl`
+            ("auto" by default: "cudnn" where `pope_cudnn.unsupported_reason` allows it, else
+            "expand"). "fused" and "expand" are deterministic.
         trivial_pos: the caller guarantees pos_q == pos_k == 0..T-1 (T == S), so a causal call can
             use cuDNN's index-causal mask (the positions are not read to check it: no device sync).
         deterministic: refuse the non-deterministic "cudnn" core (default True; the model passes
             its `attention.deterministic`).
+        options: `AttentionOptions` (pope_impl, exp2, autotune; the model's `attention` section).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
-    impl = os.environ.get("PHASELAB_POPE_IMPL", DEFAULT_POPE_IMPL) if impl is None else impl
-    if impl not in (*POPE_IMPLS, "auto"):
-        raise ValueError(f"pope impl={impl!r}: expected auto or one of {POPE_IMPLS} (PHASELAB_POPE_IMPL)")
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions, got {type(options).__name__}")
+    requested = options.pope_impl if impl is None else impl
+    if requested not in (*POPE_IMPLS, "auto"):
+        raise ValueError(f"pope impl={requested!r}: expected auto or one of {POPE_IMPLS}")
     q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
     B, H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
@@ -153,22 +159,35 @@ def pope_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     if amplitude not in POPE_AMPLITUDES:
         raise ValueError(f"amplitude={amplitude!r}: expected one of {POPE_AMPLITUDES}")
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
-    if impl in ("auto", "cudnn"):
-        reason = pope_cudnn.unsupported_reason(q, k, causal=causal, trivial_pos=trivial_pos,
-                                               deterministic=deterministic)
-        if impl == "cudnn" and reason is not None:
-            raise ValueError(f"pope impl='cudnn' cannot run this call: {reason}")
-        impl = "cudnn" if reason is None else "expand"
+    impl = _pope_impl(requested, q, k, causal=causal, trivial_pos=trivial_pos, deterministic=deterministic)
     record_impl("pope", impl, deterministic=impl != "cudnn")
+    # the options that apply to the implementation taken (cuDNN's core is neither autotuned nor
+    # has our exp2 tiles; the expand path's flash core has no exp2 choice)
+    applied = {"fused": {"exp2": options.exp2, "autotune": options.autotune},
+               "expand": {"autotune": options.autotune}, "cudnn": {}}[impl]
+    record_options("pope", pope_impl=requested, **applied)
     out, _lse, _aux = ops.pope_fwd(q, k, v, delta_HD, pos_q, pos_k, inv_freq_D.contiguous(), scale, bool(causal),
-                                   amplitude, impl)
+                                   amplitude, impl, options.exp2, options.autotune)
     return out
+
+
+def _pope_impl(requested: str, q: Tensor, k: Tensor, *, causal: bool, trivial_pos: bool,
+               deterministic: bool) -> str:
+    """The implementation a PoPE call runs: `requested`, or for "auto" "cudnn" where it runs,
+    else "expand"; an explicit "cudnn" that cannot run this call raises."""
+    if requested not in ("auto", "cudnn"):
+        return requested
+    reason = pope_cudnn.unsupported_reason(q, k, causal=causal, trivial_pos=trivial_pos,
+                                           deterministic=deterministic)
+    if requested == "cudnn" and reason is not None:
+        raise ValueError(f"pope impl='cudnn' cannot run this call: {reason}")
+    return "cudnn" if reason is None else "expand"
 
 
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
                    phase: str = "quadratic", scale: float = 1.0, causal: bool = True,
-                   deterministic: bool = True) -> Tensor:
+                   deterministic: bool = True, options: AttentionOptions = DEFAULT_OPTIONS) -> Tensor:
     """Fused TAPA attention (MATH §4.2), differentiable in q, k, v.
 
     Args:
@@ -182,9 +201,12 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         deterministic: True (default) computes dQ in its own kernel, bitwise reproducible; False adds
             it with fp32 atomics inside the dK/dV kernel (one backward kernel; on the GPU the order
             of the additions varies from run to run).
+        options: `AttentionOptions` (tapa_series, exp2, autotune; the model's `attention` section).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions, got {type(options).__name__}")
     q, k, v = _check_qkv(q_BHTD, k_BGSD, v_BGSD)
     B, _H, T, D = q.shape
     pos_q = _check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
@@ -192,11 +214,11 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params  # validated (MATH §4.2)
     d_amp, _ = tapa_split(D, params["theta"])
-    # the forward's off-diagonal series is an import-time switch (tapa_phase.FWD_SERIES)
-    record_impl("tapa", "fused" if tapa_phase.FWD_SERIES.value else "fused-no-series",
-                deterministic=bool(deterministic))
+    record_impl("tapa", "fused", deterministic=bool(deterministic))
+    record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune)
     out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
-                             params["phase"] == "linear", _check_scale(scale), bool(causal), bool(deterministic))
+                             params["phase"] == "linear", _check_scale(scale), bool(causal), bool(deterministic),
+                             options.exp2, options.tapa_series, options.autotune)
     return out
 
 
@@ -228,7 +250,8 @@ class TritonBackend:
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = False) -> Tensor:
+                 deterministic: bool = False, options: AttentionOptions | None = None) -> Tensor:
+        options = DEFAULT_OPTIONS if options is None else options
         if cu_seqlens is not None:
             raise ValueError("the triton backend does not take cu_seqlens (see unsupported_reason)")
         if not isinstance(score_mod, ScoreMod) or score_mod.kind not in ("pope", "tapa", "relbias"):
@@ -236,7 +259,8 @@ class TritonBackend:
         if score_mod.kind == "relbias":  # the bias-table kernel (phaselab.kernels.relbias)
             record_impl("relbias", "triton", deterministic=True)
             return relbias.score_mod_attention(q_BHTD, k_BGSD, v_BGSD, score_mod, pos_q=pos_q, pos_k=pos_k,
-                                               scale=scale, causal=causal, trivial_pos=trivial_pos)
+                                               scale=scale, causal=causal, trivial_pos=trivial_pos,
+                                               autotune=options.autotune)
         p = score_mod.params
         if score_mod.kind == "pope":
             device = q_BHTD.device
@@ -245,9 +269,9 @@ class TritonBackend:
                                   inv_freq_D=p["inv_freq"].to(device=device, dtype=torch.float32),
                                   delta_HD=None if delta is None else delta.to(device=device),
                                   scale=scale, causal=causal, amplitude=p["amplitude"], trivial_pos=trivial_pos,
-                                  deterministic=deterministic)
+                                  deterministic=deterministic, options=options)
         if p["phase"] not in TAPA_PHASES:
             raise ValueError(f"tapa phase={p['phase']!r}")
         return tapa_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, alpha=p["alpha"],
                               theta=p["theta"], phase_scale=p["phase_scale"], phase=p["phase"], scale=scale,
-                              causal=causal)
+                              causal=causal, options=options)

@@ -30,24 +30,26 @@ from phaselab.kernels.attention import pope_cudnn, triton_flash, triton_pope, tr
 
 @torch.library.custom_op("phaselab::pope_fwd", mutates_args=())
 def pope_fwd(q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, pos_q: Tensor, pos_k: Tensor,
-             inv_freq: Tensor, scale: float, causal: bool, amplitude: str, impl: str) -> tuple[Tensor, Tensor, Tensor]:
+             inv_freq: Tensor, scale: float, causal: bool, amplitude: str, impl: str, exp2: str,
+             autotune: bool) -> tuple[Tensor, Tensor, Tensor]:
     q, k, v = _last_dim_dense(q, k, v)
     if impl == "expand":
         flags = triton_flash.pos_flags(pos_q, pos_k)
         q_hat, k_hat = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
-        out, lse = triton_flash.flash_fwd(q_hat, k_hat, v, pos_q, pos_k, flags, scale=scale, causal=causal)
+        out, lse = triton_flash.flash_fwd(q_hat, k_hat, v, pos_q, pos_k, flags, scale=scale, causal=causal,
+                                          autotune=autotune)
         return out, lse, flags
     if impl == "cudnn":
         out, lse = pope_cudnn.pope_cudnn_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
                                              amplitude=amplitude)
         return out, lse, _no_aux(q)
     out, lse = triton_pope.pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, scale=scale, causal=causal,
-                                    amplitude=amplitude)
+                                    amplitude=amplitude, exp2=exp2, autotune=autotune)
     return out, lse, _no_aux(q)
 
 
 @pope_fwd.register_fake
-def _pope_fwd_fake(q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude, impl):
+def _pope_fwd_fake(q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplitude, impl, exp2, autotune):
     B, H, T, _ = q.shape
     n_flags = max(pos_q.shape[0], pos_k.shape[0]) if impl == "expand" else 0
     return (q.new_empty((B, H, T, v.shape[-1])), q.new_empty((B, H, T), dtype=torch.float32),
@@ -57,25 +59,27 @@ def _pope_fwd_fake(q, k, v, delta, pos_q, pos_k, inv_freq, scale, causal, amplit
 @torch.library.custom_op("phaselab::pope_bwd", mutates_args=())
 def pope_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, delta: Tensor | None, out: Tensor, lse: Tensor,
              aux: Tensor, pos_q: Tensor, pos_k: Tensor, inv_freq: Tensor, scale: float, causal: bool,
-             amplitude: str, impl: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             amplitude: str, impl: str, exp2: str, autotune: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, ddelta fp32 [H, D]; an empty ddelta when delta is None)."""
     do, q, k, v, out = _last_dim_dense(do, q, k, v, out)
     if impl == "expand":
         dq, dk, dv, ddelta = triton_pope_expand.pope_expand_attention_bwd(
             do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale=scale, causal=causal,
-            amplitude=amplitude)
+            amplitude=amplitude, autotune=autotune)
     elif impl == "cudnn":
         dq, dk, dv, ddelta = pope_cudnn.pope_cudnn_bwd(do, q, k, v, delta, out, lse, pos_q, pos_k, inv_freq,
                                                        scale=scale, causal=causal, amplitude=amplitude)
     else:
         dq, dk, dv, ddelta = triton_pope.pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta,
-                                                  scale=scale, causal=causal, amplitude=amplitude)
+                                                  scale=scale, causal=causal, amplitude=amplitude, exp2=exp2,
+                                                  autotune=autotune)
     ddelta = _no_aux(q, torch.float32) if ddelta is None else ddelta
     return dq.contiguous(), dk.contiguous(), dv.contiguous(), ddelta
 
 
 @pope_bwd.register_fake
-def _pope_bwd_fake(do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale, causal, amplitude, impl):
+def _pope_bwd_fake(do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, scale, causal, amplitude, impl, exp2,
+                   autotune):
     ddelta = delta.new_empty(delta.shape) if delta is not None else q.new_empty((0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ddelta  # contiguous, as returned
 
@@ -90,7 +94,7 @@ def _pope_setup(ctx, inputs, output):
 def _pope_backward(ctx, do, _dlse, _daux):
     q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq = ctx.saved_tensors
     dq, dk, dv, ddelta = pope_bwd(do, q, k, v, delta, out, lse, aux, pos_q, pos_k, inv_freq, *ctx.cfg)
-    return dq, dk, dv, (ddelta if delta is not None else None), None, None, None, None, None, None, None
+    return dq, dk, dv, (ddelta if delta is not None else None), *([None] * 9)
 
 
 pope_fwd.register_autograd(_pope_backward, setup_context=_pope_setup)
@@ -101,14 +105,16 @@ pope_fwd.register_autograd(_pope_backward, setup_context=_pope_setup)
 @torch.library.custom_op("phaselab::tapa_fwd", mutates_args=())
 def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
              phase_scale: float, linear: bool, scale: float, causal: bool,
-             deterministic: bool) -> tuple[Tensor, Tensor]:
+             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor]:
     q, k, v = _last_dim_dense(q, k, v)
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,
-                                linear=linear, scale=scale, causal=causal)
+                                linear=linear, scale=scale, causal=causal, series=series, exp2=exp2,
+                                autotune=autotune)
 
 
 @tapa_fwd.register_fake
-def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic):
+def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic, exp2,
+                   series, autotune):
     B, H, T, _ = q.shape
     return q.new_empty((B, H, T, v.shape[-1])), q.new_empty((B, H, T), dtype=torch.float32)
 
@@ -116,11 +122,12 @@ def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, sca
 @torch.library.custom_op("phaselab::tapa_bwd", mutates_args=())
 def tapa_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, pos_q: Tensor, pos_k: Tensor,
              d_amp: int, alpha: float, phase_scale: float, linear: bool, scale: float, causal: bool,
-             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv); `series` is the forward's only (the backward never takes it)."""
     do, q, k, v, out = _last_dim_dense(do, q, k, v, out)
     dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, d_amp=d_amp, alpha=alpha,
                                       phase_scale=phase_scale, linear=linear, scale=scale, causal=causal,
-                                      deterministic=deterministic)
+                                      deterministic=deterministic, exp2=exp2, autotune=autotune)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()
 
 
@@ -138,7 +145,7 @@ def _tapa_setup(ctx, inputs, output):
 def _tapa_backward(ctx, do, _dlse):
     q, k, v, out, lse, pos_q, pos_k = ctx.saved_tensors
     dq, dk, dv = tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *ctx.cfg)
-    return dq, dk, dv, *([None] * 9)
+    return dq, dk, dv, *([None] * 12)
 
 
 tapa_fwd.register_autograd(_tapa_backward, setup_context=_tapa_setup)

@@ -24,7 +24,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.score_mod import ScoreMod, alibi_table, apply_score_fn, distance_bias, tapa_split
+from phaselab.kernels.attention.options import AttentionOptions
+from phaselab.kernels.attention.score_mod import (
+    ScoreMod,
+    alibi_table,
+    apply_score_fn,
+    distance_bias,
+    tapa_split,
+)
 from phaselab.kernels.registry import record_impl
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
@@ -297,7 +304,7 @@ class ReferenceBackend:
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = False) -> Tensor:
+                 deterministic: bool = False, options: AttentionOptions | None = None) -> Tensor:
         kwargs = {"scale": scale, "causal": causal, "score_mod": score_mod}
         record_impl("reference", "torch", deterministic=True)
         if cu_seqlens is None:

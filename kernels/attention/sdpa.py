@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels import relbias
+from phaselab.kernels.attention.options import AttentionOptions
 from phaselab.kernels.attention.reference import _check_qk, alibi_bias, pope_expand, repeat_kv, visibility
 from phaselab.kernels.attention.score_mod import ScoreMod, distance_bias
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, record_impl
@@ -157,7 +158,7 @@ class SdpaBackend:
     def __call__(self, q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q: Tensor, pos_k: Tensor,
                  scale: float, causal: bool, score_mod: ScoreMod | None,
                  cu_seqlens: Tensor | None = None, trivial_pos: bool = False,
-                 deterministic: bool = False) -> Tensor:
+                 deterministic: bool = False, options: AttentionOptions | None = None) -> Tensor:
         call = AttnCall.describe(q_BHTD, k_BGSD, v_BGSD, causal=causal, score_mod=score_mod,
                                  cu_seqlens=cu_seqlens)
         reason = self.unsupported_reason(call)

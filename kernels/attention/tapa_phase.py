@@ -7,18 +7,15 @@ Tests: tests/kernels/test_triton_tapa.py (`_tapa_turns` against float64, the ser
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import EXP2_MODE, _cos_sin_reduced, _exp2_tile, _log2, _rint
+from phaselab.kernels.attention.triton_common import _cos_sin_reduced, _exp2_tile, _log2, _rint
 
-# The off-diagonal binomial series runs in the forward only: on the H200 it made the forward 3-8 %
-# faster and the backward (fwd+bwd minus fwd) 16-21 % slower (kernels/attention/README.md,
-# "Measured and not shipped").
-# PHASELAB_TAPA_SERIES=0 switches it off (read at import, for A/B timing in benchmarks/attention.py).
-FWD_SERIES = tl.constexpr(os.environ.get("PHASELAB_TAPA_SERIES", "1") != "0")
+# The off-diagonal binomial series runs in the forward only (the SERIES constexpr of
+# `_tapa_score`, `AttentionOptions.tapa_series`): on the H200 it made the forward 3-8 % faster and
+# the backward (fwd+bwd minus fwd) 16-21 % slower (kernels/attention/README.md, "Measured and not
+# shipped").
 
 
 # fp32 holds every integer of magnitude <= 2**24 exactly, so the difference of two such values is
@@ -165,13 +162,13 @@ def _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_
 def _tapa_grads(b_qa, b_qp, sq, b_ka, b_kp, sk, b_v, b_do, b_lse, b_dlt, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                 vis, c_a, alpha, k_turn,
                 u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, LINEAR: tl.constexpr, MASKED: tl.constexpr,
-                FAST: tl.constexpr, DOT_PREC: tl.constexpr):
+                FAST: tl.constexpr, DOT_PREC: tl.constexpr, EXP2: tl.constexpr):
     """Recompute P [BM, BN] and return (P, gA, gP): d loss / d <q_A,k_A> and / d <q_P,k_P> (or the
     linear phase's sums), each already multiplied by its 1/sqrt(D_x)."""
     b_a, w, c, s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                alpha, k_turn, u_max,
                                c1, c2, c3, c4, c5, LINEAR, MASKED, False, FAST, DOT_PREC)
-    b_p = _exp2_tile(b_a * c * (c_a * qk_scale) - b_lse[:, None], EXP2_MODE)
+    b_p = _exp2_tile(b_a * c * (c_a * qk_scale) - b_lse[:, None], EXP2)
     if MASKED:
         b_p = tl.where(vis, b_p, 0.0)
     # [BM, BV] @ [BV, BN] -> [BM, BN]

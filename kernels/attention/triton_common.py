@@ -14,19 +14,21 @@ import torch
 import triton
 import triton.language as tl
 
+from phaselab.kernels.attention.options import EXP2_CHOICES
+
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2
 
-# How the score tiles' softmax exponentials run: "mufu" ex2.approx on the special-function
-# unit, which PoPE's transform and TAPA's cosine also load; "poly" 2**x as 2**j * p(f) on the
-# FMA/ALU pipes (FlashAttention-4's trick for MUFU-bound tiles); "split" half of each tile's
-# columns each way. On the H200 PoPE's forward took 21-23 % (poly) and 11-13 % (split) longer than
-# with "mufu" at 4k and 16k: the kernels are latency-bound (Nsight Compute, results/ncu/pope-16k.csv:
-# 2 warps per scheduler, issue slots 29-34 % busy, the MUFU pipe 29-43 %), so more instructions cost
-# more than a busier MUFU (kernels/attention/README.md, "Measured and not shipped"); "mufu" is the default, the others
-# stay as an A/B switch for other GPUs. Read at import, like PHASELAB_TAPA_SERIES.
-EXP2_MODES = {"mufu": 0, "poly": 1, "split": 2}
-EXP2_MODE = tl.constexpr(EXP2_MODES[os.environ.get("PHASELAB_EXP2", "mufu")])
+# How the score tiles' softmax exponentials run (`AttentionOptions.exp2`, the kernels' EXP2
+# constexpr): "mufu" ex2.approx on the special-function unit, which PoPE's transform and TAPA's
+# cosine also load; "poly" 2**x as 2**j * p(f) on the FMA/ALU pipes (FlashAttention-4's trick for
+# MUFU-bound tiles); "split" half of each tile's columns each way. On the H200 PoPE's forward took
+# 21-23 % (poly) and 11-13 % (split) longer than with "mufu" at 4k and 16k: the kernels are
+# latency-bound (Nsight Compute, results/ncu/pope-16k.csv: 2 warps per scheduler, issue slots
+# 29-34 % busy, the MUFU pipe 29-43 %), so more instructions cost more than a busier MUFU
+# (kernels/attention/README.md, "Measured and not shipped"); "mufu" is the default, the others
+# stay as an A/B choice for other GPUs.
+EXP2_MODES = {name: code for code, name in enumerate(EXP2_CHOICES)}
 
 
 def interpreting() -> bool:
@@ -123,7 +125,7 @@ def _exp2_poly(x):
 
 @triton.jit
 def _exp2_tile(x, MODE: tl.constexpr):
-    """2**x of a [BM, BN] fp32 score tile (arguments <= 0): MODE as EXP2_MODE."""
+    """2**x of a [BM, BN] fp32 score tile (arguments <= 0): MODE an `EXP2_MODES` code."""
     if MODE == 0:
         y = tl.exp2(x)
     elif MODE == 1:
@@ -197,7 +199,7 @@ def _fwd_configs() -> list[triton.Config]:
 
 def _bwd_configs(first: tuple[int, int, int, int] | None = None) -> list[triton.Config]:
     """The backward kernels' autotune list; `first` (BLOCK_M, BLOCK_N, warps, stages) moves one of
-    them to the front, where `prune_configs` takes it without PHASELAB_AUTOTUNE."""
+    them to the front, where `prune_configs` takes it without autotuning."""
     if interpreting():
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
     # 32-key tiles: TAPA's D=128 dQ kernel spills at its tuned 64x64/4-warp tile (69M local loads
@@ -214,7 +216,7 @@ def _bwd_configs(first: tuple[int, int, int, int] | None = None) -> list[triton.
 
 # Untuned tiles (BLOCK_M, BLOCK_N, warps, stages) by kernel and register widths (q/k, v): the
 # autotuner's picks on the H200 for bf16 causal attention at N 1k-128k (the `configs` of every
-# PHASELAB_AUTOTUNE=1 row in benchmarks/results/attention-h200*.json; where picks differ by N, the
+# autotuned row in benchmarks/results/attention-h200*.json; where picks differ by N, the
 # one at 4k and 16k). fp16 moves the same bytes and takes the same tiles; fp32 (and any width not
 # listed) keeps the first-config rule of `untuned_pick`. Checked against the autotuner in one run:
 # benchmarks/results/attention-h200-defaults.md.
@@ -239,13 +241,15 @@ TUNE_DEFAULTS: dict[tuple[str, int, int], tuple[int, int, int, int]] = {
 TUNE_CACHE: dict = {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 
 
-def autotuning() -> bool:
-    """True when PHASELAB_AUTOTUNE=1: every config is timed (else `untuned_pick` chooses one)."""
-    return os.environ.get("PHASELAB_AUTOTUNE", "0") == "1"
-
-
 def _arg(named_args, kwargs, name, default=None):
     return kwargs.get(name, named_args.get(name, default))
+
+
+def autotuning(named_args, kwargs) -> bool:
+    """Whether a launch asked to time every config: its AUTOTUNE constexpr
+    (`AttentionOptions.autotune`), also part of every autotuned kernel's key, so an untuned pick
+    is never reused for a tuned launch of the same shape or the other way round."""
+    return bool(_arg(named_args, kwargs, "AUTOTUNE", False))
 
 
 def default_tile(kernel: str, configs, named_args, kwargs):
@@ -267,7 +271,7 @@ def default_tile(kernel: str, configs, named_args, kwargs):
 
 
 def untuned_pick(kernel: str, configs, named_args, kwargs) -> list:
-    """The one config a PoPE or TAPA kernel runs without PHASELAB_AUTOTUNE=1: [`default_tile`]
+    """The one config a PoPE or TAPA kernel runs without autotuning: [`default_tile`]
     where there is one, else [the first config], or for 128-wide heads the first with 8 warps (4
     warps spill their fp32 accumulators: benchmarks/kernel_sass.py). Arguments as `default_tile`."""
     tile = default_tile(kernel, configs, named_args, kwargs)
@@ -281,8 +285,8 @@ def untuned_pick(kernel: str, configs, named_args, kwargs) -> list:
 def pruner(kernel: str):
     """`early_config_prune` of the PoPE and TAPA kernel `kernel` (a `TUNE_DEFAULTS` name)."""
     def prune(configs, named_args, **kwargs):
-        """Without PHASELAB_AUTOTUNE=1 one config (`untuned_pick`); with it, all that fit."""
-        if not autotuning():
+        """Without AUTOTUNE one config (`untuned_pick`); with it, all that fit."""
+        if not autotuning(named_args, kwargs):
             return untuned_pick(kernel, configs, named_args, kwargs)
         width = max(_arg(named_args, kwargs, n, 0) or 0 for n in ("BLOCK_D", "BLOCK_V"))
         # 256-row query blocks amortise PoPE's per-key-tile transcendentals, but only fit narrow heads

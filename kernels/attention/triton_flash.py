@@ -104,13 +104,13 @@ def _fits(kind: str, c: triton.Config, bd: int, bv: int) -> bool:
 def _pruner(kind: str):
     def prune(configs, named_args, **kwargs):
         """The main configs that fit (else the fallbacks that fit, else the first given): all of
-        them with PHASELAB_AUTOTUNE=1, else the measured tile (triton_common.default_tile) or the
-        first (tests and first calls compile one variant)."""
+        them when the launch's AUTOTUNE is set, else the measured tile (triton_common.default_tile)
+        or the first (tests and first calls compile one variant)."""
         bd, bv = (kwargs.get(n, named_args.get(n)) for n in ("BLOCK_D", "BLOCK_V"))
         main, rest = configs[:_MAIN[kind]], configs[_MAIN[kind]:]
         fit = ([c for c in main if _fits(kind, c, bd, bv)] or [c for c in rest if _fits(kind, c, bd, bv)]
                or list(configs[:1]))
-        if autotuning():
+        if autotuning(named_args, kwargs):
             return fit
         tile = default_tile(f"flash_{kind}", fit, named_args, kwargs)
         return [tile] if tile is not None else fit[:1]
@@ -118,7 +118,7 @@ def _pruner(kind: str):
 
 
 def _tune(kind: str) -> dict:
-    return {"key": ["T", "S", "BLOCK_D", "BLOCK_V", "CAUSAL", "HAS_POS"] + (["POPE"] if kind != "fwd" else []),
+    return {"key": ["T", "S", "BLOCK_D", "BLOCK_V", "CAUSAL", "HAS_POS", "AUTOTUNE"] + (["POPE"] if kind != "fwd" else []),
             "prune_configs_by": {"early_config_prune": _pruner(kind)}, **TUNE_CACHE}
 
 
@@ -281,7 +281,7 @@ def flash_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, flags,
                      T, S, H, GROUP, qk_scale, n_iter_s,
                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                      CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)
     i_b, i_h = i_bh // H, i_bh % H
@@ -356,7 +356,7 @@ def flash_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, pos_q, pos_k, flags, in
                           DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                           CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
                           POPE: tl.constexpr, AMP: tl.constexpr, FAST: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                          AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dK, dV of one key block; POPE: k holds the raw keys (DK // 2 wide), expanded in registers,
     q holds q_hat, and dk is the raw keys' gradient (`_chain_epilogue`)."""
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
@@ -449,7 +449,7 @@ def flash_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, flags, inv_freq
                         DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                         CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
                         POPE: tl.constexpr, AMP: tl.constexpr, HAS_DELTA: tl.constexpr, FAST: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                        AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dQ of one query block; POPE: q holds the raw queries, expanded in registers, k holds k_hat,
     dq is the raw queries' gradient and, with HAS_DELTA, the block's share of d delta goes to row
     (b, h, i_m) of ddelta_part [B, H, n_part, BLOCK_D // 2] (`_chain_epilogue`)."""
@@ -516,15 +516,16 @@ def _pos_args(pos_q, pos_k, flags, dummy):
     return pos_q, pos_k, flags, _pos_stride(pos_q), _pos_stride(pos_k), 0 if flags.shape[0] == 1 else 1
 
 
-def _common(dk_width, v, causal, pos_q):
+def _common(dk_width, v, causal, pos_q, autotune):
     return {"DK": dk_width, "DV": v.shape[-1], "BLOCK_D": block_d(dk_width), "BLOCK_V": block_d(v.shape[-1]),
-            "CAUSAL": causal, "HAS_POS": pos_q is not None, "DOT_PREC": _dot_precision(v.dtype)}
+            "CAUSAL": causal, "HAS_POS": pos_q is not None, "DOT_PREC": _dot_precision(v.dtype),
+            "AUTOTUNE": bool(autotune)}
 
 
-def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):
+def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool, autotune: bool = False):
     """q [B,H,T,DK], k [B,G,S,DK], v [B,G,S,DV] (last dim contiguous); pos int64 [B|1, T|S] and
-    flags (`pos_flags`), or all three None (index positions). Returns out [B,H,T,DV] (q's dtype)
-    and lse [B,H,T] fp32 in log2 units."""
+    flags (`pos_flags`), or all three None (index positions); autotune as `AttentionOptions`.
+    Returns out [B,H,T,DV] (q's dtype) and lse [B,H,T] fp32 in log2 units."""
     B, H, T, _ = q.shape
     G, S = k.shape[1], k.shape[2]
     out = torch.empty((B, H, T, v.shape[-1]), dtype=q.dtype, device=q.device)
@@ -532,19 +533,19 @@ def flash_fwd(q, k, v, pos_q, pos_k, flags, *, scale: float, causal: bool):
     pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, lse)
     flash_fwd_kernel[lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)](
         q, k, v, out, lse, pq, pk, fl, *_strides(q, k, v, out), s_pq, s_pk, s_f,
-        T, S, H, H // G, scale * LOG2E, _bisect_iters(S), **_common(q.shape[-1], v, causal, pos_q))
+        T, S, H, H // G, scale * LOG2E, _bisect_iters(S), **_common(q.shape[-1], v, causal, pos_q, autotune))
     return out, lse
 
 
 def flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, causal: bool,
-                   chain: PopeChain | None = None):
+                   chain: PopeChain | None = None, autotune: bool = False):
     """(dk, dv) in k's and v's dtype; chain (PoPE mode): q is q_hat [B,H,T,2D], k the raw keys."""
     B, H, T, _ = q.shape
     G, S = k.shape[1], k.shape[2]
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, dlt)
-    common = {**_common(q.shape[-1], v, causal, pos_q), **pope_meta(chain), "FAST": not interpreting()}
+    common = {**_common(q.shape[-1], v, causal, pos_q, autotune), **pope_meta(chain), "FAST": not interpreting()}
     common.pop("HAS_DELTA")
     flash_bwd_kernel_dkdv[lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * G)](
         q, k, v, do, lse, dlt, dk, dv, pq, pk, fl, pope_ptrs(chain, dlt)[0], *_strides(q, k, v, do, dk, dv),
@@ -553,14 +554,14 @@ def flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, 
 
 
 def flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, causal: bool,
-                 chain: PopeChain | None = None):
+                 chain: PopeChain | None = None, autotune: bool = False):
     """(dq in q's dtype, d delta fp32 [H, D] or None); chain (PoPE mode): q is the raw queries, k is
     k_hat [B,G,S,2D]; d delta from per-(b, h, query block) partial rows summed in a fixed order."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     pq, pk, fl, s_pq, s_pk, s_f = _pos_args(pos_q, pos_k, flags, dlt)
-    common = {**_common(k.shape[-1], v, causal, pos_q), **pope_meta(chain), "FAST": not interpreting()}
+    common = {**_common(k.shape[-1], v, causal, pos_q, autotune), **pope_meta(chain), "FAST": not interpreting()}
     # one partial row per (b, h, block of the smallest BLOCK_M); rows a larger block leaves stay 0
     n_part = triton.cdiv(T, min(c.kwargs["BLOCK_M"] for c in dq_configs()))
     part = torch.zeros((B, H, n_part, common["BLOCK_D"] // 2), dtype=torch.float32, device=q.device) \
@@ -571,10 +572,11 @@ def flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, *, scale: float, ca
     return dq, (part.sum(dim=(0, 2))[:, :D].contiguous() if common["HAS_DELTA"] else None)
 
 
-def flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, *, scale: float, causal: bool):
+def flash_bwd(do, q, k, v, out, lse, pos_q, pos_k, flags, *, scale: float, causal: bool, autotune: bool = False):
     """Backward launches; returns dq, dk, dv in the input dtypes (no atomics: deterministic)."""
     do = do if do.stride(-1) == 1 else do.contiguous()
     dlt = do_o_rows(do, out)
-    dk, dv = flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
-    dq, _ = flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, scale=scale, causal=causal)
+    cfg = {"scale": scale, "causal": causal, "autotune": autotune}
+    dk, dv = flash_bwd_dkdv(do, q, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
+    dq, _ = flash_bwd_dq(do, q, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)
     return dq, dk, dv

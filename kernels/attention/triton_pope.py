@@ -41,7 +41,7 @@ from phaselab.kernels.attention.pope_phase import (
     _reload_phase,
 )
 from phaselab.kernels.attention.triton_common import (
-    EXP2_MODE,
+    EXP2_MODES,
     LOG2E,
     TUNE_CACHE,
     _bisect_iters,
@@ -67,7 +67,7 @@ _PART_BLOCK_N = min(c.kwargs["BLOCK_N"] for c in _bwd_configs())
 # ----------------------------------------------------------------------------- autotuning
 
 
-_KEY = ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA"]
+_KEY = ["T", "S", "BLOCK_D", "CAUSAL", "AMP", "HAS_DELTA", "AUTOTUNE"]
 
 
 def _tune(kernel: str) -> dict:
@@ -82,7 +82,7 @@ def _tune(kernel: str) -> dict:
 def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, p0, theta,
                     o_d, m_d, s_ks, s_vs, S, lo, hi,
                     AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+                    DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr, EXP2: tl.constexpr):
     for i_n in range(lo, hi):
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_n = o_n < S
@@ -104,7 +104,7 @@ def _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, p_q, p_kbase, p_vbase, p_posk, p0
             b_s = tl.where(vis, b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
-        b_p = _exp2_tile(b_s - m_use[:, None], EXP2_MODE)
+        b_p = _exp2_tile(b_s - m_use[:, None], EXP2)
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(b_p, 1)
         # [BM, BN] @ [BN, BD] -> [BM, BD]
@@ -121,6 +121,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
                     T, S, H, GROUP, qk_scale, n_iter_s,
                     D: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, AMP: tl.constexpr,
                     HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                    EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
@@ -161,10 +162,10 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
     # fully visible key blocks first (no mask), then the diagonal / tail blocks (DESIGN §7 ex. 6)
     acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                     o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC,
-                                    BLOCK_N)
+                                    BLOCK_N, EXP2)
     acc, l_i, m_i = _pope_fwd_inner(acc, l_i, m_i, b_qx, b_qy, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                                     o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC,
-                                    BLOCK_N)
+                                    BLOCK_N, EXP2)
     empty = l_i == 0.0
     b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
     b_lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -181,7 +182,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
 def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
                          p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, hi, qk_scale,
                          AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                         FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+                         FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, EXP2: tl.constexpr):
     for i_m in range(lo, hi):
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_m = o_m < T
@@ -200,7 +201,7 @@ def _pope_bwd_inner_dkdv(dkx, dky, dv, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_do
         # [BN, BD] @ [BD, BM] -> [BN, BM]
         b_st = tl.dot(b_kx, tl.trans(b_qx), input_precision=DOT_PREC)
         b_st = tl.dot(b_ky, tl.trans(b_qy), b_st, input_precision=DOT_PREC)
-        b_pt = _exp2_tile(b_st - b_lse[None, :], EXP2_MODE)
+        b_pt = _exp2_tile(b_st - b_lse[None, :], EXP2)
         if MASKED:
             vis = m_n[:, None] & m_m[None, :]
             if CAUSAL:
@@ -227,6 +228,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
                          T, S, H, GROUP, qk_scale, n_iter_t, n_part_rows,
                          D: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, AMP: tl.constexpr,
                          HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                         EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
@@ -274,15 +276,15 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
             p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, lo, mid, qk_scale, AMP, CAUSAL, True,
-            FAST, DOT_PREC, BLOCK_M)
+            FAST, DOT_PREC, BLOCK_M, EXP2)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
             p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, mid, n_full, qk_scale, AMP, CAUSAL, False,
-            FAST, DOT_PREC, BLOCK_M)
+            FAST, DOT_PREC, BLOCK_M, EXP2)
         dkx, dky, dvacc = _pope_bwd_inner_dkdv(
             dkx, dky, dvacc, b_kx, b_ky, b_v, b_pk, m_n, p_qbase, p_dobase, p_lse, p_dlt,
             p_posq, p0, theta, bias, o_d, m_d, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, qk_scale, AMP, CAUSAL, True,
-            FAST, DOT_PREC, BLOCK_M)
+            FAST, DOT_PREC, BLOCK_M, EXP2)
         if HAS_DELTA:
             # d(delta) from the key side: the logit depends on m theta - delta - n theta, so
             # d/d delta = d/d(key phase) = sum_n mu_k (dk_hat_y cos - dk_hat_x sin); this head's
@@ -311,7 +313,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
 def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
                        o_d, m_d, s_ks, s_vs, S, lo, hi,
                        AMP: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, FAST: tl.constexpr,
-                       DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+                       DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr, EXP2: tl.constexpr):
     for i_n in range(lo, hi):
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_n = o_n < S
@@ -327,7 +329,7 @@ def _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, 
         # [BM, BD] @ [BD, BN] -> [BM, BN]
         b_s = tl.dot(b_qx, tl.trans(b_kx), input_precision=DOT_PREC)
         b_s = tl.dot(b_qy, tl.trans(b_ky), b_s, input_precision=DOT_PREC)
-        b_p = _exp2_tile(b_s - b_lse[:, None], EXP2_MODE)
+        b_p = _exp2_tile(b_s - b_lse[:, None], EXP2)
         if MASKED:
             vis = m_n[None, :]
             if CAUSAL:
@@ -350,6 +352,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
                        T, S, H, GROUP, qk_scale, sm_scale, n_iter_s,
                        D: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, AMP: tl.constexpr,
                        HAS_DELTA: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                       EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
@@ -390,9 +393,9 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
     dqx = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dqy = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
-                                  o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_N)
+                                  o_d, m_d, s_ks, s_vs, S, 0, mid, AMP, CAUSAL, False, FAST, DOT_PREC, BLOCK_N, EXP2)
     dqx, dqy = _pope_bwd_inner_dq(dqx, dqy, b_qx, b_qy, b_do, b_lse, b_dlt, b_pq, p_kbase, p_vbase, p_posk, p0, theta,
-                                  o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N)
+                                  o_d, m_d, s_ks, s_vs, S, mid, hi, AMP, CAUSAL, True, FAST, DOT_PREC, BLOCK_N, EXP2)
     dqx = dqx * sm_scale  # d logit / d q_hat = scale * k_hat
     dqy = dqy * sm_scale
     x_q, c_q, s_q = _reload_phase(p_qrows, m_qd, p_posq + o_m, m_m, p0, theta, bias, FAST)
@@ -404,9 +407,11 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
 # ----------------------------------------------------------------------------- host functions
 
 
-def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bool, amplitude: str):
+def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bool, amplitude: str,
+             exp2: str = "mufu", autotune: bool = False):
     """Forward launch. q [B,H,T,D], k/v [B,G,S,D] (last dim contiguous); pos int64 [B|1, T|S];
-    inv_freq fp32 [D] contiguous; delta fp32 [H, D] contiguous or None.
+    inv_freq fp32 [D] contiguous; delta fp32 [H, D] contiguous or None; exp2 and autotune as
+    `AttentionOptions`.
     Returns out [B,H,T,D] (q's dtype) and lse [B,H,T] fp32 in log2 units."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -424,12 +429,12 @@ def pope_fwd(q, k, v, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bo
         _pos_stride(pos_q), _pos_stride(pos_k), 0 if k_sorted.shape[0] == 1 else 1,
         T, S, H, H // G, scale * LOG2E, _bisect_iters(S),
         D=D, BLOCK_D=block_d(D), CAUSAL=causal, AMP=AMPLITUDE_CODES[amplitude], HAS_DELTA=delta is not None,
-        FAST=not interpreting(), DOT_PREC=_dot_precision(q.dtype))
+        FAST=not interpreting(), DOT_PREC=_dot_precision(q.dtype), EXP2=EXP2_MODES[exp2], AUTOTUNE=bool(autotune))
     return out, lse
 
 
 def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: float, causal: bool,
-             amplitude: str):
+             amplitude: str, exp2: str = "mufu", autotune: bool = False):
     """Backward launches; returns dq, dk, dv (input dtypes) and ddelta fp32 [H, D] (or None).
     An fp32-atomic dQ inside the dK/dV kernel was measured 3-6 % slower on the H200 (its registers
     spill; kernels/attention/README.md, "Measured and not shipped"), so PoPE has only this deterministic path."""
@@ -447,7 +452,8 @@ def pope_bwd(do, q, k, v, out, lse, pos_q, pos_k, inv_freq, delta, *, scale: flo
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     k_sorted, q_sorted = _sorted_flags(pos_k), _sorted_flags(pos_q)
     common = {"D": D, "BLOCK_D": block_d(D), "CAUSAL": causal, "AMP": AMPLITUDE_CODES[amplitude],
-              "HAS_DELTA": delta is not None, "FAST": not interpreting(), "DOT_PREC": _dot_precision(q.dtype)}
+              "HAS_DELTA": delta is not None, "FAST": not interpreting(), "DOT_PREC": _dot_precision(q.dtype),
+              "EXP2": EXP2_MODES[exp2], "AUTOTUNE": bool(autotune)}
     delta_arg = delta if delta is not None else inv_freq
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))

@@ -235,12 +235,13 @@ def pope_expand(q, k, pos_q, pos_k, inv_freq, delta, amplitude: str = "softplus"
 
 
 def pope_expand_attention_bwd(do, q, k, v, delta, out, lse, flags, pos_q, pos_k, inv_freq, *, scale: float,
-                              causal: bool, amplitude: str):
+                              causal: bool, amplitude: str, autotune: bool = False):
     """(dq, dk, dv, ddelta or None) of PoPE attention on the flash core in PoPE mode: each kernel
     builds its resident tile's expansion in registers from the raw input and streams the other
     operand's expansion from a buffer the prologue writes just before (module docstring). The
-    forward is `pope_expand_fwd` then `flash_fwd` (ops.pope_fwd), which saves only out and lse."""
-    cfg = {"scale": scale, "causal": causal, "chain": PopeChain(inv_freq, delta, amplitude)}
+    forward is `pope_expand_fwd` then `flash_fwd` (ops.pope_fwd), which saves only out and lse;
+    autotune as `AttentionOptions`."""
+    cfg = {"scale": scale, "causal": causal, "chain": PopeChain(inv_freq, delta, amplitude), "autotune": autotune}
     dlt = do_o_rows(do, out)
     q_hat = _expand_one(q, pos_q, pos_k, inv_freq, delta, amplitude)
     dk, dv = flash_bwd_dkdv(do, q_hat, k, v, lse, dlt, pos_q, pos_k, flags, **cfg)

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from phaselab.kernels.attention.tapa_phase import (
-    FWD_SERIES,
     _block_pos,
     _row_range,
     _tapa_grads,
@@ -44,7 +43,7 @@ from phaselab.kernels.attention.tapa_phase import (
     _taylor,
 )
 from phaselab.kernels.attention.triton_common import (
-    EXP2_MODE,
+    EXP2_MODES,
     LOG2E,
     TUNE_CACHE,
     _bisect_iters,
@@ -62,7 +61,7 @@ from phaselab.kernels.attention.triton_common import (
     pruner,
 )
 
-_KEY = ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR"]
+_KEY = ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR", "AUTOTUNE"]
 
 
 def _tune(kernel: str) -> dict:
@@ -103,7 +102,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
                     s_ks, s_vs, S, lo, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale,
                     D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                     MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
-                    DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+                    DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr, SERIES: tl.constexpr, EXP2: tl.constexpr):
     for i_n in range(lo, hi):
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_n = o_n < S
@@ -116,7 +115,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
         sk = tl.sum(b_kp.to(tl.float32), 1)
         b_a, _w, c, _s = _tapa_score(b_qa, b_qp, sq, b_ka, b_kp, sk, b_pq, b_pk, q_lo, q_hi, k_lo, k_hi,
                                      alpha, k_turn, u_max,
-                                     c1, c2, c3, c4, c5, LINEAR, MASKED, FWD_SERIES, FAST, DOT_PREC)
+                                     c1, c2, c3, c4, c5, LINEAR, MASKED, SERIES, FAST, DOT_PREC)
         b_s = b_a * c  # q_A carries c_a * scale * log2 e (tapa_fwd_kernel)
         if MASKED:
             vis = m_n[None, :]
@@ -125,7 +124,7 @@ def _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_
             b_s = tl.where(vis, b_s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(b_s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_p = _exp2_tile(b_s - m_use[:, None], EXP2_MODE)
+        b_p = _exp2_tile(b_s - m_use[:, None], EXP2)
         alpha_r = tl.exp2(m_i - m_use)
         l_i = l_i * alpha_r + tl.sum(b_p, 1)
         # [BM, BN] @ [BN, BV] -> [BM, BV]
@@ -142,7 +141,8 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
                     qk_scale, n_iter_s,
                     D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                     BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, LINEAR: tl.constexpr,
-                    FAST: tl.constexpr, DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    FAST: tl.constexpr, DOT_PREC: tl.constexpr, SERIES: tl.constexpr, EXP2: tl.constexpr,
+                    AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
         c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
@@ -176,13 +176,13 @@ def tapa_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted,
                                     o_v,
                                     s_ks, s_vs, S, 0, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                                     qk_scale, D, DA, DP,
-                                    CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_N)
+                                    CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_N, SERIES, EXP2)
     acc, l_i, m_i = _tapa_fwd_inner(acc, l_i, m_i, b_qa, b_qp, sq, b_pq, q_lo, q_hi, p_kbase, p_vbase,
                                     p_posk, o_a, o_p,
                                     o_v,
                                     s_ks, s_vs, S, mid, hi, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
                                     qk_scale, D, DA, DP,
-                                    CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_N)
+                                    CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_N, SERIES, EXP2)
     empty = l_i == 0.0
     b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
     b_lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -202,7 +202,7 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_h
                          c3, c4, c5, sm_scale,
                          qk_scale, D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                          MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
-                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+                         DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, ATOMIC_DQ: tl.constexpr, EXP2: tl.constexpr):
     for i_m in range(lo, hi):
         o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_m = o_m < T
@@ -222,7 +222,7 @@ def _tapa_bwd_inner_dkdv(dka, dkp, dks, dv, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_h
                                     q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
                                     LINEAR, MASKED, FAST,
-                                    DOT_PREC)
+                                    DOT_PREC, EXP2)
         # [BN, BM] @ [BM, BV] -> [BN, BV]
         dv = tl.dot(tl.trans(b_p).to(b_do.dtype), b_do, dv, input_precision=DOT_PREC)
         # [BN, BM] @ [BM, BA] -> [BN, BA]
@@ -271,7 +271,8 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_so
                          D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                          BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
                          LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                         ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                         ATOMIC_DQ: tl.constexpr, EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
         c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
@@ -314,19 +315,19 @@ def tapa_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, dq32, pos_q, pos_k, q_so
             p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, lo, mid, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale,
             qk_scale,
-            D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ, EXP2)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
             p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, mid, n_full, c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5,
             sm_scale, qk_scale,
-            D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            D, DA, DP, CAUSAL, False, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ, EXP2)
         dka, dkp, dks, dvacc = _tapa_bwd_inner_dkdv(
             dka, dkp, dks, dvacc, b_ka, b_kp, sk, b_v, b_pk, k_lo, k_hi, m_n, p_qbase, p_dobase, p_lse,
             p_dlt, p_dqbase, s_dqt, p_posq,
             o_a, o_p, o_v, s_qt, s_dot, T, tl.maximum(mid, n_full), n_qb, c_a, alpha, k_turn, u_max, c1, c2,
             c3, c4, c5,
-            sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ)
+            sm_scale, qk_scale, D, DA, DP, CAUSAL, True, LINEAR, FAST, DOT_PREC, BLOCK_M, ATOMIC_DQ, EXP2)
     if LINEAR:
         dkp = dkp + dks[:, None]
     p_dk = dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh + o_n.to(tl.int64)[:, None] * s_dks
@@ -343,7 +344,7 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
                        sm_scale, qk_scale,
                        D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, CAUSAL: tl.constexpr,
                        MASKED: tl.constexpr, LINEAR: tl.constexpr, FAST: tl.constexpr,
-                       DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr):
+                       DOT_PREC: tl.constexpr, BLOCK_N: tl.constexpr, EXP2: tl.constexpr):
     for i_n in range(lo, hi):
         o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_n = o_n < S
@@ -361,7 +362,7 @@ def _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, 
                                      q_lo, q_hi, k_lo, k_hi, vis,
                                     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale,
                                     LINEAR, MASKED, FAST,
-                                    DOT_PREC)
+                                    DOT_PREC, EXP2)
         # [BM, BN] @ [BN, BA] -> [BM, BA]
         dqa = tl.dot(g_a.to(b_ka.dtype), b_ka, dqa, input_precision=DOT_PREC)
         if LINEAR:
@@ -382,7 +383,7 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
                        D: tl.constexpr, DA: tl.constexpr, DP: tl.constexpr, BLOCK_A: tl.constexpr,
                        BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr,
                        LINEAR: tl.constexpr, FAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       EXP2: tl.constexpr, AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale = _fp32_scalars(
         c_a, alpha, k_turn, u_max, c1, c2, c3, c4, c5, qk_scale)
@@ -421,14 +422,14 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
                                        k_turn,
                                        u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,
                                        False, LINEAR, FAST,
-                                       DOT_PREC, BLOCK_N)
+                                       DOT_PREC, BLOCK_N, EXP2)
     dqa, dqp, dqs = _tapa_bwd_inner_dq(dqa, dqp, dqs, b_qa, b_qp, sq, b_do, b_lse, b_dlt, b_pq, q_lo, q_hi,
                                        m_m, p_kbase,
                                        p_vbase, p_posk, o_a, o_p, o_v, s_ks, s_vs, S, mid, hi, c_a, alpha,
                                        k_turn,
                                        u_max, c1, c2, c3, c4, c5, sm_scale, qk_scale, D, DA, DP, CAUSAL,
                                        True, LINEAR, FAST,
-                                       DOT_PREC, BLOCK_N)
+                                       DOT_PREC, BLOCK_N, EXP2)
     if LINEAR:
         dqp = dqp + dqs[:, None]
     p_dq = dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh + o_m.to(tl.int64)[:, None] * s_dqt
@@ -439,42 +440,47 @@ def tapa_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted,
 # ----------------------------------------------------------------------------- host functions
 
 
-def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype) -> tuple:
+def _consts(D: int, d_amp: int, scale: float, alpha: float, phase_scale: float, linear: bool, dtype, *,
+            exp2: str, autotune: bool) -> tuple:
     """Kernel scalars (c_a, alpha, k_turn, u_max, c_1..c_5) and constexprs. k_turn = phase_scale /
-    (2 pi sqrt(D_P)) turns the phase into cycles (`_tapa_score`)."""
+    (2 pi sqrt(D_P)) turns the phase into cycles (`_tapa_score`); exp2 and autotune as
+    `AttentionOptions`."""
     d_phase = D - d_amp
     k_turn = phase_scale / (2.0 * math.pi * math.sqrt(d_phase))
     args = (1.0 / math.sqrt(d_amp), float(alpha), k_turn, *_taylor(float(alpha)))
     meta = {"D": D, "DA": d_amp, "DP": d_phase, "BLOCK_A": block_d(d_amp), "BLOCK_P": block_d(d_phase),
             "BLOCK_V": block_d(D), "LINEAR": linear, "FAST": not interpreting(),
-            "DOT_PREC": _dot_precision(dtype)}
+            "DOT_PREC": _dot_precision(dtype), "EXP2": EXP2_MODES[exp2], "AUTOTUNE": bool(autotune)}
     return args, meta
 
 
 def tapa_fwd(q, k, v, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: float, linear: bool,
-             scale: float, causal: bool):
-    """Forward launch. q [B,H,T,D], k/v [B,G,S,D] (last dim contiguous); pos int64 [B|1, T|S].
+             scale: float, causal: bool, series: bool = True, exp2: str = "mufu", autotune: bool = False):
+    """Forward launch. q [B,H,T,D], k/v [B,G,S,D] (last dim contiguous); pos int64 [B|1, T|S];
+    series, exp2, autotune as `AttentionOptions` (tapa_series, exp2, autotune).
     Returns out [B,H,T,D] (q's dtype) and lse [B,H,T] fp32 in log2 units."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
     k_sorted = _sorted_flags(pos_k)
-    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype)
+    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype, exp2=exp2, autotune=autotune)
     tapa_fwd_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
         q, k, v, out, lse, pos_q, pos_k, k_sorted,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         _pos_stride(pos_q), _pos_stride(pos_k), 0 if k_sorted.shape[0] == 1 else 1,
-        T, S, H, H // G, *args, scale * LOG2E, _bisect_iters(S), CAUSAL=causal, **meta)
+        T, S, H, H // G, *args, scale * LOG2E, _bisect_iters(S), CAUSAL=causal, SERIES=bool(series), **meta)
     return out, lse
 
 
 def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, phase_scale: float,
-             linear: bool, scale: float, causal: bool, deterministic: bool = True):
+             linear: bool, scale: float, causal: bool, deterministic: bool = True, exp2: str = "mufu",
+             autotune: bool = False):
     """Backward launches; returns dq, dk, dv in the input dtypes. deterministic=False adds dQ with
     fp32 atomics inside the dK/dV kernel (one kernel, S and P recomputed once, run-to-run
-    differences in the last bits of dQ) instead of a second, deterministic dQ kernel."""
+    differences in the last bits of dQ) instead of a second, deterministic dQ kernel. exp2 and
+    autotune as `AttentionOptions` (the backward never takes the series)."""
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
     do = do.contiguous()
@@ -485,7 +491,7 @@ def tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *, d_amp: int, alpha: float, p
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     k_sorted, q_sorted = _sorted_flags(pos_k), _sorted_flags(pos_q)
-    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype)
+    args, meta = _consts(D, d_amp, scale, alpha, phase_scale, linear, q.dtype, exp2=exp2, autotune=autotune)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     assert dk.stride() == dv.stride()  # dk and dv share the stride arguments below

@@ -71,9 +71,11 @@ def test_compile_fullgraph_matches_eager(attend):
 def test_op_schemas_pass_torch_library_checks():
     (q, k, v, delta), pos_q, pos_k, inv_freq = _leaves()
     for impl in ("expand", "fused"):
-        torch.library.opcheck(ops.pope_fwd, (q, k, v, delta, pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl),
+        torch.library.opcheck(ops.pope_fwd, (q, k, v, delta, pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
+                                             "poly", False),
                               test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
-    torch.library.opcheck(ops.tapa_fwd, (q, k, v, pos_q, pos_k, q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True),
+    torch.library.opcheck(ops.tapa_fwd, (q, k, v, pos_q, pos_k, q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True,
+                                         "split", False, False),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -90,10 +92,12 @@ def test_backward_fakes_give_the_real_strides_for_the_models_layout():
     assert q.stride(1) == q.shape[-1]
     checks = ("test_schema", "test_faketensor")
     for impl in ("expand", "fused"):
-        out, lse, aux = ops.pope_fwd(q, k, v, delta.detach(), pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl)
+        out, lse, aux = ops.pope_fwd(q, k, v, delta.detach(), pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
+                                     "mufu", False)
         torch.library.opcheck(ops.pope_bwd, (torch.ones_like(out), q, k, v, delta.detach(), out, lse, aux, pos_q,
-                                             pos_k, inv_freq, 0.2, True, "softplus", impl), test_utils=checks)
-    cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True)
+                                             pos_k, inv_freq, 0.2, True, "softplus", impl, "mufu", False),
+                              test_utils=checks)
+    cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True, "mufu", True, False)
     out, lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, *cfg)
     torch.library.opcheck(ops.tapa_bwd, (torch.ones_like(out), q, k, v, out, lse, pos_q, pos_k, *cfg),
                           test_utils=checks)

@@ -15,6 +15,7 @@ import torch
 from phaselab.kernels import registry
 from phaselab.kernels.attention import reference, triton_common, triton_pope
 from phaselab.kernels.attention.function import TritonBackend, pope_attention
+from phaselab.kernels.attention.options import AttentionOptions
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
 from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, shape_id
 
@@ -198,7 +199,7 @@ def test_pope_interpreter_backward_is_deterministic_and_registry_resolves():
     call = registry.AttnCall.describe(q, k, v, causal=True, score_mod=mod, deterministic=True)
     backend = registry.resolve("triton", call)
     out = backend(q, k, v, pos_q=pos_q, pos_k=pos_k, scale=32**-0.5, causal=True, score_mod=mod)
-    # the backend runs the default implementation (function.DEFAULT_POPE_IMPL)
+    # the backend runs the default implementation (AttentionOptions().pope_impl)
     assert torch.equal(out, triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=True, impl=None)[0])
 
 
@@ -266,27 +267,28 @@ def test_pope_gpu_calibrated(B, H, G, T, S, D, causal, dtype):
     check_calibrated("pope", q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
 
 
-def check_calibrated(label, q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
-    """Output and every gradient within twice PyTorch's own error in q's dtype (DESIGN §6)."""
+def check_calibrated(label, q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal, **call):
+    """Output and every gradient within twice PyTorch's own error in q's dtype (DESIGN §6);
+    ``call``: more keywords of `pope_attention` (options)."""
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
     low = torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
-    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal)
+    out = triton_grads(q, k, v, pos_q, pos_k, inv_freq, delta, do, causal=causal, **call)
     for name, r, lo, o in zip(NAMES, ref, low, out):
         calibrated_close(f"{label}-{name}", r, o, lo, factor=2.0, atol=1e-3 * max(r.abs().max().item(), 1.0))
 
 
 @pytest.mark.gpu
-def test_pope_gpu_autotuned_first_call(monkeypatch):
-    """PHASELAB_AUTOTUNE=1 on a shape no other test tunes: the first backward times every config on
+def test_pope_gpu_autotuned_first_call():
+    """Autotuning (`AttentionOptions(autotune=True)`) on a shape no other test tunes: the first backward times every config on
     the real buffers, and a config with 32- or 64-key blocks writes more d(delta) rows than a
     128-key one. Without zeroing between runs (reset_to_zero) a winning 128-key config would leave
     the smaller tiles' extra rows (32-124 at S=4000) in the sum. 128-key dK/dV tiles won at every
     length benchmarked on the H200 (4k-64k, benchmarks/results/attention-h200.md), so the length is 4000 (no other test
     uses it, so no earlier untuned call has cached a config for it); should a 32-key config win
     here, every row is rewritten and this test cannot see the bug."""
-    monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
     q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(1, 2, 2, 4000, 4000, 64, torch.bfloat16, "cuda", offset=3)
-    check_calibrated("pope-autotuned", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True)
+    check_calibrated("pope-autotuned", q, k, v, pos_q, pos_k, inv_freq, delta, seeded_like(q), causal=True,
+                     options=AttentionOptions(autotune=True))
 
 
 @pytest.mark.gpu

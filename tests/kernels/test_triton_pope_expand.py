@@ -19,6 +19,7 @@ from test_triton_pope import reference_grads, triton_grads  # one float64 spec f
 
 from phaselab.kernels.attention import reference, triton_pope_expand
 from phaselab.kernels.attention.function import pope_attention
+from phaselab.kernels.attention.options import AttentionOptions, options_used, reset_options
 from phaselab.kernels.attention.score_mod import pope_inv_freq
 from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
 
@@ -109,9 +110,10 @@ def test_expand_path_matches_float64_reference(B, H, G, T, S, D, causal, offset)
 
 
 @needs_interpreter
-def test_expand_path_ablations_empty_rows_and_determinism(monkeypatch):
+def test_expand_path_ablations_empty_rows_and_determinism():
     """relu amplitude without delta; unsorted keys and queries before every key (0 out, 0 grad);
-    PHASELAB_POPE_IMPL selects the path; two backward runs agree bitwise."""
+    `AttentionOptions.pope_impl` selects the path (an explicit `impl=` wins); two backward runs
+    agree bitwise."""
     q, k, v, pos_q, pos_k, inv_freq, _ = make_inputs(1, 2, 1, 21, 21, 32, torch.float32, "cpu", delta=False)
     do = seeded_like(q)
     ref = reference_grads(q, k, v, pos_q, pos_k, inv_freq, None, do, causal=True, amplitude="relu")
@@ -130,15 +132,25 @@ def test_expand_path_ablations_empty_rows_and_determinism(monkeypatch):
         assert_close(f"expand-unsorted-{name}", r, o, 1e-5)
     assert torch.equal(first[0][0, :, :3], torch.zeros_like(first[0][0, :, :3]))
     assert torch.equal(first[1][0, :, :3], torch.zeros_like(first[1][0, :, :3]))
-    monkeypatch.setenv("PHASELAB_POPE_IMPL", "expand")
     leaves = [t.clone().requires_grad_() for t in (q, k, v, delta)]
-    out = pope_attention(*leaves[:3], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=leaves[3])
+    out = pope_attention(*leaves[:3], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=leaves[3],
+                         options=AttentionOptions(pope_impl="expand"))
     out.backward(do)
     for a, b in zip(first, (out, *[t.grad for t in leaves])):
         assert torch.equal(a, b)
-    monkeypatch.setenv("PHASELAB_POPE_IMPL", "bogus")
+    reset_options()
+    fused = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta,
+                           impl="fused", options=AttentionOptions(pope_impl="expand", exp2="poly"))
+    assert options_used() == {"pope": {"pope_impl": "fused", "exp2": "poly", "autotune": False}}
+    mufu = pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, delta_HD=delta,
+                          impl="fused")
+    # the exp2 option reaches the kernel: the polynomial rounds otherwise than exp2, within fp32
+    assert not torch.equal(fused, mufu)
+    assert_close("fused-poly", mufu.double(), fused, 1e-5)
     with pytest.raises(ValueError, match="pope impl='bogus'"):
-        pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq)
+        pope_attention(q, k, v, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq, impl="bogus")
+    with pytest.raises(ValueError, match="pope_impl='bogus'"):
+        AttentionOptions(pope_impl="bogus")
 
 
 @needs_interpreter

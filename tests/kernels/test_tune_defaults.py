@@ -1,5 +1,6 @@
 """Untuned kernel configs (triton_common.TUNE_DEFAULTS, default_tile, untuned_pick and the flash
-core's pruner): which tile each kernel runs without PHASELAB_AUTOTUNE=1. Plain Python over the
+core's pruner): which tile each kernel runs without autotuning (a launch's AUTOTUNE constexpr,
+`AttentionOptions.autotune`). Plain Python over the
 GPU config lists (the interpreter's one-config lists are switched off per test), no kernel runs."""
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from phaselab.kernels.attention.triton_common import TUNE_DEFAULTS, default_tile
 def gpu_lists(monkeypatch):
     """The GPU autotune lists (not the interpreter's single 16x16 config); untuned mode."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("PHASELAB_AUTOTUNE", raising=False)
     return {"flash_fwd": triton_flash.fwd_configs(), "flash_dkdv": triton_flash.dkdv_configs(),
             "flash_dq": triton_flash.dq_configs(), "pope_fwd": triton_common._fwd_configs(),
             "tapa_fwd": triton_common._fwd_configs(), "pope_dkdv": triton_common._bwd_configs(),
@@ -65,14 +65,30 @@ def test_untuned_pick_without_a_measured_tile(gpu_lists):
     assert default_tile("pope_fwd", rest, _args(BLOCK_D=64), {}) is None
 
 
-def test_pruners_time_everything_only_with_autotune(gpu_lists, monkeypatch):
+def test_pruners_time_everything_only_with_autotune(gpu_lists):
     args = _args(BLOCK_D=64)
     assert [_tile(c) for c in pruner("pope_fwd")(gpu_lists["pope_fwd"], args)] == [(256, 64, 8, 2)]
-    monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
-    assert len(pruner("pope_fwd")(gpu_lists["pope_fwd"], args)) == len(gpu_lists["pope_fwd"])
+    assert [_tile(c) for c in pruner("pope_fwd")(gpu_lists["pope_fwd"], args, AUTOTUNE=False)] == [(256, 64, 8, 2)]
+    assert len(pruner("pope_fwd")(gpu_lists["pope_fwd"], args, AUTOTUNE=True)) == len(gpu_lists["pope_fwd"])
     # 256-row query blocks are not timed for 128-wide heads
-    tuned = pruner("pope_fwd")(gpu_lists["pope_fwd"], _args(BLOCK_D=128))
+    tuned = pruner("pope_fwd")(gpu_lists["pope_fwd"], _args(BLOCK_D=128), AUTOTUNE=True)
     assert tuned and all(c.kwargs["BLOCK_M"] < 256 for c in tuned)
+    # the flash core's pruner: every main config that fits, or the measured tile
+    flash = triton_flash._pruner("fwd")
+    assert len(flash(gpu_lists["flash_fwd"], _args(BLOCK_D=64, BLOCK_V=64), AUTOTUNE=True)) == triton_flash._MAIN["fwd"]
+    assert len(flash(gpu_lists["flash_fwd"], _args(BLOCK_D=64, BLOCK_V=64), AUTOTUNE=False)) == 1
+
+
+def test_autotune_is_part_of_every_tuning_key():
+    """A tile picked without timing must never be reused for an autotuned launch of the same
+    shape (or the other way round): Triton caches picks by the key."""
+    from phaselab.kernels.attention import triton_pope, triton_tapa
+
+    kernels = (triton_pope.pope_fwd_kernel, triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq,
+               triton_tapa.tapa_fwd_kernel, triton_tapa.tapa_bwd_kernel_dkdv, triton_tapa.tapa_bwd_kernel_dq,
+               triton_flash.flash_fwd_kernel, triton_flash.flash_bwd_kernel_dkdv, triton_flash.flash_bwd_kernel_dq)
+    for kernel in kernels:
+        assert "AUTOTUNE" in kernel.keys and "AUTOTUNE" in kernel.arg_names, kernel.base_fn.__name__
 
 
 @pytest.mark.parametrize("kind, bd, bv, want", [

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from phaselab.kernels.attention.options import AttentionOptions, Exp2Mode, PopeImpl
 from phaselab.kernels.rotary.config import RopeConfig
 from phaselab.kernels.rotary.config import Scaling as ScalingRule
 
@@ -115,11 +116,25 @@ class PEConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionConfig:
     """backend: a name in `phaselab.kernels.registry`; never a silent fallback (DESIGN §3.2).
-    "auto" is for interactive use only and records what it picked."""
+    "auto" is for interactive use only and records what it picked. pope_impl, tapa_series, exp2
+    and autotune choose how the triton backend's kernels run (`kernels.attention.options`:
+    the PoPE implementation, "cudnn" being non-deterministic; TAPA's forward series; the softmax
+    exponentials' pipe; timing every tile config); other backends ignore them. What ran is
+    recorded in the stage's provenance."""
 
     backend: Literal["reference", "sdpa", "triton", "auto"] = "reference"
     deterministic: bool = False  # MATH §7.8
     qk_norm: bool = False  # RMSNorm on q and k per head; PoPE softplus comes after (EXPERIMENTS §6 #4)
+    pope_impl: PopeImpl = "auto"
+    tapa_series: bool = True
+    exp2: Exp2Mode = "mufu"
+    autotune: bool = False
+
+    @property
+    def options(self) -> AttentionOptions:
+        """The kernels' options (validated there too: direct kernel callers share the checks)."""
+        return AttentionOptions(pope_impl=self.pope_impl, tapa_series=self.tapa_series, exp2=self.exp2,
+                                autotune=self.autotune)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -96,6 +96,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.pe = build_pe(cfg)  # this layer's own encoding module (DESIGN §3.1)
         self.deterministic = cfg.attention.deterministic
+        self.options = cfg.attention.options  # the kernels' choices (PoPE implementation, exp2, ...)
         score_mod = self.pe.score_mod()
         self.built_call = AttnCall(
             dtype=torch.get_default_dtype(), device_type=device_type, head_dim=D, qk_width=self.pe.qk_width(D),
@@ -146,7 +147,7 @@ class CausalSelfAttention(nn.Module):
         y_BHTD = self.backend(q_BHTD, k_BGSD, v_BGSD, pos_q=pos_q_BT, pos_k=pos_k_BS,
                               scale=self.pe.softmax_scale(self.head_dim), causal=True,
                               score_mod=score_mod, cu_seqlens=cu_seqlens, trivial_pos=trivial_pos,
-                              deterministic=self.deterministic)
+                              deterministic=self.deterministic, options=self.options)
         y_BTC = y_BHTD.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
         return self.resid_drop(self.c_proj(y_BTC))
 
