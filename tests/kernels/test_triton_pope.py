@@ -208,7 +208,7 @@ def test_pope_backend_refusals_and_validation():
     base = {"dtype": torch.bfloat16, "device_type": "cuda", "head_dim": 64, "qk_width": 64, "causal": True,
                 "q_shorter_than_k": False, "varlen": False, "score_mod": "pope", "needs_grad": True, "deterministic": True}
     assert backend.unsupported_reason(registry.AttnCall(**base)) is None
-    assert "pope and tapa only" in backend.unsupported_reason(registry.AttnCall(**{**base, "score_mod": None}))
+    assert "fused kernels for pope, tapa and distance-bias tables" in backend.unsupported_reason(registry.AttnCall(**{**base, "score_mod": None}))
     assert "cu_seqlens" in backend.unsupported_reason(registry.AttnCall(**{**base, "varlen": True}))
     assert "RAW D-wide" in backend.unsupported_reason(registry.AttnCall(**{**base, "qk_width": 128}))
     assert "head_dim 256" in backend.unsupported_reason(registry.AttnCall(**{**base, "head_dim": 256, "qk_width": 256}))
