@@ -129,6 +129,22 @@ class CatalogQueries:
                 out.update({h: state for h, state in conn.execute(q)})
         return out
 
+    def final_metrics(self, stage_hashes: list[str], prefix: str) -> dict[str, dict[str, float]]:
+        """stage hash -> {name: value} of the stages' run-level metrics (no step, context length,
+        task or split) whose name starts with ``prefix`` (``"time/"``: where a training stage's
+        time went), for those of ``stage_hashes`` that have any; read in chunks of 500."""
+        out: dict[str, dict[str, float]] = {}
+        hashes = list(stage_hashes)
+        with self._tx() as conn:
+            for i in range(0, len(hashes), 500):
+                q = (select(Metric.stage_hash, Metric.name, Metric.value)
+                     .where(Metric.stage_hash.in_(hashes[i:i + 500]), Metric.name.startswith(prefix, autoescape=True),
+                            Metric.step.is_(None), Metric.context_len.is_(None), Metric.task.is_(None),
+                            Metric.split.is_(None)).order_by(Metric.id))
+                for h, name, value in conn.execute(q):
+                    out.setdefault(h, {})[name] = value
+        return out
+
     def attempts_for_stage(self, stage_hash: str) -> list[dict[str, Any]]:
         with self._tx() as conn:
             return [dict(m) for m in conn.execute(select(Attempt.__table__).where(

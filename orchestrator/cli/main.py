@@ -30,6 +30,7 @@ from phaselab.orchestrator.cli.common import (
     no_catalog,
     open_store,
 )
+from phaselab.orchestrator.cli.timing import efficiency_line, stages_efficiency
 from phaselab.orchestrator.engine.progress import failure_rows
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -255,7 +256,8 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
     results = _results(store, dag, as_json)
     out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
            "failed": summary.failed, "failures": failure_rows(dag, summary),
-           "seconds": time.monotonic() - start, "results": results}
+           "seconds": time.monotonic() - start, "results": results,
+           "efficiency": stages_efficiency(store, summary.launched)}
     _finish_run(out, as_json)
 
 
@@ -266,8 +268,9 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
         from phaselab.orchestrator.cli.views import render_failures
 
         console = make_console()
+        eff = efficiency_line(out.get("efficiency"))
         console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
-                      f"{out['seconds']:.1f} s")
+                      f"{out['seconds']:.1f} s" + (f"; {eff}" if eff else ""))
         render_failures(console, out["grid"], out["failures"], sum(out["counts"].values()))
     raise typer.Exit(0 if out["ok"] else 1)
 
@@ -276,7 +279,7 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
 def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, catalog: str = CATALOG,
          max_cells: int = MAX_CELLS, as_json: bool = JSON) -> None:
     """Show the stage DAG: cached / will run / running / failed, with GPU-hour estimates. No side effects."""
-    from phaselab.orchestrator.cli.views import plan_rows, render_plan
+    from phaselab.orchestrator.cli.views import plan_rows, render_plan, time_estimate
 
     _max_cells(max_cells)
     dag = _plan(grid, overrides, as_json)
@@ -290,31 +293,51 @@ def plan(grid: str = typer.Argument(...), overrides: list[str] = OVERRIDES, cata
         from phaselab.catalog.store.fingerprint import env_fingerprint
 
         env_now = env_fingerprint()
-    prow = plan_rows(dag, rows, all_rows, env_now)
+    recorded = _recorded(store, all_rows)
+    prow = plan_rows(dag, rows, all_rows, env_now, recorded)
     warnings = _placement_warnings(dag, prow)
+    estimate = time_estimate(dag, prow, _local_capacity(), recorded)
     if as_json:
         emit(True, {"ok": True, "grid": dag.spec.grid, "grid_hash": dag.grid_hash, "code": dag.code.digest,
-                     "cells": [c.key for c in dag.cells], "stages": prow, "warnings": warnings})
+                     "cells": [c.key for c in dag.cells], "stages": prow, "warnings": warnings,
+                     "time_estimate": estimate})
     else:
         console = make_console()
-        render_plan(console, dag, prow)
+        render_plan(console, dag, prow, estimate)
         from rich.markup import escape
 
         for line in warnings:
             console.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
 
 
+def _recorded(store: Any, rows: list[Any]) -> Any:
+    """What the catalog's SUCCEEDED stages took (``timing.Recorded``), None without a catalog."""
+    from phaselab.orchestrator.cli.timing import TIME_PREFIX, Recorded
+
+    if store is None or not rows:
+        return None
+    return Recorded(rows, store.reads.final_metrics([r.stage_hash for r in rows], TIME_PREFIX), store.reads.edges())
+
+
+def _local_capacity() -> dict[str, float] | None:
+    """CPUs and GPUs of the local cluster `run` would start (None for a RAY_ADDRESS cluster)."""
+    from phaselab.orchestrator.engine.placement import local_node
+
+    return None if os.environ.get("RAY_ADDRESS") else local_node()
+
+
 def _placement_warnings(dag: Any, prow: list[dict]) -> list[str]:
     """The stages still to run that the cluster `run` would use cannot place: the local cluster
     it would start (read without starting it); a RAY_ADDRESS cluster is checked by `run` itself."""
-    from phaselab.orchestrator.engine.placement import local_node, plan_warnings
+    from phaselab.orchestrator.engine.placement import local_node, packing_notes, plan_warnings
 
-    if os.environ.get("RAY_ADDRESS"):
-        return []
     todo = {r["hash"] for r in prow if r["status"] not in ("cached",)}
+    notes = packing_notes(n for h, n in dag.nodes.items() if h in todo)
+    if os.environ.get("RAY_ADDRESS"):
+        return notes
     node = local_node()
     where = f"the local cluster `run` would start ({node['CPU']:g} CPUs, {node.get('GPU', 0):g} GPUs)"
-    return plan_warnings([n for h, n in dag.nodes.items() if h in todo], [node], where, can_grow=False)
+    return plan_warnings([n for h, n in dag.nodes.items() if h in todo], [node], where, can_grow=False) + notes
 
 
 @app.command()
@@ -395,15 +418,20 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
     results = _results(store, dag, as_json)
     _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
                  "launched": summary.launched, "failed": summary.failed, "failures": failure_rows(dag, summary),
-                 "seconds": time.monotonic() - start, "results": results}, as_json)
+                 "seconds": time.monotonic() - start, "results": results,
+                 "efficiency": stages_efficiency(store, summary.launched)}, as_json)
 
 
 @app.command()
 def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
            watch: bool = typer.Option(False, "--watch", help="Refresh until nothing is pending."),
+           times: bool = typer.Option(False, "--times", help="Where each finished training stage's time went "
+                                      "(start-up, setup, train, eval, checkpoints, other)."),
            all_versions: bool = ALL_VERSIONS, version: int = VERSION, as_json: bool = JSON) -> None:
     """Per-stage state of a grid (the version last run or submitted, or --version), from the
-    catalog: axis values, step progress and ETA of running stages, why failed stages failed."""
+    catalog: axis values, step progress and ETA of running stages, why failed stages failed,
+    each training stage's share of time in training steps and the grid's GPU efficiency."""
+    from phaselab.orchestrator.cli.timing import TIME_PREFIX, efficiency
     from phaselab.orchestrator.cli.views import show_status
 
     store = open_store(catalog, create=False)
@@ -417,12 +445,14 @@ def status(grid: str = typer.Argument(...), catalog: str = CATALOG,
         for r in stages:
             if r.stage_hash not in members:
                 members[r.stage_hash] = [c for c in store.reads.cells_for_stage(r.stage_hash) if c["grid_id"] == grid_id]
-        return status_rows(stages, members)
+        done = [r.stage_hash for r in stages if r.state == "SUCCEEDED"]
+        return status_rows(stages, members, store.reads.final_metrics(done, TIME_PREFIX))
 
     if as_json:
-        emit(True, {"ok": True, "grid": grid, "stages": rows()})
+        srows = rows()
+        emit(True, {"ok": True, "grid": grid, "stages": srows, "efficiency": efficiency(srows)})
         return
-    show_status(make_console(), grid, rows, watch=watch)
+    show_status(make_console(), grid, rows, watch=watch, times=times)
 
 
 @app.command()

@@ -37,7 +37,14 @@ from typing import Any
 from phaselab.catalog.tracking.mlflow_common import split_secrets
 from phaselab.orchestrator.engine.failures import failure_report, policy_of, should_retry
 from phaselab.orchestrator.engine.mlflow_runs import MlflowRuns
-from phaselab.orchestrator.engine.placement import RESOURCE_WAIT_ENV, live_nodes, resource_wait, unschedulable
+from phaselab.orchestrator.engine.placement import (
+    RESOURCE_WAIT_ENV,
+    cluster_gpu,
+    live_nodes,
+    resource_wait,
+    unschedulable,
+    with_auto_gpus,
+)
 from phaselab.orchestrator.engine.ray_local import init_ray  # noqa: F401  (the CLI and tests import it from here)
 from phaselab.orchestrator.engine.runner import worker_catalog_url
 from phaselab.orchestrator.plan.dag import Dag, StageNode
@@ -220,6 +227,8 @@ class Controller:
             # by address "auto", which fails when a second local cluster runs on the machine
             # (two `phaselab run`s on one GPU box); the stage's environment names this one.
             self.env_vars.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+            if not self.fixed_cluster:   # gpus: auto was planned for this machine's GPU, not the cluster's
+                with_auto_gpus(self.dag.nodes, cluster_gpu(live_nodes()))
         while self._remote is not None:
             rows = self._rows()
             if self._promote(rows):

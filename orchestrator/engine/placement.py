@@ -10,9 +10,12 @@ itself (``ray start --resources='{"accelerator_type:X": 1}'``).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from phaselab.orchestrator.stages import gpu_packing
 
 RESOURCE_WAIT_ENV = "PHASELAB_RESOURCE_WAIT_S"
 DEFAULT_RESOURCE_WAIT_S = 600.0   # long enough for an autoscaler to start a GPU node
@@ -120,6 +123,114 @@ def local_node(num_cpus: int | None = None) -> dict[str, float]:
         if match:
             node[f"accelerator_type:{match.group(1).replace(' ', '-')}"] = 1.0
     return node
+
+
+GPU_MEMORY_ENV = "PHASELAB_GPU_MEMORY_GB"
+NO_GPU = gpu_packing.NO_GPU
+# GiB of the GPUs Ray names by accelerator_type, for a cluster this process cannot query itself
+ACCELERATOR_MEMORY_GIB = {"H200": 140.4, "H100": 79.6, "A100-80G": 80.0, "A100-40G": 40.0, "L40S": 44.5,
+                          "L4": 22.5, "A10G": 22.5, "T4": 15.0, "V100": 16.0}
+
+
+def _env_gpu_memory() -> float | None:
+    raw = os.environ.get(GPU_MEMORY_ENV)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{GPU_MEMORY_ENV} must be the GPU memory in GB (> 0), got {raw!r}")
+    return value * 2**30
+
+
+@functools.lru_cache(maxsize=1)
+def _smi_gpus() -> tuple[tuple[str, float], ...]:
+    """(name, memory bytes) of each NVIDIA GPU ``nvidia-smi`` lists (asked once per process)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return ()
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    if out.returncode != 0:
+        return ()
+    rows = [line.rsplit(",", 1) for line in out.stdout.splitlines() if "," in line]
+    return tuple((n.strip(), float(m) * 2**20) for n, m in rows if m.strip().replace(".", "", 1).isdigit())
+
+
+def local_gpu() -> dict[str, Any] | None:
+    """The GPU the local cluster `phaselab run` starts would give its stages: the first visible
+    NVIDIA GPU's name and memory (``nvidia-smi``), None without one. ``PHASELAB_GPU_MEMORY_GB``
+    overrides its memory, or describes the GPU a plan is made for on a machine without one."""
+    gpus = _smi_gpus()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = gpus[:len([d for d in visible.split(",") if d.strip()])]
+    env = _env_gpu_memory()
+    if env is not None:
+        return {"name": gpus[0][0] if gpus else "GPU", "memory_bytes": env, "source": GPU_MEMORY_ENV}
+    if not gpus:
+        return None
+    return {"name": gpus[0][0], "memory_bytes": gpus[0][1], "source": "nvidia-smi"}
+
+
+def cluster_gpu(nodes: list[Mapping[str, float]]) -> dict[str, Any] | None:
+    """The GPU of a connected cluster's nodes (``live_nodes()``): None when no node has one;
+    its memory from ``PHASELAB_GPU_MEMORY_GB``, else from its ``accelerator_type``
+    (ACCELERATOR_MEMORY_GIB; None when not listed)."""
+    with_gpu = [n for n in nodes if n.get("GPU", 0) > 0]
+    if not with_gpu:
+        return None
+    types = sorted(k.split(":", 1)[1] for n in with_gpu for k in n if k.startswith("accelerator_type:"))
+    name = types[0] if types else "GPU"
+    env = _env_gpu_memory()
+    if env is not None:
+        return {"name": name, "memory_bytes": env, "source": GPU_MEMORY_ENV}
+    gib = min((ACCELERATOR_MEMORY_GIB[t] for t in types if t in ACCELERATOR_MEMORY_GIB), default=None)
+    return {"name": name, "memory_bytes": gib * 2**30 if gib else None, "source": "accelerator_type"}
+
+
+def with_auto_gpus(nodes: dict[str, Any], gpu: Mapping[str, Any] | None) -> None:
+    """Resolve, in place, every stage of a DAG (``Dag.nodes``, topological order) whose grid left
+    ``resources.gpus`` to the packing rule, for ``gpu`` (``local_gpu()``, ``cluster_gpu()``): an
+    eval stage is sized by the model of its nearest training upstream."""
+    from dataclasses import replace
+
+    from phaselab.orchestrator.stages import STAGES
+
+    models: dict[str, Any] = {}
+    for h, node in nodes.items():
+        models[h] = node.config.get("model") or next((models[u] for u in node.upstream.values() if models.get(u)),
+                                                     None)
+        if node.resources.gpus_auto:
+            res = STAGES[node.kind].auto_gpus(node.resources, node.config, models[h], node.launcher, gpu)
+            nodes[h] = replace(node, resources=res)
+
+
+def packing_notes(nodes: Iterable[Any]) -> list[str]:
+    """What ``phaselab plan`` says about ``resources.gpus: auto`` beyond each fraction: stages it
+    left on the CPU only because there is no GPU where they run (a GPU grid planned on a machine
+    without one), and, when it packs stages on a GPU without a CUDA MPS daemon set up for this
+    run (``CUDA_MPS_PIPE_DIRECTORY``), that the driver then time-slices their kernels."""
+    nodes = list(nodes)
+    out = []
+    cpu = [n for n in nodes if n.resources.gpus_auto and n.resources.gpus_why == NO_GPU]
+    if cpu:
+        out.append(f"{len(cpu)} stage(s), e.g. {cpu[0].label}: resources.gpus auto and {NO_GPU}, so they run "
+                   "on the CPU (set PHASELAB_GPU_MEMORY_GB to plan for a GPU, or give resources.gpus a number "
+                   "to require one)")
+    packed = [n for n in nodes if n.resources.gpus_auto and 0 < n.resources.gpus < 1]
+    if packed and not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        out.append(f"{len(packed)} stage(s) share GPUs (resources.gpus auto); their kernels overlap only under "
+                   "CUDA MPS (deploy/gpu/run_grid.sh --mps), without it they share the GPU by time slices")
+    return out
 
 
 def plan_warnings(nodes_of_dag: Iterable[Any], nodes: list[Mapping[str, float]], where: str, *,

@@ -72,18 +72,39 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
 
 
+def _gpus(value: Any) -> Any:
+    """``gpus``: ``auto`` or a number >= 0 (one message for anything else, not one per union arm)."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
+        raise PydanticCustomError("gpus", "gpus is 'auto' or a number of GPUs >= 0, got {value!r}",
+                                  {"value": value})
+    return float(value)
+
+
 class ResourcesSpec(_Frozen):
     """Per-stage Ray resources. ``num_workers`` is the Ray Train worker count (launcher ray_train);
     each worker gets ``cpus``/``gpus``. ``accelerator`` is a Ray accelerator type (e.g. H200) or a
-    custom node resource."""
+    custom node resource. ``gpus: auto`` (the default) packs stages that fit onto one GPU. A number always wins. Under
+    ``auto`` a stage gets 0 when its kind uses no model (``dataset``, ``noop``), its device is
+    ``cpu`` (``train.device`` / ``eval.device``) or there is no GPU where it runs; 1 per worker
+    under Ray Train (``launcher: ray_train``); otherwise ``1/k`` of a GPU, ``k = min(4,
+    floor(0.8 x GPU memory / the stage's estimated memory))``, at least 1: 1, 1/2, 1/3 or 1/4.
+    The estimate comes from the model config (its own, or for an eval its upstream's: weights,
+    AdamW state, activations at the stage's batch and length, 2 GiB per process). The GPU is the
+    local one (``nvidia-smi``) for a plan or a local run, the cluster's ``accelerator_type`` for
+    a ``RAY_ADDRESS`` cluster; ``PHASELAB_GPU_MEMORY_GB`` sets its memory. ``phaselab plan``
+    shows each fraction and why. Packed stages overlap their kernels only under CUDA MPS
+    (``deploy/gpu/run_grid.sh --mps``); the rule and its reasons: ``stages/gpu_packing.py``."""
 
     cpus: float = Field(1.0, ge=0, allow_inf_nan=False)
-    gpus: float = Field(0.0, ge=0, allow_inf_nan=False)
+    gpus: float | Literal["auto"] = "auto"
     memory_gb: float = Field(4.0, gt=0, allow_inf_nan=False)
     accelerator: str | None = None
     num_workers: int = Field(1, ge=1)
 
-    _numbers = field_validator("cpus", "gpus", "memory_gb", "num_workers", mode="before")(_not_bool)
+    _numbers = field_validator("cpus", "memory_gb", "num_workers", mode="before")(_not_bool)
+    _gpus_value = field_validator("gpus", mode="before")(_gpus)
 
 
 class DefaultsSpec(_Frozen):

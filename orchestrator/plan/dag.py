@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from phaselab.orchestrator.engine.placement import local_gpu, with_auto_gpus
 from phaselab.orchestrator.language.expand import (
     Cell,
     IssueList,
@@ -230,6 +231,7 @@ def build_dag(spec: GridSpec, marks: Marks, *, code: CodeVersion | CodeIndex | N
     issues.raise_any()
     if not nodes:
         raise GridError([Issue(marks.at(("stages",)), "stages", "no stage matches any cell")])
+    with_auto_gpus(nodes, local_gpu())   # resources.gpus: auto (stages/gpu_packing.py); not in the key
     assert index is not None   # every node's key read it
     full = index if isinstance(index, CodeVersion) else index.version()
     return Dag(spec=spec, cells=cells, nodes=nodes, code=full, yaml_submitted=yaml_submitted,

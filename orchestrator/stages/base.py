@@ -21,13 +21,18 @@ from phaselab.workloads.config import ConfigError, from_dict, merge, suggest, to
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Resources:
-    """What one stage asks Ray for. For launcher ``ray_train``, ``cpus``/``gpus`` are per worker."""
+    """What one stage asks Ray for. For launcher ``ray_train``, ``cpus``/``gpus`` are per worker.
+    ``gpus_auto``: the grid left ``gpus`` to the packing rule (``stages/gpu_packing.py``), and
+    ``gpus`` is what the rule gave on the GPU the plan was made for, for the reason ``gpus_why``
+    (0 and "" until :func:`with_auto_gpus` resolves it)."""
 
     gpus: float = 0
     cpus: float = 1
     memory_gb: float = 4.0
     accelerator: str | None = None
     num_workers: int = 1
+    gpus_auto: bool = False
+    gpus_why: str = ""
 
     def __post_init__(self) -> None:
         for name in ("gpus", "cpus", "memory_gb"):
@@ -208,6 +213,7 @@ def _convert_data_in_eval(raw: Any) -> dict:
 
 
 Launcher = Literal["ray_train", "ray_task"]
+AUTO_GPUS = "auto"   # resources.gpus left to the packing rule (stages/gpu_packing.py); the default
 
 
 class Stage:
@@ -284,8 +290,33 @@ class Stage:
         sections; ``default_launcher`` unless a kind decides per stage."""
         return self.default_launcher
 
+    @property
+    def uses_gpu(self) -> bool:
+        """It trains or evaluates a model, so ``resources.gpus: auto`` may give it a GPU."""
+        return any(s in self.sections for s in ("model", "train", "eval"))
+
     def resources(self, res: Mapping[str, Any]) -> Resources:
-        return Resources(**res)
+        """The grid's merged ``resources`` mapping as Resources; ``gpus`` unset or ``auto`` is
+        left to the packing rule (``gpus_auto``; resolved over the whole DAG by
+        :func:`with_auto_gpus`, which knows each stage's model and the GPU)."""
+        res = dict(res)
+        gpus = res.pop("gpus", AUTO_GPUS)
+        if gpus == AUTO_GPUS:
+            return Resources(**res, gpus=0, gpus_auto=True)
+        return Resources(**res, gpus=gpus)
+
+    def auto_gpus(self, res: Resources, config: Mapping[str, Any], model: Mapping[str, Any] | None,
+                  launcher: str, gpu: Mapping[str, Any] | None) -> Resources:
+        """``res`` with an ``auto`` gpus resolved by the packing rule (``gpu_packing.resolve``)."""
+        from dataclasses import replace
+
+        from phaselab.orchestrator.stages import gpu_packing
+
+        if not res.gpus_auto:
+            return res
+        gpus, why = gpu_packing.resolve(uses_gpu=self.uses_gpu, config=config, model=model,
+                                        launcher=launcher, gpu=gpu)
+        return replace(res, gpus=gpus, gpus_why=why)
 
     def demand(self, res: Resources, config: Mapping[str, Any]) -> tuple[float, float]:
         """(CPUs, GPUs) the stage occupies on the cluster while it runs, all workers included."""

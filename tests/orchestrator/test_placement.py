@@ -179,6 +179,11 @@ def test_plan_warns_before_anything_runs_when_the_local_cluster_has_no_gpu(monke
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["plan", "pope_jsb", "--json"])
     assert res.exit_code == 0, res.output
+    # pope_jsb leaves gpus to the packing rule (resources.gpus: auto): without a GPU it says so
+    lines = json.loads(res.output)["warnings"]
+    assert any(line.startswith("12 stage(s), e.g. train[pe=rope,seed=0]: resources.gpus auto and no GPU where "
+                               "it runs, so they run on the CPU") for line in lines), lines
+    res = CliRunner().invoke(app, ["plan", "pope_jsb", "resources.gpus=1", "--json"])
     (line,) = json.loads(res.output)["warnings"]
     assert line.startswith("12 stage(s), e.g. train[pe=rope,seed=0]: asks for 4 CPUs / 1 GPUs; the cluster has ")
     assert "0 GPUs" in line and line.endswith("`phaselab run` would fail them")
