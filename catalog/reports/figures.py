@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 # Tables whose columns are context lengths (drawn as curves by render_figures).
 CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3", "quickstart_ppl",
-                "extrapolation_small_ppl")
+                "extrapolation_small_ppl", "tapa_long_context_small")
 # Per-table drawing options for render_figures (plot_curves keywords) over its defaults: a
 # log-2 length axis, a line style and marker per row, the models' training length marked.
 CURVE_OPTIONS: dict[str, dict[str, object]] = {
     "extrapolation_small_ppl": {"train_len": 256},
+    "tapa_long_context_small": {"train_len": 512},   # its rows mix pretrained (512) and cpt (2048) models
 }
 _METRIC_LABELS = {"ppl": "perplexity", "nll": "NLL [nats/token]", "acc": "accuracy"}
 # Line styles and markers cycled per row when ``styled`` (lines stay apart in greyscale print).

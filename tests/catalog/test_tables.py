@@ -180,7 +180,7 @@ def test_render_all_skips_missing_grids_and_check_stale(store: CatalogStore, tmp
 
 
 @pytest.mark.parametrize("name", ["pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_table3",
-                                  "quickstart_ppl"])
+                                  "quickstart_ppl", "tapa_long_context_small"])
 def test_figures_render_png_and_pdf(sqlite_store: CatalogStore, tmp_path: Path, name: str) -> None:
     from matplotlib.image import imread
 

@@ -24,6 +24,7 @@ EXPECTED = {  # grid -> (cells, stages by kind)
     "tapa_long_context": (2, {"pretrain": 2, "cpt": 5, "eval": 13}),
     "tapa_phase": (2, {"pretrain": 2, "cpt": 2, "eval": 2}),
     "extrapolation_small": (3, {"pretrain": 3, "finetune": 2, "eval": 6}),
+    "tapa_long_context_small": (8, {"pretrain": 8, "cpt": 14, "eval": 40}),
 }
 
 

@@ -40,6 +40,7 @@ TABLES: dict[str, str] = {
     "tapa_table3": "tapa_phase",
     "quickstart_ppl": "quickstart",
     "extrapolation_small_ppl": "extrapolation_small",
+    "tapa_long_context_small": "tapa_small",
 }
 EXTENSIONS = {"md": "md", "latex": "tex", "csv": "csv"}
 

@@ -18,7 +18,7 @@ from typing import Any
 from phaselab.catalog.reports.tables.spec import TableSpec
 
 # shipped assets -> the name their papers use (workloads/data/assets/DATA.README.md)
-SHIPPED = {"tinyshakespeare.txt": "Tiny Shakespeare"}
+SHIPPED = {"tinyshakespeare.txt": "Tiny Shakespeare", "austen": "Jane Austen"}
 GLOB_CHARS = frozenset("*?[")
 
 
