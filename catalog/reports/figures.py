@@ -121,7 +121,7 @@ def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] =
         if not rows:
             continue
         built = build(spec, rows)
-        built.spec = _labelled(from_store(store, spec, [g["id"] for g in map(store.get_grid, spec.grids) if g],
+        built.spec = _labelled(from_store(store, spec, [g["id"] for g in map(store.reads.get_grid, spec.grids) if g],
                                           built.inputs))
         options: dict[str, object] = {"logx": True, "styled": True, "train_len": _train_len(store, built),
                                       **CURVE_OPTIONS.get(name, {})}

@@ -4,7 +4,7 @@
   row combination (``--rows pe``), seed mean with a ± std band, on a log-2 axis ticked at the
   evaluated lengths, the training length marked (read from the trained upstream's config);
 - :func:`learning_curves`: training/validation loss per cell group with a seed band, from each
-  training stage's ``steps.jsonl`` under the runs root (:mod:`curves`);
+  training stage's per-step log (``run_folder.STEPS_FILE``) under the runs root (:mod:`curves`);
 - :func:`niah_heatmaps`: NIAH accuracy over context length × needle depth, one panel per row
   combination, seed means.
 
@@ -13,7 +13,6 @@ Looks (labels with units, line styles and markers, TrueType fonts) come from :mo
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from phaselab.catalog.reports.plotstyle import field_label, pyplot, save, value_label
 from phaselab.catalog.reports.tables.pivot import Pivot, pivot_spec
 from phaselab.catalog.reports.tables.spec import Dim, build
+from phaselab.catalog.tracking.run_folder import STEPS_FILE, read_steps, steps_path
 
 if TYPE_CHECKING:
     from phaselab.catalog.store.api import CatalogStore
@@ -126,6 +126,38 @@ def separate_rows(pivot: Pivot, rows: Sequence[Mapping[str, Any]], cells: Sequen
     return replace(pivot, rows=tuple(fields))
 
 
+def default_length_pivot(store: CatalogStore, grid: str, seed_axis: str = "seed") -> Pivot:
+    """What ``phaselab figures GRID`` draws with its defaults, as a table's pivot: the default
+    metric by context length, one row per line of the figure (rows separated as the figure does)."""
+    pivot = Pivot(grid=grid, metric=default_metric(store, grid), rows=default_rows(store, grid, seed_axis),
+                  cols=("context_len",), seed_axis=seed_axis)
+    rows, cells = _grid_rows(store, grid)
+    return separate_rows(pivot, [r for r in rows if r.get("context_len") is not None], cells)
+
+
+def _length_spec(store: CatalogStore, pivot: Pivot) -> tuple[Any, list[dict]]:
+    """(table spec, its metric rows) of ``pivot.metric`` by context length, rows separated and
+    labelled as the figure's legend reads (encodings by their papers' names)."""
+    rows, cells = _grid_rows(store, pivot.grid)
+    pivot = separate_rows(pivot, [r for r in rows if r.get("context_len") is not None], cells)
+    spec, matching = pivot_spec(replace(pivot, cols=("context_len",)), rows, cells)
+    spec = replace(spec, title=f"{pivot.grid}: {pivot.metric} by context length",
+                   cols=replace(spec.cols, title=field_label("context_len")),
+                   rows=tuple(Dim(field=d.field, title=d.title, values=d.values,
+                                  labels={v: value_label(d.field, v) for v in d.values}) for d in spec.rows))
+    return spec, matching
+
+
+def length_table(store: CatalogStore, pivot: Pivot, fmt: str = "md") -> str:
+    """The table of :func:`length_curves`' figure (mean ± std over seeds per length)."""
+    from datetime import UTC, datetime
+
+    from phaselab.catalog.reports.tables.spec import render
+
+    spec, matching = _length_spec(store, pivot)
+    return render(build(spec, matching), fmt, datetime.now(UTC))
+
+
 def length_curves(store: CatalogStore, pivot: Pivot, path_base: Path, *, train_len: int | None = None,
                   formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
     """``pivot.metric`` against ``context_len`` (``pivot.cols`` is ignored), see the module
@@ -133,15 +165,10 @@ def length_curves(store: CatalogStore, pivot: Pivot, path_base: Path, *, train_l
     with no context length (a task's test NLL or accuracy) is drawn as bars per line instead."""
     from phaselab.catalog.reports.figures import plot_curves
 
-    rows, cells = _grid_rows(store, pivot.grid)
+    rows, _ = _grid_rows(store, pivot.grid)
     if not any(r.get("name") == pivot.metric and r.get("context_len") is not None for r in rows):
         return metric_bars(store, pivot, path_base, formats=formats)
-    pivot = separate_rows(pivot, [r for r in rows if r.get("context_len") is not None], cells)
-    spec, matching = pivot_spec(replace(pivot, cols=("context_len",)), rows, cells)
-    spec = replace(spec, title=f"{pivot.grid}: {pivot.metric} by context length",
-                   cols=replace(spec.cols, title=field_label("context_len")),
-                   rows=tuple(Dim(field=d.field, title=d.title, values=d.values,
-                                  labels={v: value_label(d.field, v) for v in d.values}) for d in spec.rows))
+    spec, matching = _length_spec(store, pivot)
     if train_len is None:
         lengths = train_lengths(store, sorted({r["stage_hash"] for r in matching}))
         train_len = lengths[0] if len(lengths) == 1 else None
@@ -192,13 +219,12 @@ def learning_curves(store: CatalogStore, grid: str, runs_root: Path, path_base: 
     for r in rows:   # every stage with results (a training stage has its final evaluation's)
         axes_of.setdefault(r["stage_hash"], r["axes"])
     for h in sorted(axes_of):
-        steps = Path(runs_root) / h / "steps.jsonl"
+        steps = steps_path(Path(runs_root) / h)
         if steps.is_file():
             name = next((r["stage_name"] for r in rows if r["stage_hash"] == h), None)
-            points += [{**json.loads(ln), "stage_hash": h, "stage": name}
-                       for ln in steps.read_text().splitlines() if ln.strip()]
+            points += [{**row, "stage_hash": h, "stage": name} for row in read_steps(steps)]
     if not points:
-        raise ValueError(f"no training steps of grid {grid!r} under {runs_root} (steps.jsonl)")
+        raise ValueError(f"no training steps of grid {grid!r} under {runs_root} ({STEPS_FILE})")
     return plot_learning_curves(points, axes_of, path_base, metrics=metrics, title=f"{grid}: learning curves",
                                 formats=formats)
 

@@ -31,7 +31,6 @@ Methods (the orchestrator's contract, then additions):
 ``claim_ready(owner, limit=, ...)``     claim up to ``limit`` READY stages (batch form of claim)
 ``update_stage_info(hash, ...)``        ray run name, storage URI, MLflow run id, GPU-seconds
 ``record_eval_meta(hash, task, ...)``   lm-eval task version + config (EXPERIMENTS §2.5)
-``set_cell_mlflow_run(cell, run_id)``   first writer wins; returns the stored parent run id
 ``record_table_build(...)``             for ``phaselab tables --check-stale``
 ``revision()``                          the Alembic revision of the database
 ``reads``                               :class:`~phaselab.catalog.store.queries.CatalogQueries`:
@@ -472,13 +471,3 @@ class CatalogStore:
             conn.execute(self._insert(TableBuild).values(table_name=table_name, grid=grid, fmt=fmt,
                                                          inputs=dict(inputs), output_sha256=output_sha256,
                                                          built_at=utcnow()))
-
-    def set_cell_mlflow_run(self, cell_id: int, run_id: str) -> str:
-        """Store the cell's MLflow parent run id unless one is stored; returns the stored id."""
-        with self._tx() as conn:
-            conn.execute(update(Cell).where(and_(Cell.id == cell_id, Cell.mlflow_run_id.is_(None)))
-                         .values(mlflow_run_id=run_id))
-            stored = conn.execute(select(Cell.mlflow_run_id).where(Cell.id == cell_id)).scalar()
-        if stored is None:
-            raise KeyError(f"no cell {cell_id!r}")
-        return stored

@@ -131,7 +131,7 @@ class Cell(Base):
     grid_id: Mapped[int] = mapped_column(ForeignKey("grid.id", ondelete="CASCADE"))
     cell_key: Mapped[str] = mapped_column(String(500))
     axes: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))   # unused: MLflow has no cell runs (DESIGN §5.5)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -1,15 +1,13 @@
 """Lineage: catalog rows ↔ MLflow runs (DESIGN §5.5); walks over the stage DAG are in
 ``phaselab.catalog.store.walks``.
 
-The catalog is the source of truth; MLflow mirrors it for browsing. A cell's parent run id is
-stored on the ``cell`` row (first writer wins), a stage's run id on the ``stage`` row, so a
-resumed stage reattaches to its run (never a second run with re-logged params).
+The catalog is the source of truth; MLflow mirrors it for browsing. A stage's run id is stored
+on the ``stage`` row, so a resumed stage reattaches to its run (never a second run with re-logged
+params).
 
-Typical controller use::
+Typical use::
 
-    parent = lineage.cell_parent_run(store, uri, cell_id=cid)          # once per cell
-    tracker = lineage.stage_tracker(store, stage_hash, tracking_uri=uri, spool_dir=d,
-                                    parent_run_id=parent)              # in the stage's rank 0
+    tracker = lineage.stage_tracker(store, stage_hash, tracking_uri=uri, spool_dir=d)   # rank 0
     ... run the stage with tracker ...
     store.finalize_success(..., mlflow_run_id=tracker.run_id)
 """
@@ -17,42 +15,13 @@ Typical controller use::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from phaselab.catalog.store.api import CatalogStore
-from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker, ensure_cell_run
-
-
-def _cell(store: CatalogStore, cell_id: int) -> dict[str, Any]:
-    cell = store.reads.get_cell(cell_id)
-    if cell is None:
-        raise KeyError(f"no cell {cell_id!r}")
-    return cell
-
-
-def cell_parent_run(store: CatalogStore, tracking_uri: str, *, cell_id: int,
-                    artifact_root: str | None = None) -> str:
-    """The MLflow parent run of a cell, created once and stored on the cell row."""
-    cell = _cell(store, cell_id)
-    if cell["mlflow_run_id"]:
-        return cell["mlflow_run_id"]
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(cell["grid"])
-    if exp is None:
-        location = None if artifact_root is None else f"{artifact_root.rstrip('/')}/{cell['grid']}"
-        exp_id = client.create_experiment(cell["grid"], artifact_location=location)
-    else:
-        exp_id = exp.experiment_id
-    run_id = ensure_cell_run(client, exp_id, grid=cell["grid"], grid_id=cell["grid_id"], cell_id=cell_id,
-                             cell_key=cell["cell_key"], axes=cell["axes"])
-    return store.set_cell_mlflow_run(cell_id, run_id)
+from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker
 
 
 def stage_tracker(store: CatalogStore, stage_hash: str, *, tracking_uri: str, spool_dir: Path,
-                  cell_id: int | None = None, parent_run_id: str | None = None,
-                  attn_backend: str | None = None, git_commit: str | None = None,
+                  cell_id: int | None = None, attn_backend: str | None = None, git_commit: str | None = None,
                   artifact_root: str | None = None, rank: int | None = None) -> MlflowTracker:
     """An :class:`MlflowTracker` for a stage, filled from the catalog: its grid and cell (the
     first one if the stage is shared and ``cell_id`` is None), its upstream hashes, and its stored
@@ -71,5 +40,5 @@ def stage_tracker(store: CatalogStore, stage_hash: str, *, tracking_uri: str, sp
         tracking_uri=tracking_uri, grid=cell["grid"], grid_id=cell["grid_id"], cell_id=cell["cell_id"],
         cell_key=cell["cell_key"], axes=cell["axes"], stage_hash=stage_hash, stage_kind=stage.kind,
         upstream=upstream, attn_backend=attn_backend or stage.backend, git_commit=git_commit,
-        parent_run_id=parent_run_id or cell["mlflow_run_id"], run_id=stage.mlflow_run_id,
+        run_id=stage.mlflow_run_id,
         stage_name=stage.name, artifact_root=artifact_root, spool_dir=spool_dir, rank=rank)

@@ -79,12 +79,14 @@ def wait_healthy(url: str, timeout_s: float = 60.0, proc: subprocess.Popen | Non
 def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = None,
           artifact_root: str | None = None, *, catalog_url: str | None = None, workers: int = 1,
           allow_remote: bool = False, block: bool = True, log_path: Path | None = None,
-          on_start: Callable[[], None] | None = None, access_log: bool = False) -> subprocess.Popen | int:
+          on_start: Callable[[], None] | None = None, access_log: bool = False,
+          on_ready: Callable[[str], None] | None = None) -> subprocess.Popen | int:
     """Start ``mlflow server``. ``block=True`` (the CLI): run until interrupted, return its exit
     code. ``block=False``: return the process once ``/health`` answers (stop it with :func:`stop`).
     Defaults: SQLite ``mlflow.db`` and ``mlartifacts/`` beside the catalog. ValueError (before
     anything starts) for a non-loopback host without ``allow_remote`` or a bad port;
-    ``on_start`` is called once the command is valid, just before the server starts."""
+    ``on_start`` is called once the command is valid, just before the server starts, and
+    ``on_ready(url)`` (``block=True``) from a thread once ``/health`` answers."""
     cmd = server_command(host=host, port=port, workers=workers, allow_remote=allow_remote, access_log=access_log,
                          backend_uri=backend_uri or default_backend_uri(catalog_url),
                          artifact_root=artifact_root or default_artifact_root(catalog_url))
@@ -103,6 +105,9 @@ def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = N
         # process group, so without this it would outlive the command that started it
         main = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+        if on_ready is not None:
+            threading.Thread(target=_when_healthy, args=(f"http://{host}:{port}", proc, on_ready),
+                             daemon=True).start()
         try:
             return proc.wait()
         except KeyboardInterrupt:
@@ -117,6 +122,14 @@ def serve(host: str = "127.0.0.1", port: int = 5000, backend_uri: str | None = N
         stop(proc)
         raise
     return proc
+
+
+def _when_healthy(url: str, proc: subprocess.Popen, callback: Callable[[str], None]) -> None:
+    try:
+        wait_healthy(url, proc=proc, timeout_s=120)
+    except (TimeoutError, RuntimeError):
+        return
+    callback(url)
 
 
 def _interrupt(signum: int, frame: object) -> None:

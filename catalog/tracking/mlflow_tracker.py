@@ -1,11 +1,10 @@
 """``MlflowTracker``: the Tracker interface backed by MLflow (DESIGN §3.4, §5.5).
 
-Layout: one experiment per grid (its description from the grid), a parent run per grid cell
-(:mod:`mlflow_cells`), a child run per stage linked by the ``mlflow.parentRunId`` tag, so a stage
-running in any Ray worker attaches to its cell without MLflow's process-local nesting
-(ray-project/ray#19978). A stage run is named ``<stage> <axis>=<value> ...`` and carries the
-axis values as ``axis.*`` params and tags (:mod:`mlflow_common`: names, params, metric keys);
-tags ``phaselab.stage_hash``, ``phaselab.grid_id``, ``phaselab.cell_id``, ``phaselab.stage_kind``,
+Layout: one experiment per grid (its description from the grid, :mod:`mlflow_experiment`), one
+top-level run per stage, found again by its stage hash from any Ray worker. A stage run is named
+``<stage> <axis>=<value> ...`` and carries the axis values as ``axis.*`` params and tags
+(:mod:`mlflow_common`: names, params, metric keys); tags ``phaselab.stage_hash``,
+``phaselab.grid_id``, ``phaselab.cell_id``, ``phaselab.cell_key``, ``phaselab.stage_kind``,
 ``phaselab.stage``, ``phaselab.upstream``, ``phaselab.attn.backend`` (and the param
 ``attn.backend``), ``phaselab.device``, ``mlflow.source.git.commit`` with ``phaselab.git.dirty``,
 and ``phaselab.checkpoint`` (relative to the runs root). Outputs: ``config/resolved.yaml``,
@@ -53,14 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from phaselab.catalog.tracking import MetricRecord
-from phaselab.catalog.tracking.mlflow_cells import (  # noqa: F401 (re-exported: the controller's entry points)
-    end_cell_runs,
-    end_done_cell_runs,
-    ensure_cell_run,
-    experiment_id,
-    git_tags,
-    prepare_cell_runs,
-)
 from phaselab.catalog.tracking.mlflow_common import (  # noqa: F401 (re-exported)
     MAX_PARAM_VALUE,
     axis_params,
@@ -81,6 +72,7 @@ from phaselab.catalog.tracking.mlflow_common import (  # noqa: F401 (re-exported
     server_said_no,
     used_params,
 )
+from phaselab.catalog.tracking.mlflow_experiment import experiment_id, git_tags
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +88,7 @@ class MlflowTracker:
     exists on the server (it may be created later, when a spooled start is replayed)."""
 
     def __init__(self, *, tracking_uri: str, experiment: str, run_name: str, spool_path: Path,
-                 tags: Mapping[str, str] | None = None, parent_run_id: str | None = None,
-                 parent_cell: Mapping[str, Any] | None = None, run_id: str | None = None,
+                 tags: Mapping[str, str] | None = None, run_id: str | None = None,
                  artifact_root: str | None = None, rank: int | None = None,
                  retry_interval_s: float = 30.0) -> None:
         if rank is None:
@@ -115,9 +106,7 @@ class MlflowTracker:
         if artifact_root is not None and is_local_store(tracking_uri):
             location = f"{artifact_root.rstrip('/')}/{sanitize_key(experiment)}"
         self._submit({"op": "start", "experiment": experiment, "run_name": run_name, "run_id": run_id,
-                      "tags": dict(tags or {}), "parent_run_id": parent_run_id,
-                      "parent_cell": None if parent_cell is None else dict(parent_cell),
-                      "artifact_location": location})
+                      "tags": dict(tags or {}), "artifact_location": location})
 
     def _setup(self, tracking_uri: str, spool_path: Path, *, run_id: str | None, active: bool,
                retry_interval_s: float) -> None:
@@ -147,29 +136,26 @@ class MlflowTracker:
     def for_stage(cls, *, tracking_uri: str, grid: str, grid_id: int, cell_id: int, cell_key: str,
                   stage_hash: str, stage_kind: str, spool_dir: Path, axes: Mapping[str, Any] | None = None,
                   upstream: Iterable[str] = (), attn_backend: str | None = None,
-                  git_commit: str | None = None, parent_run_id: str | None = None,
-                  run_id: str | None = None, run_name: str | None = None, stage_name: str | None = None,
+                  git_commit: str | None = None, run_id: str | None = None, run_name: str | None = None, stage_name: str | None = None,
                   stage_axes: Mapping[str, Any] | None = None, runs_root: Path | None = None,
                   artifact_root: str | None = None, rank: int | None = None) -> MlflowTracker:
-        """The child run of one stage in its grid's experiment under its cell's parent run
-        (looked up or created by cell tags when ``parent_run_id`` is None). ``axes``: the cell's;
+        """The run of one stage in its grid's experiment. ``axes``: its (first) cell's;
         ``stage_axes``: those the stage stands for (default ``axes``; common_axes of its cells
         when it serves several), which name the run and become its ``axis.*`` params and tags.
         ``runs_root``: paths under it are logged relative to it."""
         mine = dict(axes or {}) if stage_axes is None else dict(stage_axes)
         tags = {"phaselab.stage_hash": stage_hash, "phaselab.grid_id": str(grid_id),
-                "phaselab.cell_id": str(cell_id), "phaselab.stage_kind": stage_kind,
+                "phaselab.cell_id": str(cell_id), "phaselab.cell_key": cell_key[:5000],
+                "phaselab.stage_kind": stage_kind,
                 "phaselab.stage": stage_name or stage_kind,
                 "phaselab.upstream": ",".join(upstream), "phaselab.run_level": "stage", **axis_params(mine)}
         if attn_backend:
             tags["phaselab.attn.backend"] = attn_backend
         tags |= {"mlflow.source.git.commit": git_commit} if git_commit else git_tags()
-        parent_cell = None if parent_run_id else {"grid": grid, "grid_id": grid_id, "cell_id": cell_id,
-                                                  "cell_key": cell_key, "axes": dict(axes or {})}
         self = cls(tracking_uri=tracking_uri, experiment=grid,
                    spool_path=Path(spool_dir) / f"{stage_hash}.jsonl",
                    run_name=run_name or run_label(stage_name or stage_kind, mine), tags=tags,
-                   parent_run_id=parent_run_id, parent_cell=parent_cell, run_id=run_id,
+                   run_id=run_id,
                    artifact_root=artifact_root, rank=rank)
         self.runs_root = None if runs_root is None else Path(runs_root).resolve()
         self._submit({"op": "params", "params": axis_params(mine)})
@@ -467,13 +453,7 @@ class MlflowTracker:
             if op["tags"]:
                 self._log_tags(op["tags"])
             return
-        tags = dict(op["tags"])
-        parent = op.get("parent_run_id")
-        if parent is None and op.get("parent_cell"):
-            parent = ensure_cell_run(client, exp_id, **op["parent_cell"])
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        run = client.create_run(exp_id, start_time=op["ts"], tags=tags, run_name=op["run_name"])
+        run = client.create_run(exp_id, start_time=op["ts"], tags=dict(op["tags"]), run_name=op["run_name"])
         self.run_id = run.info.run_id
         self._logged_params = {}
         self._points, self._points_of = set(), self.run_id

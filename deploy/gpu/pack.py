@@ -159,15 +159,17 @@ def mlflow_points(db: Path, run_id: str) -> list[dict[str, Any]]:
 
 def write_curves(stages: list[Any], work: Path, out: Path) -> dict[str, int]:
     """curves.jsonl.gz: {"stage_hash", "stage", "kind", "source", "step", metrics...} lines."""
+    from phaselab.catalog.tracking.run_folder import STEPS_FILE, steps_path
+
     counts: dict[str, int] = {}
     db = work / "mlflow.db"
     with gzip.open(out / "curves.jsonl.gz", "wt") as f:
         for s in stages:
             if s.kind not in ("pretrain", "cpt", "finetune"):
                 continue
-            jsonl = work / "runs" / s.stage_hash / "metrics.jsonl"
+            jsonl = steps_path(work / "runs" / s.stage_hash)
             if jsonl.is_file():
-                source, points = "metrics.jsonl", jsonl_points(jsonl)
+                source, points = STEPS_FILE, jsonl_points(jsonl)
             elif s.mlflow_run_id and db.is_file():
                 source, points = "mlflow", mlflow_points(db, s.mlflow_run_id)
             else:

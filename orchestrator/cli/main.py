@@ -139,12 +139,10 @@ def _mlflow_settings(catalog: str | None, enabled: bool) -> dict[str, str] | Non
 
 def stage_env(catalog: str | None, ml: dict[str, str] | None) -> dict[str, str]:
     """The environment every stage task gets through Ray's runtime_env (remote nodes do not
-    inherit the driver's): where the catalog and MLflow are, and the kernels' autotune switch
-    (PHASELAB_AUTOTUNE=1: the Triton kernels time every config on the stage's own shapes)."""
+    inherit the driver's): where the catalog and MLflow are."""
     env = {"PHASELAB_CATALOG_URL": catalog or os.environ.get("PHASELAB_CATALOG_URL"),
            "MLFLOW_TRACKING_URI": ml["tracking_uri"] if ml else None,
-           "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
-           "PHASELAB_AUTOTUNE": os.environ.get("PHASELAB_AUTOTUNE")}
+           "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
     return {k: v for k, v in env.items() if v}
 
 
@@ -211,11 +209,20 @@ def _execute(dag: Any, *, catalog: str | None, runs_root: Path | None, address: 
         else:
             console.print(stop.advice(), markup=False)
         raise typer.Exit(130) from None
-    if ml:   # calls spooled by this or an earlier run while MLflow was down
-        from phaselab.orchestrator.cli.tracking import settle_tracking
+    links = None
+    if ml:   # calls spooled by this or an earlier run while MLflow was down, then the comparison
+        from phaselab.orchestrator.cli.tracking import comparison_links, settle_tracking
 
         settle_tracking(store, ml["tracking_uri"], controller.runs_root)
-    return store, summary
+        links = comparison_links(store, ml["tracking_uri"], dag.spec.grid, launched=bool(summary.launched))
+    return store, summary, links
+
+
+def _mlflow_out(links: Any) -> dict[str, Any] | None:
+    """The run summary's MLflow part: deep links, and whether `phaselab mlflow` must serve them."""
+    if links is None:
+        return None
+    return {"experiment": links.experiment, "comparison": links.comparison, "serve": links.local}
 
 
 def _results(store: Any, dag: Any, as_json: bool) -> dict[str, Any]:
@@ -251,13 +258,14 @@ def run(grid: str = typer.Argument(..., help="Grid file or shipped grid name (e.
         except DashboardUnavailable as err:
             fail(as_json, str(err))
     dag = _plan(grid, overrides, as_json)
-    store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
-                              mlflow=mlflow, dashboard=dashboard, as_json=as_json, requeue=True, metrics=metrics)
+    store, summary, links = _execute(dag, catalog=catalog, runs_root=runs_root, address=address,
+                                     num_cpus=num_cpus, mlflow=mlflow, dashboard=dashboard, as_json=as_json,
+                                     requeue=True, metrics=metrics)
     results = _results(store, dag, as_json)
     out = {"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(), "launched": summary.launched,
            "failed": summary.failed, "failures": failure_rows(dag, summary),
            "seconds": time.monotonic() - start, "results": results,
-           "efficiency": stages_efficiency(store, summary.launched)}
+           "mlflow": _mlflow_out(links), "efficiency": stages_efficiency(store, summary.launched)}
     _finish_run(out, as_json)
 
 
@@ -272,6 +280,12 @@ def _finish_run(out: dict[str, Any], as_json: bool) -> None:
         console.print(f"{out['grid']}: {out['counts']} — launched {len(out['launched'])} stage(s) in "
                       f"{out['seconds']:.1f} s" + (f"; {eff}" if eff else ""))
         render_failures(console, out["grid"], out["failures"], sum(out["counts"].values()))
+        ml = out.get("mlflow")
+        if ml:
+            serve = " (serve it with `phaselab mlflow`)" if ml["serve"] else ""
+            if ml["comparison"]:
+                console.print(f"compare in MLflow{serve}: {ml['comparison']}", markup=False, soft_wrap=True)
+            console.print(f"all runs in MLflow: {ml['experiment']}", markup=False, soft_wrap=True)
     raise typer.Exit(0 if out["ok"] else 1)
 
 
@@ -321,7 +335,7 @@ def _recorded(store: Any, rows: list[Any]) -> Any:
 
 def _local_capacity() -> dict[str, float] | None:
     """CPUs and GPUs of the local cluster `run` would start (None for a RAY_ADDRESS cluster)."""
-    from phaselab.orchestrator.engine.placement import local_node
+    from phaselab.orchestrator.plan.placement import local_node
 
     return None if os.environ.get("RAY_ADDRESS") else local_node()
 
@@ -329,7 +343,7 @@ def _local_capacity() -> dict[str, float] | None:
 def _placement_warnings(dag: Any, prow: list[dict]) -> list[str]:
     """The stages still to run that the cluster `run` would use cannot place: the local cluster
     it would start (read without starting it); a RAY_ADDRESS cluster is checked by `run` itself."""
-    from phaselab.orchestrator.engine.placement import local_node, packing_notes, plan_warnings
+    from phaselab.orchestrator.plan.placement import local_node, packing_notes, plan_warnings
 
     todo = {r["hash"] for r in prow if r["status"] not in ("cached",)}
     notes = packing_notes(n for h, n in dag.nodes.items() if h in todo)
@@ -413,13 +427,14 @@ def resume(grid: str = typer.Argument(..., help="Grid name in the catalog (or a 
         dag = _plan(grid, overrides, as_json)
     else:
         dag = _stored_dag(open_store(catalog, create=False), grid, as_json, version)
-    store, summary = _execute(dag, catalog=catalog, runs_root=runs_root, address=address, num_cpus=num_cpus,
-                              mlflow=mlflow, dashboard=False, as_json=as_json, requeue=False, metrics=metrics)
+    store, summary, links = _execute(dag, catalog=catalog, runs_root=runs_root, address=address,
+                                     num_cpus=num_cpus, mlflow=mlflow, dashboard=False, as_json=as_json,
+                                     requeue=False, metrics=metrics)
     results = _results(store, dag, as_json)
     _finish_run({"ok": summary.ok, "grid": dag.spec.grid, "counts": summary.counts(),
                  "launched": summary.launched, "failed": summary.failed, "failures": failure_rows(dag, summary),
                  "seconds": time.monotonic() - start, "results": results,
-                 "efficiency": stages_efficiency(store, summary.launched)}, as_json)
+                 "mlflow": _mlflow_out(links), "efficiency": stages_efficiency(store, summary.launched)}, as_json)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -176,15 +177,38 @@ def register(app: typer.Typer) -> None:
                                                  "--host: the MLflow UI has no authentication."),
                as_json: bool = JSON) -> None:
         """Serve the MLflow UI on the tracking store beside the catalog (stopped with the
-        command, by Ctrl-C or SIGTERM)."""
+        command, by Ctrl-C or SIGTERM); once it answers, print each grid's deep links: its
+        comparison figure and its runs table."""
         from phaselab.catalog.tracking.mlflow_server import serve
 
         try:   # a non-loopback host or a bad port is refused before anything starts
             code = serve(host=host, port=port, catalog_url=catalog, block=True, allow_remote=allow_remote,
-                         on_start=lambda: emit(as_json, {"ok": True, "url": f"http://{host}:{port}"}))
+                         on_start=lambda: emit(as_json, {"ok": True, "url": f"http://{host}:{port}"}),
+                         on_ready=lambda url: _print_links(url, as_json))
         except ValueError as err:
             fail(as_json, str(err))
         raise typer.Exit(0 if code == 0 else 1)
+
+
+def _print_links(url: str, as_json: bool) -> None:
+    """Each grid's deep links on a server that just came up (one JSON line per grid with --json)."""
+    from phaselab.catalog.tracking import mlflow_summary
+
+    names = mlflow_summary.grids(url)
+    if not names and not as_json:
+        sys.stdout.write(f"MLflow at {url}: no phaselab grid tracked yet (`phaselab run GRID` first)\n")
+    for grid in names:
+        found = mlflow_summary.links(url, grid, ui=url)
+        if found is None:
+            continue
+        if as_json:
+            sys.stdout.write(json.dumps({"grid": grid, "experiment": found.experiment,
+                                         "comparison": found.comparison}) + "\n")
+        else:
+            if found.comparison:
+                sys.stdout.write(f"{grid}: compare  {found.comparison}\n")
+            sys.stdout.write(f"{grid}: runs     {found.experiment}\n")
+        sys.stdout.flush()
 
 
 def _fields(text: str, flag: str) -> tuple[str, ...]:

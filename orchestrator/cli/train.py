@@ -139,9 +139,10 @@ def _eval_extension(raw: Any) -> dict | None:
 def resolve_checkpoint(path: Path) -> Path:
     """The ``model.pt`` that ``path`` names (see CHECKPOINT); ``paths.PathRefused`` naming the
     path when it is no usable path or holds no checkpoint."""
+    from phaselab.catalog.tracking.run_folder import LATEST
     from phaselab.workloads.paths import check_path, shown
     from phaselab.workloads.train.api import resolve_model_file
-    from phaselab.workloads.train.checkpoint import LATEST, CheckpointDir
+    from phaselab.workloads.train.checkpoint import CheckpointDir
 
     path = check_path(path, what="checkpoint", expect="exists")
     if path.name == LATEST and path.is_file():   # the pointer names the newest step folder; read as
@@ -178,12 +179,12 @@ def resume_conflicts(spec: Mapping[str, Any], out_dir: Path) -> list[str]:
     checkpoint in ``out_dir`` beyond :data:`RESUMABLE`; empty when there is nothing to resume."""
     import json
 
+    from phaselab.catalog.tracking.run_folder import CHECKPOINTS_DIR, SPEC_FILE
     from phaselab.workloads.config import flatten, to_dict
     from phaselab.workloads.train.api import parse_spec, with_eval_splits
     from phaselab.workloads.train.checkpoint import CheckpointDir
-    from phaselab.workloads.train.session import SPEC_FILE
 
-    latest = CheckpointDir(out_dir / "checkpoints").latest()
+    latest = CheckpointDir(out_dir / CHECKPOINTS_DIR).latest()
     if latest is None or not (latest / SPEC_FILE).is_file():
         return []
     try:
@@ -268,7 +269,7 @@ def register(app: typer.Typer) -> None:
             _fail(as_json, "invalid training config:\n  " + "\n  ".join(str(i) for i in err.issues))
         except PathRefused as err:
             _refuse(as_json, str(err))
-        from phaselab.catalog.tracking import RecordingTracker
+        from phaselab.catalog.tracking import RecordingTracker, run_folder
         from phaselab.workloads.train.api import run_training
         from phaselab.workloads.train.checkpoint import CheckpointDir
 
@@ -285,7 +286,7 @@ def register(app: typer.Typer) -> None:
                     console.print(f"step {step:>6}  " + "  ".join(f"{k} {v:.5g}" for k, v in metrics.items()),
                                   soft_wrap=True)
 
-        resumed = max(CheckpointDir(out_dir / "checkpoints").steps(), default=0)
+        resumed = max(CheckpointDir(out_dir / run_folder.CHECKPOINTS_DIR).steps(), default=0)
         try:
             outcome = run_training(spec, out_dir=out_dir, tracker=Echo(), init_from=init_from)
         except PathRefused as err:   # a symlink out of out_dir, an init_from or checkpoint that is none

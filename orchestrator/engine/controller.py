@@ -37,7 +37,10 @@ from typing import Any
 from phaselab.catalog.tracking.mlflow_common import split_secrets
 from phaselab.orchestrator.engine.failures import failure_report, policy_of, should_retry
 from phaselab.orchestrator.engine.mlflow_runs import MlflowRuns
-from phaselab.orchestrator.engine.placement import (
+from phaselab.orchestrator.engine.ray_local import init_ray  # noqa: F401  (the CLI and tests import it from here)
+from phaselab.orchestrator.engine.runner import worker_catalog_url
+from phaselab.orchestrator.plan.dag import Dag, StageNode
+from phaselab.orchestrator.plan.placement import (
     RESOURCE_WAIT_ENV,
     cluster_gpu,
     live_nodes,
@@ -45,9 +48,6 @@ from phaselab.orchestrator.engine.placement import (
     unschedulable,
     with_auto_gpus,
 )
-from phaselab.orchestrator.engine.ray_local import init_ray  # noqa: F401  (the CLI and tests import it from here)
-from phaselab.orchestrator.engine.runner import worker_catalog_url
-from phaselab.orchestrator.plan.dag import Dag, StageNode
 from phaselab.orchestrator.stages import STAGES, Stage, registered
 
 PENDING = ("PLANNED", "READY", "RUNNING")
@@ -250,8 +250,6 @@ class Controller:
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"grid {self.dag.spec.grid} not done after {timeout_s} s")
         rows = self._rows()
-        if self.runs is not None:
-            self.runs.end_cells(rows)
         summary.states = {h: rows[h].state for h in self.dag.nodes}
         summary.failed = {h: (r.failure_class or "", r.message or "") for h, r in rows.items()
                           if r.state in ("FAILED", "BLOCKED", "CANCELLED")}
@@ -513,17 +511,8 @@ def _execute_remote(payload: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
     """Ray task body (module-level so workers import it by name). The stage object travels with
     the payload, so a worker runs the kind the DAG was planned with also when that kind was
     registered at run time in the driver (a plugin, a test) and not in the worker's registry."""
-    from phaselab.orchestrator.engine.progress import PROGRESS_ENV, PROGRESS_FILE
     from phaselab.orchestrator.engine.runner import execute
 
-    # The training loop of a stage run in this process reports its progress there (progress.py);
-    # an earlier attempt's report is stale.
-    progress = Path(payload["out_dir"]) / PROGRESS_FILE
-    progress.unlink(missing_ok=True)
-    os.environ[PROGRESS_ENV] = str(progress)
     os.environ.update(payload.get("secret_env") or {})   # this process and what it starts, never a log
-    try:
-        with registered(stage):   # a worker runs one task at a time
-            return execute(payload)
-    finally:
-        os.environ.pop(PROGRESS_ENV, None)
+    with registered(stage):   # a worker runs one task at a time
+        return execute(payload)

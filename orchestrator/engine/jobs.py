@@ -29,7 +29,7 @@ def _ray_auth_headers() -> dict[str, str] | None:
 # never in its entrypoint, which the Jobs API, the job log and the process list show.
 # The cluster's token is not among them: the job driver runs on the head, which has its own.
 JOB_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES",
-           "PHASELAB_RESOURCE_WAIT_S", "PHASELAB_AUTOTUNE")
+           "PHASELAB_RESOURCE_WAIT_S")
 SEALED_ENV = "PHASELAB_SEALED_ENV"
 
 

@@ -1,53 +1,22 @@
 """Live progress of a running grid: what each running stage's training loop reports, the live
 table ``phaselab run`` shows, and the per-stage progress ``phaselab status`` adds to its rows.
 
-Where progress comes from (no new channel to the controller; files in the stage's run folder,
-which the controller's runs root holds and ``stage.storage_uri`` names):
-
-* ``progress.json``: written by the training loop at every log step (``train.log_every``) when
-  ``PHASELAB_PROGRESS_FILE`` names it (``loop.StepEvents``, rank 0): step, total steps, loss,
-  tokens/s and steps/s of the last log window. The stage's Ray task sets the variable for the
-  stages it runs in its own process (launcher ``ray_task``).
-* ``metrics.jsonl``: the per-step metrics rank 0 of a Ray Train run writes anyway
-  (``ray_entry.JsonlTracker``, launcher ``ray_train``; ``ray_task`` stages write it too, and
-  ``progress.json`` first); its last ``train/loss`` line is read.
-
-The total number of steps always comes from the stage's config (``train.steps``).
+Where progress comes from (no new channel to the controller): the stage's per-step log in its
+run folder (``run_folder.STEPS_FILE``, which every training stage writes at each log step under
+either launcher), whose last ``train/loss`` line gives the step, loss, tokens/s and steps/s of the
+last log window, and the file's modification time its age. The total number of steps always
+comes from the stage's config (``train.steps``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-PROGRESS_ENV = "PHASELAB_PROGRESS_FILE"
-PROGRESS_FILE = "progress.json"
-METRICS_FILE = "metrics.jsonl"
-_TAIL_BYTES = 16384   # a metrics.jsonl line is < 1 KB; the last log step is in the last few
-
-
-def _last_train_line(path: Path) -> dict[str, Any] | None:
-    """The newest complete line of a metrics.jsonl with ``train/loss`` (a torn last line is skipped)."""
-    try:
-        with open(path, "rb") as f:
-            start = max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES)
-            f.seek(start)
-            lines = f.read().split(b"\n")
-    except OSError:
-        return None
-    for raw in reversed(lines[1:] if start else lines):   # a tail read mid-file starts mid-line
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict) and "train/loss" in line:
-            return line
-    return None
+from phaselab.catalog.tracking import run_folder
 
 
 def read_progress(out_dir: str | Path | None, total_steps: int | None) -> dict[str, Any] | None:
@@ -57,17 +26,15 @@ def read_progress(out_dir: str | Path | None, total_steps: int | None) -> dict[s
     ``age_s`` the seconds since the report was written."""
     if not out_dir:
         return None
-    out_dir = Path(out_dir)
+    line = run_folder.last_step(out_dir)
+    if line is None:
+        return None
     try:
-        raw = json.loads((out_dir / PROGRESS_FILE).read_text(encoding="utf-8"))
-        written = float(raw.get("time") or (out_dir / PROGRESS_FILE).stat().st_mtime)
-    except (OSError, ValueError):
-        line = _last_train_line(out_dir / METRICS_FILE)
-        if line is None:
-            return None
-        raw = {"step": line.get("step"), "loss": line.get("train/loss"),
-               "tokens_per_s": line.get("train/tokens_per_s"), "steps_per_s": line.get("train/steps_per_s")}
-        written = (out_dir / METRICS_FILE).stat().st_mtime
+        written = run_folder.steps_path(out_dir).stat().st_mtime
+    except OSError:
+        return None
+    raw = {"step": line.get("step"), "loss": line.get("train/loss"),
+           "tokens_per_s": line.get("train/tokens_per_s"), "steps_per_s": line.get("train/steps_per_s")}
     step = int(raw.get("step") or 0)
     steps = int(total_steps or raw.get("steps") or 0) or None
     rate = raw.get("steps_per_s")

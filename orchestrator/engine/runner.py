@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
+from phaselab.catalog.tracking.run_folder import ATTEMPTS_FILE, RUNNING_FILE
+
 TRACKING_ENV = ("MLFLOW_TRACKING_URI", "PHASELAB_CATALOG_URL", "PHASELAB_MLFLOW_EXPERIMENT")
 log = logging.getLogger(__name__)
 
@@ -190,7 +192,7 @@ def _run_stage(payload: Mapping[str, Any]) -> dict[str, Any]:
     recording = None
     try:   # a full or read-only runs folder fails here already: reported like any other fault
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_json(out_dir / "running.json", {"pid": os.getpid(), "attempt": payload.get("attempt"),
+        _write_json(out_dir / RUNNING_FILE, {"pid": os.getpid(), "attempt": payload.get("attempt"),
                                                "started": time.time()})
         _write_stage_file(payload, out_dir)
         tracker, recording, ml = _tracker(payload)
@@ -254,11 +256,8 @@ def _log_attempt(out_dir: Path, payload: Mapping[str, Any], recording: Any, seco
     steps = [s for s, _ in recording.metrics] if recording is not None else []
     line = {"attempt": payload.get("attempt"), "pid": os.getpid(), "first_step": min(steps, default=None),
             "last_step": max(steps, default=None), "seconds": round(seconds, 3), "outcome": outcome}
-    with open(out_dir / "attempts.jsonl", "a", encoding="utf-8") as f:
+    with open(out_dir / ATTEMPTS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(line, sort_keys=True) + "\n")
-    if recording is not None and recording.metrics:   # per-step training metrics, for `phaselab verify`
-        with open(out_dir / "steps.jsonl", "a", encoding="utf-8") as f:
-            f.writelines(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n" for step, metrics in recording.metrics)
 
 
 def _fingerprint(payload: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:

@@ -1,33 +1,28 @@
 """``phaselab verify STAGE``: re-run the first K steps of a finished training stage and compare
 its logged losses with the stored run (DESIGN §5.9), in this process, without Ray.
 
-The stored values come from ``<out_dir>/steps.jsonl`` (written by the stage runner from the
-tracker's per-step metrics, every ``train.log_every`` steps). The re-run uses the stage's stored
+The stored values come from the stage's per-step log (``run_folder.STEPS_FILE``, written by
+the training process every ``train.log_every`` steps; the first attempt's value of a step wins). The re-run uses the stage's stored
 resolved config and upstream checkpoint, stops after K steps (``run_training(stop_after=K)``,
 same schedule), and writes only to a scratch folder.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from phaselab.catalog.tracking.run_folder import first_values, read_steps, steps_path
 from phaselab.orchestrator.stages import STAGES
 
 
 def stored_losses(out_dir: Path, metric: str = "train/loss") -> dict[int, float]:
-    path = Path(out_dir) / "steps.jsonl"
+    path = steps_path(out_dir)
     if not path.is_file():
         raise ValueError(f"{path} does not exist: the stage logged no per-step metrics")
-    out: dict[int, float] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if metric in row:
-            out.setdefault(int(row["step"]), float(row[metric]))   # first attempt's value wins
-    return out
+    return first_values(read_steps(path), metric)
 
 
 def verify_stage(store: Any, stage_hash: str, *, steps: int, rtol: float, metric: str = "train/loss") -> dict[str, Any]:

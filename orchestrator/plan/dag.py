@@ -16,7 +16,6 @@ from typing import Any
 
 import yaml
 
-from phaselab.orchestrator.engine.placement import local_gpu, with_auto_gpus
 from phaselab.orchestrator.language.expand import (
     Cell,
     IssueList,
@@ -38,6 +37,7 @@ from phaselab.orchestrator.plan.hashing import (
     make_key,
     sha256_hex,
 )
+from phaselab.orchestrator.plan.placement import local_gpu, with_auto_gpus
 from phaselab.orchestrator.stages import STAGES, Resources, SectionError, data_digest
 from phaselab.orchestrator.stages.dataset import check_data
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from phaselab.catalog.tracking import run_folder
 from phaselab.orchestrator.stages.base import Stage, StageContext, StageResult, normalize_eval
 from phaselab.orchestrator.stages.digest import canonical_json, package_root, sha256_hex
 
@@ -60,6 +61,6 @@ class EvalStage(Stage):
                                tracker=ctx.tracker, extend=ctx.config.get("extend"), best=best)
         except (ExtensionNotApplicable, NoBestCheckpoint) as err:
             raise ValueError(f"stage {ctx.name!r}: {err}") from err
-        artifacts = {"records": ctx.out_dir / "records.json"}
+        artifacts = {"records": ctx.out_dir / run_folder.RECORDS_FILE}
         metrics = {r.key(): r.value for r in records}
         return StageResult(status="succeeded", metrics=metrics, artifacts=artifacts, records=list(records))

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 AUTO = "auto"
-NO_GPU = "no GPU where it runs"   # the reason ``phaselab plan`` warns about (engine/placement.py)
+NO_GPU = "no GPU where it runs"   # the reason ``phaselab plan`` warns about (plan/placement.py)
 MAX_PACK = 4
 HEADROOM = 0.8          # of a GPU's memory the packed stages may plan on
 MARGIN = 1.5            # caching allocator, CUDA graph pools, fragmentation

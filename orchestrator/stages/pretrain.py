@@ -31,21 +31,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from phaselab.catalog.tracking import FanoutTracker, MetricRecord, Tracker
+from phaselab.catalog.tracking import FanoutTracker, MetricRecord, Tracker, run_folder
 from phaselab.orchestrator.stages.base import Resources, Stage, StageContext, StageResult, normalize_data
 
 log = logging.getLogger(__name__)
-METRICS_FILE = "metrics.jsonl"            # written by ray_entry.JsonlTracker (rank 0, or the ray_task process)
-REPLAY_STATE = "metrics.replayed.json"    # {"lines": replayed lines, "records": bool}
 
 
 def _replay_state(out_dir: Path) -> dict[str, Any]:
-    path = Path(out_dir) / REPLAY_STATE
+    path = Path(out_dir) / run_folder.REPLAY_STATE_FILE   # {"lines": replayed lines, "records": bool}
     return json.loads(path.read_text()) if path.is_file() else {"lines": 0, "records": False}
 
 
 def _save_replay_state(out_dir: Path, state: Mapping[str, Any]) -> None:
-    path = Path(out_dir) / REPLAY_STATE
+    path = Path(out_dir) / run_folder.REPLAY_STATE_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(dict(state), sort_keys=True))
     tmp.replace(path)   # atomic: a kill leaves the old or the new state, never half of one
@@ -70,18 +68,17 @@ def replay_metrics(out_dir: Path, tracker: Tracker) -> int:
     Train run rewrites the steps after its checkpoint: a (step, metric) pair is sent once, the
     first value wins (as in ``verify.stored_losses``). Returns the number of points sent.
     """
-    from phaselab.workloads.train.ray_entry import read_metrics
-
     out_dir = Path(out_dir)
     state = _replay_state(out_dir)
+    steps = run_folder.steps_path(out_dir)
     try:
-        rows = read_metrics(out_dir / METRICS_FILE)
+        rows = run_folder.read_steps(steps)
     except ValueError as err:   # a malformed line before the last (a torn last one is skipped there)
-        log.warning("cannot replay %s: %s", out_dir / METRICS_FILE, err)
+        log.warning("cannot replay %s: %s", steps, err)
         return 0
     done = int(state["lines"])
     if done > len(rows):   # the file was replaced (a wiped stage folder): start over
-        log.warning("%s has %d lines, %d were replayed; replaying it anew", out_dir / METRICS_FILE, len(rows), done)
+        log.warning("%s has %d lines, %d were replayed; replaying it anew", steps, len(rows), done)
         done = 0
     seen: set[tuple[int, str]] = set()
     _points(rows[:done], seen)
@@ -125,7 +122,7 @@ def _replay_quietly(ctx: StageContext) -> None:
     try:
         replay_metrics(ctx.out_dir, ctx.tracker)
     except Exception as exc:  # noqa: BLE001
-        log.warning("stage %s: replaying %s failed: %s", ctx.name, METRICS_FILE, exc)
+        log.warning("stage %s: replaying %s failed: %s", ctx.name, run_folder.STEPS_FILE, exc)
 
 
 class PretrainStage(Stage):
@@ -190,7 +187,7 @@ class PretrainStage(Stage):
             from phaselab.workloads.train.api import run_training
             from phaselab.workloads.train.ray_entry import JsonlTracker
 
-            tracker = FanoutTracker(ctx.tracker, JsonlTracker(Path(ctx.out_dir) / METRICS_FILE))
+            tracker = FanoutTracker(ctx.tracker, JsonlTracker(run_folder.steps_path(ctx.out_dir)))
             out = run_training(self.spec(ctx), out_dir=ctx.out_dir, tracker=tracker,
                                init_from=self.init_from(ctx))
         records = list(out.records)

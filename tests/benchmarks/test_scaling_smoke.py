@@ -128,7 +128,7 @@ def test_one_real_fit_measured(tmp_path):
     """One real fit (ZeRO-2, 1 worker, 6 steps, checkpoint at 3): the numbers scaling.py derives
     agree with the loop's own per-step accounting."""
     pytest.importorskip("ray")
-    from phaselab.catalog.run_folder import read_steps
+    from phaselab.catalog.tracking.run_folder import read_steps
     from phaselab.workloads.train.deepspeed_engine import prebuild_comm_op
 
     # DeepSpeed's shm comm op is JIT-compiled once per checkout (~30 s, STACK.md; make install

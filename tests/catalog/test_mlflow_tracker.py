@@ -75,13 +75,10 @@ def test_nested_runs_params_metrics_artifacts(tracking: tuple[str, str], tmp_pat
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("owt")
     assert exp.artifact_location == f"{root}/owt"
-    parents = client.search_runs([exp.experiment_id], "tags.`phaselab.run_level` = 'cell'")
-    assert len(parents) == 1                                 # both stages share the cell's run
-    parent = parents[0]
-    assert parent.data.params == {"axis.pe": "pope", "axis.size": "124M", "axis.seed": "1"}
-    assert parent.info.run_name == "pe=pope size=124M seed=1"
-    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert {c.info.run_id for c in children} == {t.run_id, second.run_id}
+    runs = client.search_runs([exp.experiment_id])
+    assert {r.info.run_id for r in runs} == {t.run_id, second.run_id}    # top-level stage runs only
+    assert not any("mlflow.parentRunId" in r.data.tags for r in runs)     # no cell run to collapse them under
+    assert {r.data.tags["phaselab.cell_key"] for r in runs} == {"pe=pope,seed=1,size=124M"}
     run = client.get_run(t.run_id)
     tags = run.data.tags
     assert (tags["phaselab.stage_hash"], tags["phaselab.grid_id"], tags["phaselab.cell_id"],
@@ -191,8 +188,7 @@ def test_unreachable_server_spools_then_flush_backfills(mlflow_template: Path, t
         assert [m.value for m in client.get_metric_history(t.run_id, "loss")] == [3.0, 2.0, 1.0]
         assert run.data.metrics["ppl/ctx_1024"] == 20.5 and run.info.status == "FINISHED"
         assert [a.path for a in client.list_artifacts(t.run_id, "notes")] == ["notes/note.txt"]
-        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
-        assert parent.data.tags["phaselab.cell_key"] == "pe=pope,seed=1,size=124M"
+        assert run.data.tags["phaselab.cell_key"] == "pe=pope,seed=1,size=124M"   # the replayed start's tags
     finally:
         mlflow_server.stop(proc)
 
@@ -209,8 +205,7 @@ def test_server_command_refuses_file_store_and_public_bind(tmp_path: Path) -> No
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--workers") + 1] == "1"
 
 
-def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[str, str],
-                                                               tmp_path: Path) -> None:
+def test_lineage_glue_and_resume_by_stored_run_id(tracking: tuple[str, str], tmp_path: Path) -> None:
     from catalog_testlib import add_stage, cell
     from mlflow import MlflowClient
 
@@ -225,29 +220,26 @@ def test_lineage_glue_parent_once_and_resume_by_stored_run_id(tracking: tuple[st
     pre = add_stage(store, cid, "pretrain", kind="pretrain")
     ev = add_stage(store, cid, "ppl")
     store.add_edge(pre, ev, "evaluates")
-    parent = lineage.cell_parent_run(store, uri, cell_id=cid, artifact_root=root)
-    assert lineage.cell_parent_run(store, uri, cell_id=cid) == parent == store.reads.get_cell(cid)["mlflow_run_id"]
-
-    t = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool", attn_backend="sdpa")
+    t = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool", attn_backend="sdpa",
+                              artifact_root=root)
     t.log_metrics({"loss": 1.0}, step=1)
     store.update_stage_info(ev, mlflow_run_id=t.run_id)
     resumed = lineage.stage_tracker(store, ev, tracking_uri=uri, spool_dir=tmp_path / "spool")
     assert resumed.run_id == t.run_id
     run = MlflowClient(tracking_uri=uri).get_run(t.run_id)
-    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert "mlflow.parentRunId" not in run.data.tags and run.data.tags["phaselab.cell_id"] == str(cid)
     assert run.data.tags["phaselab.upstream"] == pre and run.data.tags["phaselab.stage_kind"] == "eval"
     store.dispose()
 
 
 def test_dead_tracker_at_start_costs_no_waiting(tmp_path: Path) -> None:
     """A closed port: no HTTP retries at all, every call is spooled at once."""
-    from phaselab.catalog.tracking.mlflow_tracker import prepare_cell_runs, replay_spools
+    from phaselab.catalog.tracking.mlflow_experiment import prepare_experiment
+    from phaselab.catalog.tracking.mlflow_tracker import replay_spools
 
     uri = f"http://127.0.0.1:{_free_port()}"
     started = time.monotonic()
-    cells = [{"cell_key": "pe=rope,seed=0", "cell_id": 1, "grid_id": 1, "axes": {"pe": "rope"}, "run_id": None},
-             {"cell_key": "pe=pope,seed=0", "cell_id": 2, "grid_id": 1, "axes": {"pe": "pope"}, "run_id": "r2"}]
-    assert prepare_cell_runs(uri, "owt", cells) == {"pe=rope,seed=0": None, "pe=pope,seed=0": "r2"}
+    assert prepare_experiment(uri, "owt", [{"axes": {"pe": "rope"}}, {"axes": {"pe": "pope"}}]) is False
     t = _stage_tracker(uri, None, tmp_path)
     for step in range(200):
         t.log_metrics({"train/loss": 1.0 / (step + 1)}, step=step)

@@ -1,4 +1,4 @@
-"""The run folder's per-step log (catalog/run_folder.py): one complete line per write, a torn
+"""The run folder's per-step log (catalog/tracking/run_folder.py): one complete line per write, a torn
 final line skipped by readers and cut away by the next writer, corruption before it refused
 with file and line, the first value per (step, metric), and the live view's tail read."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.run_folder import (
+from phaselab.catalog.tracking import run_folder
+from phaselab.catalog.tracking.run_folder import (
     MetricsFileError,
     StepLog,
     first_values,

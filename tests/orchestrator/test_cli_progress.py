@@ -16,10 +16,11 @@ from _orchestrator_grids import BASE
 from typer.testing import CliRunner
 
 from phaselab.catalog.store.api import CatalogStore
+from phaselab.catalog.tracking.run_folder import steps_path
 from phaselab.orchestrator.cli.main import app
 from phaselab.orchestrator.engine.controller import Controller
 from phaselab.orchestrator.engine.notify import Notifier
-from phaselab.orchestrator.engine.progress import PROGRESS_ENV, PROGRESS_FILE, RunView, read_progress
+from phaselab.orchestrator.engine.progress import RunView, read_progress
 from phaselab.orchestrator.plan.dag import plan_grid
 
 TRAIN = {"model": {"preset": "tiny", "block_size": 16}, "data": {"kind": "text", "block_size": 16},
@@ -28,13 +29,14 @@ TRAIN = {"model": {"preset": "tiny", "block_size": 16}, "data": {"kind": "text",
 
 
 def test_the_training_loop_reports_its_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselab.catalog.tracking import RecordingTracker
+    from phaselab.catalog.tracking import FanoutTracker, RecordingTracker
     from phaselab.orchestrator.stages.base import normalize_model
     from phaselab.workloads.train.api import run_training
+    from phaselab.workloads.train.ray_entry import JsonlTracker
 
-    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / PROGRESS_FILE))
-    tracker = RecordingTracker()
-    run_training({**TRAIN, "model": normalize_model(TRAIN["model"])}, out_dir=tmp_path / "run", tracker=tracker)
+    tracker = RecordingTracker()   # the stage's own tracker beside the per-step log, as pretrain runs it
+    run_training({**TRAIN, "model": normalize_model(TRAIN["model"])}, out_dir=tmp_path / "run",
+                 tracker=FanoutTracker(tracker, JsonlTracker(steps_path(tmp_path))))
     logged = [(s, m) for s, m in tracker.metrics if "train/loss" in m]
     assert [s for s, _ in logged] == [2, 4, 5]             # log_every 2, and the last step
     p = read_progress(tmp_path, 5)
@@ -63,7 +65,7 @@ def test_the_live_table_shows_running_stages_and_the_grid_bar(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from rich.console import Console
 
-    from phaselab.workloads.train.loop import write_progress
+    from phaselab.workloads.train.ray_entry import JsonlTracker
 
     grid = tmp_path / "g.yaml"
     grid.write_text(BASE)
@@ -76,8 +78,8 @@ def test_the_live_table_shows_running_stages_and_the_grid_bar(tmp_path: Path,
         view.event("started", pre[0], "attempt 1")
         view.event("started", pre[1], "attempt 1")
         (tmp_path / "runs" / pre[0].hash).mkdir(parents=True)
-        monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "runs" / pre[0].hash / PROGRESS_FILE))
-        write_progress(3, 8, {"train/loss": 2.71828, "train/tokens_per_s": 2500.0, "train/steps_per_s": 0.5})
+        JsonlTracker(steps_path(tmp_path / "runs" / pre[0].hash)).log_metrics(
+            {"train/loss": 2.71828, "train/tokens_per_s": 2500.0, "train/steps_per_s": 0.5}, step=3)
         view.event("succeeded", pre[1], "1.0 s")
         console.print(view.renderable())
     finally:
@@ -155,7 +157,7 @@ def test_run_names_every_failed_stage_exits_1_and_notifies(tmp_path: Path, ray_l
 
 
 def test_status_shows_the_running_stage_step_and_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from phaselab.workloads.train.loop import write_progress
+    from phaselab.workloads.train.ray_entry import JsonlTracker
 
     grid = tmp_path / "g.yaml"
     grid.write_text(BASE)
@@ -169,8 +171,9 @@ def test_status_shows_the_running_stage_step_and_eta(tmp_path: Path, monkeypatch
     store.transition(h, "READY", expected={"PLANNED"})
     assert store.claim(h, "someone")
     controller.out_dir(h).mkdir(parents=True)
-    monkeypatch.setenv(PROGRESS_ENV, str(controller.out_dir(h) / PROGRESS_FILE))
-    write_progress(10, 40, {"train/loss": 3.5, "train/tokens_per_s": 100.0, "train/steps_per_s": 2.0})
+
+    JsonlTracker(steps_path(controller.out_dir(h))).log_metrics(
+        {"train/loss": 3.5, "train/tokens_per_s": 100.0, "train/steps_per_s": 2.0}, step=10)
     out = json.loads(CliRunner().invoke(app, ["status", "t", "--catalog", url, "--json"]).output)
     (row,) = [s for s in out["stages"] if s["hash"] == h]
     assert row["axes"] == {"pe": "pope", "seed": 0} and row["cells"] == ["pe=pope,seed=0"]

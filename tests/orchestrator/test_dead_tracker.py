@@ -70,20 +70,18 @@ def test_dead_tracker_at_start_neither_fails_nor_delays_the_quickstart(tmp_path:
     # 8 spools, or more when the code changed under the test and resume ran the stages anew.
     spools = len(list(spool.glob("*.jsonl")))
     assert int(note[1]) > 0 and int(note[2]) == spools >= 8 and note[3] == dead_uri
-    # `sync-tracking` sends them and ends the cells' parent runs the replay created.
+    # `sync-tracking` sends them, then publishes the grid's comparison (its summary run).
     synced = _cli(tmp_path / "dead", "sync-tracking", "--json", tracking_uri=store)
     assert synced.returncode == 0, synced.stdout[-3000:] + synced.stderr[-3000:]
     report = json.loads(synced.stdout)
-    assert (report["spools"], report["pending_calls"], report["ended_cell_runs"]) == (spools, 0, 3)
+    assert (report["spools"], report["pending_calls"]) == (spools, 0)
+    assert report["comparisons"]["quickstart"].endswith("/artifacts/comparison/quickstart_ppl_by_length.png")
     assert replay_spools(spool, store) == {}   # drained: a second replay has nothing to send
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("quickstart").experiment_id])
     stages = [r for r in runs if r.data.tags.get("phaselab.run_level") == "stage"]
-    cells = {r.info.run_id for r in runs if r.data.tags.get("phaselab.run_level") == "cell"}
-    assert len(stages) == spools and len(cells) == 3
-    assert {r.info.status for r in stages} == {"FINISHED"}
-    assert {r.info.status for r in runs if r.info.run_id in cells} == {"FINISHED"}   # none left RUNNING
-    assert {r.data.tags["mlflow.parentRunId"] for r in stages} == cells
+    assert len(stages) == spools and {r.info.status for r in stages} == {"FINISHED"}   # none left RUNNING
+    assert {r.data.tags["phaselab.run_level"] for r in runs} == {"stage", "grid"}      # and the summary
     pretrain = next(r for r in stages if r.info.run_name.startswith("pretrain "))
     loss = next(k for k in pretrain.data.metrics if k.startswith("loss/") and "/split_valid" in k)
     assert len(client.get_metric_history(pretrain.info.run_id, loss)) == 1   # the final eval, once

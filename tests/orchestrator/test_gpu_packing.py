@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from phaselab.orchestrator.cli.main import app
-from phaselab.orchestrator.engine.placement import cluster_gpu, local_gpu, with_auto_gpus
 from phaselab.orchestrator.language.yamlio import GridError
 from phaselab.orchestrator.plan.dag import build_dag, load_grid
+from phaselab.orchestrator.plan.placement import cluster_gpu, local_gpu, with_auto_gpus
 from phaselab.orchestrator.stages import STAGES, gpu_packing
 from phaselab.orchestrator.stages.base import normalize_model
 

@@ -17,14 +17,10 @@ from pathlib import Path
 import pytest
 
 from phaselab.catalog.tracking import RecordingTracker
+from phaselab.catalog.tracking.run_folder import REPLAY_STATE_FILE, read_steps
 from phaselab.orchestrator.stages import base
-from phaselab.orchestrator.stages.pretrain import (
-    REPLAY_STATE,
-    PretrainStage,
-    log_records_once,
-    replay_metrics,
-)
-from phaselab.workloads.train.ray_entry import JsonlTracker, read_metrics
+from phaselab.orchestrator.stages.pretrain import PretrainStage, log_records_once, replay_metrics
+from phaselab.workloads.train.ray_entry import JsonlTracker
 
 STAGE = "5e" * 32
 
@@ -84,7 +80,7 @@ def test_replay_into_mlflow_is_exact_and_idempotent_across_a_resume(mlflow_templ
     uri, out = f"sqlite:///{db}", tmp_path / "stage"
     writer = JsonlTracker(out / "metrics.jsonl")
     run_training(_spec(), out_dir=out, tracker=writer, stop_after=5)   # a kill after step 5 (checkpoint at 3)
-    first = read_metrics(out / "metrics.jsonl")
+    first = read_steps(out / "metrics.jsonl")
     assert [int(r["step"]) for r in first if "train/loss" in r] == [1, 2, 3, 4, 5]
     want = _pairs(first)
 
@@ -96,10 +92,10 @@ def test_replay_into_mlflow_is_exact_and_idempotent_across_a_resume(mlflow_templ
     assert replay_metrics(out, ml) == 0                                    # same process, again
     assert replay_metrics(out, _tracker(uri, tmp_path)) == 0               # a retried stage's new tracker
     assert len(_history(uri, ml.run_id, "train/lr")) == 5
-    assert json.loads((out / REPLAY_STATE).read_text())["lines"] == len(first)
+    assert json.loads((out / REPLAY_STATE_FILE).read_text())["lines"] == len(first)
 
     run_training(_spec(), out_dir=out, tracker=writer)   # resumes at step 3: rewrites 4 and 5
-    lines = read_metrics(out / "metrics.jsonl")
+    lines = read_steps(out / "metrics.jsonl")
     assert [int(r["step"]) for r in lines if "train/loss" in r] == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
     every = _pairs(lines)
     resumed = _tracker(uri, tmp_path)
@@ -118,7 +114,7 @@ def test_one_replay_of_a_rewritten_file_keeps_each_step_once(tmp_path: Path) -> 
     attempt's value of a step wins (as in ``verify.stored_losses``)."""
     writer = JsonlTracker(tmp_path / "metrics.jsonl")
     for step in (1, 2, 3, 2, 3, 4):
-        writer.log_metrics({"train/loss": 10.0 * step + len(read_metrics(writer.path))}, step=step)
+        writer.log_metrics({"train/loss": 10.0 * step + len(read_steps(writer.path))}, step=step)
     writer.log_metrics({"valid/loss": 0.5}, step=4)   # a second line at a step adds its own keys
     rec = RecordingTracker()
     assert replay_metrics(tmp_path, rec) == 5

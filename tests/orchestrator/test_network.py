@@ -39,9 +39,9 @@ def test_submitted_job_carries_the_catalog_password_sealed_in_its_environment_on
     from phaselab.orchestrator.engine.jobs import job_request
 
     url = "postgresql+psycopg://phaselab:s3cret-pw@db.internal:5432/catalog"
-    for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S"):
+    for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
+    monkeypatch.setenv("PHASELAB_MAX_CELLS", "64")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-123")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     req = job_request("http://head:8265", "quickstart", url, tmp_path / "runs", version=3)
@@ -49,13 +49,14 @@ def test_submitted_job_carries_the_catalog_password_sealed_in_its_environment_on
                                  f"{(tmp_path / 'runs').resolve()} --version 3")
     assert "s3cret" not in str(req) and "tok-123" not in str(req)   # sealed (test_secrets.py), token not sent
     env = req["runtime_env"]["env_vars"]
-    assert sorted(env) == ["MLFLOW_TRACKING_URI", "PHASELAB_AUTOTUNE", "PHASELAB_SEALED_ENV"]
-    assert (env["MLFLOW_TRACKING_URI"], env["PHASELAB_AUTOTUNE"]) == ("http://127.0.0.1:5000", "1")
+    assert sorted(env) == ["MLFLOW_TRACKING_URI", "PHASELAB_MAX_CELLS", "PHASELAB_SEALED_ENV"]
+    assert (env["MLFLOW_TRACKING_URI"], env["PHASELAB_MAX_CELLS"]) == ("http://127.0.0.1:5000", "64")
 
 
-def test_stage_tasks_get_the_catalog_mlflow_and_autotune_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stage_tasks_get_the_catalog_and_mlflow_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remote Ray nodes do not inherit the driver's environment: what a stage needs travels in
-    its runtime_env, the Triton autotune switch only where the user set it."""
+    its runtime_env. Nothing that changes what runs does: kernel choices are config fields
+    (``model.attention``), so a stray PHASELAB_AUTOTUNE in the driver's environment is not passed."""
     from phaselab.orchestrator.cli.main import stage_env
 
     for name in ("PHASELAB_CATALOG_URL", "MLFLOW_DISABLE_TELEMETRY", "PHASELAB_AUTOTUNE"):
@@ -67,4 +68,4 @@ def test_stage_tasks_get_the_catalog_mlflow_and_autotune_settings(monkeypatch: p
     monkeypatch.setenv("PHASELAB_AUTOTUNE", "1")
     monkeypatch.setenv("PHASELAB_CATALOG_URL", "postgresql+psycopg://db/catalog")
     assert stage_env(None, None) == {"PHASELAB_CATALOG_URL": "postgresql+psycopg://db/catalog",
-                                     "MLFLOW_DISABLE_TELEMETRY": "true", "PHASELAB_AUTOTUNE": "1"}
+                                     "MLFLOW_DISABLE_TELEMETRY": "true"}

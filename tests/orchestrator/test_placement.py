@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.orchestrator.engine.placement import demands, resource_wait, unschedulable
 from phaselab.orchestrator.engine.ray_local import ClusterAccessError, check_cluster, find_token, is_loopback
 from phaselab.orchestrator.plan.dag import build_dag, load_grid
+from phaselab.orchestrator.plan.placement import demands, resource_wait, unschedulable
 
 GRID = """\
 grid: place
@@ -135,7 +135,7 @@ def test_addresses_nobody_or_no_gcs_answers_are_named() -> None:
 
 
 def test_plan_names_the_stages_a_cluster_cannot_run_grouped_by_reason(nodes_by_name) -> None:
-    from phaselab.orchestrator.engine.placement import plan_warnings
+    from phaselab.orchestrator.plan.placement import plan_warnings
 
     nodes = list(nodes_by_name.values())
     two_cpus = [{"CPU": 2.0, "memory": 8.0 * GB}]
@@ -152,7 +152,7 @@ def test_plan_names_the_stages_a_cluster_cannot_run_grouped_by_reason(nodes_by_n
 
 def test_the_local_cluster_is_read_without_starting_it(monkeypatch, tmp_path: Path) -> None:
     """CPUs from the argument, GPUs and their accelerator type from nvidia-smi (Ray's name rule)."""
-    from phaselab.orchestrator.engine.placement import local_node
+    from phaselab.orchestrator.plan.placement import local_node
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\necho 'NVIDIA H200'\n")

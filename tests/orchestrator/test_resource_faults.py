@@ -59,7 +59,7 @@ def test_a_read_only_runs_folder_is_refused_before_any_work(tmp_path: Path, monk
         out = _run(monkeypatch, tmp_path / "catalog.db", runs)
     assert out["error"].startswith(f"the runs folder {runs} is on a read-only file system [EROFS]: ")
     assert "--runs-root" in out["error"]
-    assert CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}").get_grid("quickstart") is None
+    assert CatalogStore(f"sqlite:///{tmp_path / 'catalog.db'}").reads.get_grid("quickstart") is None
 
 
 def test_an_unreachable_cluster_registers_no_grid_version(tmp_path: Path, monkeypatch) -> None:

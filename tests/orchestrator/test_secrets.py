@@ -82,7 +82,7 @@ def test_submitted_job_gets_credentials_sealed_with_the_cluster_token(tmp_path: 
 
     url = f"postgresql+psycopg://phaselab:{PASSWORD}@db.internal:5432/catalog"
     for name in ("MLFLOW_DISABLE_TELEMETRY", "PHASELAB_MAX_CELLS", "PHASELAB_MAX_STAGES", "PHASELAB_RESOURCE_WAIT_S",
-                 "PHASELAB_AUTOTUNE", "MLFLOW_TRACKING_URI", SEALED_ENV):
+                 "MLFLOW_TRACKING_URI", SEALED_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAY_AUTH_TOKEN", "tok-123")
     req = job_request("http://head:8265", "quickstart", url, tmp_path / "runs")
@@ -117,6 +117,6 @@ def test_redact_and_split_secrets() -> None:
     assert redact("http://h:5000/x sqlite:////a/b.db") == "http://h:5000/x sqlite:////a/b.db"
     public, secret = split_secrets({"PHASELAB_CATALOG_URL": f"postgresql://u:{PASSWORD}@h/d",
                                     "MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "RAY_AUTH_TOKEN": "t",
-                                    "PHASELAB_AUTOTUNE": "1"})
-    assert public == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "PHASELAB_AUTOTUNE": "1"}
+                                    "PHASELAB_MAX_CELLS": "64"})
+    assert public == {"MLFLOW_TRACKING_URI": "http://127.0.0.1:5000", "PHASELAB_MAX_CELLS": "64"}
     assert secret == {"PHASELAB_CATALOG_URL": f"postgresql://u:{PASSWORD}@h/d", "RAY_AUTH_TOKEN": "t"}

@@ -4,7 +4,7 @@ read back as finished.
 Real files written by the real ``ray_entry.JsonlTracker`` (and, for the replay, by the real
 training loop through ``run_training``); the torn tails are what a write cut short leaves: a
 prefix of the next real line, a complete record that lost its newline, NUL padding after a crash,
-a terminated line that does not parse. Checked: ``read_metrics`` returns exactly the complete
+a terminated line that does not parse. Checked: ``read_steps`` returns exactly the complete
 lines and logs a warning naming the file and line; a bad line in the middle raises with the file
 name and line number; a resumed writer cuts the torn line before appending (the file is valid
 JSONL again, byte for byte); ``replay_metrics`` replays the complete lines before and after.
@@ -19,16 +19,17 @@ from pathlib import Path
 import pytest
 
 from phaselab.catalog.tracking import RecordingTracker
-from phaselab.orchestrator.engine.failures import classify
-from phaselab.orchestrator.stages.pretrain import REPLAY_STATE, replay_metrics
-from phaselab.workloads.train.ray_entry import (
-    JsonlTracker,
+from phaselab.catalog.tracking.run_folder import (
+    REPLAY_STATE_FILE,
     MetricsFileError,
-    read_metrics,
+    read_steps,
     truncate_torn_tail,
 )
+from phaselab.orchestrator.engine.failures import classify
+from phaselab.orchestrator.stages.pretrain import replay_metrics
+from phaselab.workloads.train.ray_entry import JsonlTracker
 
-LOGGER = "phaselab.workloads.train.ray_entry"
+LOGGER = "phaselab.catalog.tracking.run_folder"
 ROWS = [{"train/loss": 4.5, "train/lr": 1e-3}, {"train/loss": 4.25, "train/lr": 2e-3},
         {"train/loss": 4.0, "valid/loss": 4.125}]
 NEXT = json.dumps({"step": 4, "train/loss": 3.75, "train/lr": 3e-3}) + "\n"
@@ -60,12 +61,12 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
     good = _write(path)
     assert good.count(b"\n") == 3 and good.endswith(b"\n")          # one complete line per record
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert read_metrics(path) == _expected()
+        assert read_steps(path) == _expected()
     assert caplog.records == []                                     # a healthy file: no warning
     with open(path, "ab") as f:
         f.write(TORN_TAILS[tail])
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert read_metrics(path) == _expected()
+        assert read_steps(path) == _expected()
     (warning,) = caplog.records
     assert warning.levelno == logging.WARNING and f"{path}:4" in warning.getMessage()
     assert "torn final line" in warning.getMessage()
@@ -74,8 +75,8 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
 def test_a_file_that_is_only_a_torn_line_reads_empty(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(TORN_TAILS["prefix-of-next-line"])
-    assert read_metrics(path) == []
-    assert read_metrics(tmp_path / "absent.jsonl") == []
+    assert read_steps(path) == []
+    assert read_steps(tmp_path / "absent.jsonl") == []
 
 
 @pytest.mark.parametrize("bad", [b"{not json}\n", TORN_TAILS["prefix-of-next-line"] + NEXT.encode(), b"[1, 2]\n"],
@@ -88,7 +89,7 @@ def test_a_bad_line_in_the_middle_raises_naming_file_and_line(tmp_path: Path, ba
     lines = good.splitlines(keepends=True)
     path.write_bytes(lines[0] + bad + b"".join(lines[1:]))
     with pytest.raises(MetricsFileError, match=rf"{path}:2: malformed metrics line"):
-        read_metrics(path)
+        read_steps(path)
     with pytest.raises(MetricsFileError, match=rf"{path}:2: malformed") as err:   # nor appends to it
         JsonlTracker(path).log_metrics({"train/loss": 1.0}, step=9)
     assert isinstance(err.value, ValueError) and classify(err.value) == "data"
@@ -112,7 +113,7 @@ def test_a_resumed_writer_cuts_the_torn_line_before_appending(tmp_path: Path, ca
     assert path.read_bytes() == good + NEXT.encode() + b'{"step": 5, "train/loss": 3.5}\n'
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        rows = read_metrics(path)
+        rows = read_steps(path)
     assert caplog.records == []                        # valid JSONL again
     assert rows == _expected() + [{"step": 4, "train/loss": 3.75, "train/lr": 3e-3}, {"step": 5, "train/loss": 3.5}]
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows   # any JSONL reader agrees
@@ -124,7 +125,7 @@ def test_truncate_leaves_healthy_files_alone(tmp_path: Path) -> None:
     good = _write(path)
     assert truncate_torn_tail(path) is False and path.read_bytes() == good
     path.write_bytes(good + b"\n\n")                   # blank lines are not records, and not torn
-    assert truncate_torn_tail(path) is False and read_metrics(path) == _expected()
+    assert truncate_torn_tail(path) is False and read_steps(path) == _expected()
     path.write_bytes(TORN_TAILS["nul-padding"])
     assert truncate_torn_tail(path) is True and path.read_bytes() == b""
 
@@ -139,7 +140,7 @@ def test_replay_after_a_torn_line_replays_the_complete_lines(tmp_path: Path) -> 
 
     out = tmp_path / "stage"
     run_training(_spec(), out_dir=out, tracker=JsonlTracker(out / "metrics.jsonl"), stop_after=5)
-    complete = read_metrics(out / "metrics.jsonl")
+    complete = read_steps(out / "metrics.jsonl")
     assert [int(r["step"]) for r in complete if "train/loss" in r] == [1, 2, 3, 4, 5]
     line = json.dumps({"step": 6, "train/loss": 2.5, "train/lr": 1e-3}) + "\n"
     with open(out / "metrics.jsonl", "ab") as f:
@@ -148,10 +149,10 @@ def test_replay_after_a_torn_line_replays_the_complete_lines(tmp_path: Path) -> 
     first = RecordingTracker()
     assert replay_metrics(out, first) == len(_pairs(complete))
     assert first.metrics == [(int(r["step"]), {k: v for k, v in r.items() if k != "step"}) for r in complete]
-    assert json.loads((out / REPLAY_STATE).read_text())["lines"] == len(complete)
+    assert json.loads((out / REPLAY_STATE_FILE).read_text())["lines"] == len(complete)
 
     run_training(_spec(), out_dir=out, tracker=JsonlTracker(out / "metrics.jsonl"))   # resumes at step 3
-    lines = read_metrics(out / "metrics.jsonl")
+    lines = read_steps(out / "metrics.jsonl")
     assert lines[: len(complete)] == complete
     assert [int(r["step"]) for r in lines if "train/loss" in r] == [1, 2, 3, 4, 5, 4, 5, 6, 7, 8]
     assert all(line.endswith("}") for line in (out / "metrics.jsonl").read_text().splitlines())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phaselab.catalog.run_folder import read_steps
+from phaselab.catalog.tracking.run_folder import read_steps
 from phaselab.workloads.config import from_dict, to_dict
 from phaselab.workloads.models.config import ModelConfig
 from phaselab.workloads.models.presets import preset

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.tracking import NullTracker
+from phaselab.catalog.tracking import NullTracker, run_folder
 from phaselab.kernels import registry
 from phaselab.workloads import provenance
 from phaselab.workloads.evals.api import run_eval

@@ -32,7 +32,7 @@ def _spec(*, zero_stage, steps=6) -> dict:
 
 
 def _losses(out_dir: Path) -> dict[int, float]:
-    from phaselab.catalog.run_folder import read_steps, steps_path
+    from phaselab.catalog.tracking.run_folder import read_steps, steps_path
 
     return {int(m["step"]): m["train/loss"] for m in read_steps(steps_path(out_dir))
             if "train/loss" in m}

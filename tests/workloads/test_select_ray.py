@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray
 
 
 def test_zero3_two_workers_keep_the_best_validation_weights(ray_cluster, tmp_path: Path) -> None:
-    from phaselab.catalog.run_folder import read_steps, steps_path
+    from phaselab.catalog.tracking.run_folder import read_steps, steps_path
     from phaselab.workloads.evals.api import run_eval
     from phaselab.workloads.train.checkpoint import read_best
     from phaselab.workloads.train.ray_entry import fit
