@@ -90,7 +90,7 @@ def read_catalog(catalog: str, grid: str) -> dict[str, Any]:
 
 def card() -> str:
     """The GPU's name (nvidia-smi), else the CPU's model and the cores this process may use."""
-    from phaselab.orchestrator.engine.placement import local_gpu
+    from phaselab.orchestrator.plan.placement import local_gpu
 
     gpu = local_gpu()
     if gpu is not None:

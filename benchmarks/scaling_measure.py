@@ -113,7 +113,7 @@ def telemetry(lines: Sequence[dict], *, bench: Bench) -> dict:
 def timed_fit(spec: dict, *, out_dir: Path, run_name: str, storage: Path, case: Case, device: str,
               stop_after: int | None = None) -> dict:
     """One ``fit`` with its wall time, time to the first train line and nvidia-smi memory peak."""
-    from phaselab.catalog.run_folder import read_steps
+    from phaselab.catalog.tracking.run_folder import read_steps
     from phaselab.workloads.train.ray_entry import fit
 
     t0 = time.monotonic()

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog import run_folder
+from phaselab.catalog.tracking import run_folder
 
 
 def reset() -> None:

@@ -84,8 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.catalog.tracking import MetricRecord, Tracker, run_folder
 from phaselab.workloads import provenance
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.data import DataConfig

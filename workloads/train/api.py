@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.catalog.tracking import MetricRecord, Tracker, run_folder
 from phaselab.workloads.config import flatten
 from phaselab.workloads.paths import check_path, check_run_folder
 from phaselab.workloads.train.checkpoint import CheckpointDir

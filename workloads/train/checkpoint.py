@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from phaselab.catalog.run_folder import BEST_FILE, LATEST, MODEL_FILE
+from phaselab.catalog.tracking.run_folder import BEST_FILE, LATEST, MODEL_FILE
 from phaselab.workloads.paths import confine
 
 _STEP_RE = re.compile(r"^step_(\d{7})$")

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from phaselab.catalog import run_folder
+from phaselab.catalog.tracking import run_folder
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.paths import PathRefused, check_path, shown
 from phaselab.workloads.train.checkpoint import CheckpointDir

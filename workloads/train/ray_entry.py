@@ -37,8 +37,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.tracking import MetricRecord, NullTracker
+from phaselab.catalog.tracking import MetricRecord, NullTracker, run_folder
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from phaselab.catalog import run_folder
-from phaselab.catalog.run_folder import MINIMA_FILE, MODEL_FILE, SPEC_FILE, STATE_FILE, rng_file
-from phaselab.catalog.tracking import MetricRecord, Tracker
+from phaselab.catalog.tracking import MetricRecord, Tracker, run_folder
+from phaselab.catalog.tracking.run_folder import MINIMA_FILE, MODEL_FILE, SPEC_FILE, STATE_FILE, rng_file
 from phaselab.workloads import provenance
 from phaselab.workloads.config import ConfigError, to_dict
 from phaselab.workloads.data import build_dataset
