@@ -6,18 +6,27 @@ logit(t, s) = scale * <q_t, k_s> + bias[h, pos_q[t] - pos_k[s] - d_min], bias an
 (kernels/attention/triton_flash.py), whose tile loaders, causal block bounds (fully masked key
 blocks skipped, fully visible ones run unmasked), configs and pruners are reused here. Without
 positions (`HAS_POS` False) they are the indices, the queries being the last T of the S keys.
-The table index is clamped into [0, Nd): only masked pairs (probability 0) can fall outside it,
-the host sizes Nd to cover every visible distance.
+
+Bias tiles. With consecutive positions (`pos_flags` bit 2, always with index positions) the bias
+of a tile is Toeplitz, score (i, j) at table index base + i - j + BLOCK_N - 1: one strip of
+BM + BN - 1 distances is loaded per tile (coalesced, 0 past the table's ends) and spread over the
+tile by a `tl.gather` whose index is a compile-time pattern (`_toeplitz`; ptxas for sm_90a: the
+strip rides the K/V cp.async pipeline, the spread is ~25 shared-memory loads at constant offsets
+per thread and tile; the forward takes 12 instructions per score against the plain core's 10 and
+the old per-score loads' 26). Other positions gather every score from the table, the index
+clamped into [0, Nd) (`_gathered`; only masked pairs, probability 0, can fall outside it). The
+choice is made per batch row outside the key loops, which are compiled once for each (TOEPLITZ).
 
 The table's gradient dbias[h, d] = sum of dS over the pairs at distance d (dS = P (dP - Delta),
-the logit's gradient) is reduced in the dQ kernel (`DBIAS`), which already holds dS:
-- consecutive positions (the training case; index positions too): a [B, B] tile (BLOCK_M ==
-  BLOCK_N == B) holds 2B - 1 diagonals, summed in registers by two `tl.gather` skews (`_diag_sums`).
-  Key block j+1's tile sits B distances below key block j's, so the lower half of one tile and the
-  upper half of the next are one block of distances: it is carried in registers and stored once.
-  Each program (b, h, query block) writes its own row of `part` [B*H, n_qblocks, Nd] with plain
-  stores; the host sums the rows in a fixed order, so dbias is bitwise deterministic;
-- other positions: dS is added to the program's row with fp32 atomics (correct, order not fixed).
+the logit's gradient) is reduced in the dQ kernel (`DBIAS`), which already holds dS. Each program
+(b, h, query block) owns a row of `part` [B*H, n_rows, Nd]; the host sums the rows in a fixed order.
+- consecutive positions: a [2B, B] tile's 3B - 1 diagonals are three blocks of B distances,
+  summed by one gather that rotates each row and masked column sums (`_diag_blocks`). Key block
+  j+1's strip sits B distances below key block j's, so two blocks are carried in registers into
+  the next tile and the third is complete and stored once: plain stores, no atomics, dbias bitwise
+  deterministic;
+- other positions: dS is added to the program's row with fp32 atomics (correct, order not fixed;
+  the autotuner zeroes `part` before each timed run, since atomics accumulate across runs).
 """
 
 from __future__ import annotations
@@ -50,15 +59,16 @@ from phaselab.kernels.attention.triton_flash import (
 
 
 def dbias_configs() -> list[triton.Config]:
-    """dQ + dbias tiles: square (`_diag_sums`), one BLOCK so that the host sizes `part` before the
-    autotuner picks. 64-wide: the [64, 64] skews add two tiles to the dQ kernel's live set."""
+    """dQ + d table tiles: BLOCK_M = 2 BLOCK_N (`_diag_blocks`), the flash dQ kernel's shape; the
+    interpreter runs the same shape small."""
     if triton_common.interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=w, num_stages=s)
-            for w, s in [(4, 3), (8, 3), (4, 2), (8, 2)]]
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bm // 2}, num_warps=w, num_stages=s)
+            for bm, w, s in [(128, 8, 3), (64, 4, 3), (128, 8, 2), (64, 8, 3)]]
 
 
-DBIAS_BLOCK = dbias_configs()[0].kwargs["BLOCK_M"]
+# `part` has a row per (b, h, block of the smallest BLOCK_M); rows a larger block leaves stay 0
+DBIAS_ROWS = min(c.kwargs["BLOCK_M"] for c in dbias_configs())
 
 
 def _dbias_prune(configs, named_args, **kwargs):
@@ -90,11 +100,55 @@ def _positions(p_pos, o, n, off, HAS_POS: tl.constexpr):
 
 
 @triton.jit
-def _bias(p_tab, b_pq, b_pk, d_min, n_dist):
-    """[BM, BN] fp32 bias[h, pos_q - pos_k - d_min], the index clamped into the table."""
+def _gathered(p_tab, b_pq, b_pk, d_min, n_dist):
+    """[BM, BN] fp32 bias[h, pos_q - pos_k - d_min] for any positions: one load per score, the
+    index clamped into the table (the fallback of `_tile_bias`)."""
     idx = b_pq[:, None] - b_pk[None, :] - d_min
     idx = tl.minimum(tl.maximum(idx, 0), n_dist - 1).to(tl.int32)
     return tl.load(p_tab + idx)
+
+
+@triton.jit
+def _toeplitz(p_tab, base, n_dist, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANS: tl.constexpr):
+    """The [BM, BN] bias tile of consecutive positions (TRANS: its [BN, BM] transpose): score
+    (i, j) reads table[base + i - j + BLOCK_N - 1], so the tile is one strip of BM + BN - 1
+    distances (one coalesced load, 0 past the table's ends) spread by a gather whose index is a
+    compile-time pattern (ptxas: shared-memory loads at constant offsets, no index registers)."""
+    L: tl.constexpr = 2 * max(BLOCK_M, BLOCK_N)  # a power of two >= BM + BN - 1
+    o = base + tl.arange(0, L)
+    strip = tl.load(p_tab + o, mask=(o >= 0) & (o < n_dist), other=0.0)
+    if TRANS:
+        k = tl.arange(0, BLOCK_M)[None, :] - tl.arange(0, BLOCK_N)[:, None] + (BLOCK_N - 1)
+        out = tl.reshape(tl.gather(strip, tl.reshape(k, [BLOCK_N * BLOCK_M]), 0), [BLOCK_N, BLOCK_M])
+    else:
+        k = tl.arange(0, BLOCK_M)[:, None] - tl.arange(0, BLOCK_N)[None, :] + (BLOCK_N - 1)
+        out = tl.reshape(tl.gather(strip, tl.reshape(k, [BLOCK_M * BLOCK_N]), 0), [BLOCK_M, BLOCK_N])
+    return out
+
+
+@triton.jit
+def _tile_bias(p_tab, b_pq, b_pk, base, d_min, n_dist, TOEPLITZ: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, TRANS: tl.constexpr):
+    """Bias tile of queries b_pq x keys b_pk (TRANS: keys x queries): with consecutive positions
+    (TOEPLITZ) from the strip at table index `base` (`_toeplitz`), else score by score (`_gathered`)."""
+    if TOEPLITZ:
+        b = _toeplitz(p_tab, base, n_dist, BLOCK_M, BLOCK_N, TRANS)
+    elif TRANS:
+        b = tl.trans(_gathered(p_tab, b_pq, b_pk, d_min, n_dist))
+    else:
+        b = _gathered(p_tab, b_pq, b_pk, d_min, n_dist)
+    return b
+
+
+@triton.jit
+def _consecutive(flags, i_b, s_fb, HAS_POS: tl.constexpr):
+    """Whether batch row i_b's positions are consecutive from one origin (`pos_flags` bit 2;
+    always with index positions): then a tile's distances are its diagonals (`_toeplitz`)."""
+    if HAS_POS:
+        consec = (tl.load(flags + i_b * s_fb) & 4) != 0
+    else:
+        consec = True
+    return consec
 
 
 @triton.jit
@@ -106,25 +160,33 @@ def _visible(b_pq, b_pk, o_n, S, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _diag_sums(ds, B: tl.constexpr):
-    """(lo, hi) [B] diagonal sums of a [B, B] tile: lo[r] sums i - j = r - (B - 1), hi[r] sums
-    i - j = r + 1 (hi[B - 1] = 0). Row i is skewed by a gather so that its diagonal r lands in
-    column r, then the rows are summed."""
-    i = tl.arange(0, B)[:, None]
-    r = tl.arange(0, B)[None, :]
-    lo = tl.sum(tl.where(i <= r, tl.gather(ds, tl.minimum(i - r + (B - 1), B - 1), axis=1), 0.0), 0)
-    hi = tl.sum(tl.where(i > r, tl.gather(ds, tl.maximum(i - r - 1, 0), axis=1), 0.0), 0)
-    return lo, hi
+def _diag_blocks(ds, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The diagonal sums of a [BM, BN] dS tile (BM = 2 BN) as three blocks of BN: block q, entry r
+    sums the scores at strip index k = i - j + BN - 1 = q BN + r (`_toeplitz`). Row i is rotated
+    by a gather (index a compile-time pattern) so that its index k lands in column k mod BN, which
+    holds block i // BN's where r >= i mod BN and the next block's where r < i mod BN; masked
+    column sums then give the three blocks."""
+    tl.static_assert(BLOCK_M == 2 * BLOCK_N, "d table tiles: BLOCK_M = 2 BLOCK_N")
+    i = tl.arange(0, BLOCK_M)[:, None]
+    r = tl.arange(0, BLOCK_N)[None, :]
+    src = (i * BLOCK_N + ((i - r - 1) & (BLOCK_N - 1))).to(tl.int32)
+    g = tl.reshape(tl.gather(tl.reshape(ds, [BLOCK_M * BLOCK_N]), tl.reshape(src, [BLOCK_M * BLOCK_N]), 0),
+                   [BLOCK_M, BLOCK_N])
+    q = i // BLOCK_N + (r < (i & (BLOCK_N - 1))).to(tl.int32)  # the block of (i, r): 0, 1 or 2
+    t0 = tl.sum(tl.where(q == 0, g, 0.0), 0)
+    t1 = tl.sum(tl.where(q == 1, g, 0.0), 0)
+    t2 = tl.sum(tl.where(q == 2, g, 0.0), 0)
+    return t0, t1, t2
 
 
 # ----------------------------------------------------------------------------- forward
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, s_ks, s_vs, T, S, d_min, n_dist, qk_scale,
-               lo, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, TOEPLITZ: tl.constexpr, m0, s_ks, s_vs, T, S, d_min, n_dist,
+               qk_scale, lo, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
                CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, MASKED: tl.constexpr, DOT_PREC: tl.constexpr,
-               BLOCK_N: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     for i_n in range(lo, hi):
         n0 = i_n * BLOCK_N
         o_n = n0 + tl.arange(0, BLOCK_N)
@@ -132,7 +194,8 @@ def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, s_ks, s_vs, 
         b_pk = _positions(p_posk, o_n, S, 0, HAS_POS)
         # [BM, BD] @ [BD, BN] -> [BM, BN], in log2 units
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
-        b_s += _bias(p_tab, b_pq, b_pk, d_min, n_dist) * 1.4426950408889634
+        base = m0 - n0 + (S - T) - d_min - (BLOCK_N - 1)
+        b_s += _tile_bias(p_tab, b_pq, b_pk, base, d_min, n_dist, TOEPLITZ, BLOCK_M, BLOCK_N, False) * 1.4426950408889634
         if MASKED:
             b_s = tl.where(_visible(b_pq, b_pk, o_n, S, CAUSAL), b_s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(b_s, 1))
@@ -146,6 +209,21 @@ def _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, s_ks, s_vs, 
         b_v = _load_tile(p_vb, n0, S, s_vs, DV, BLOCK_N, BLOCK_V, MASKED)
         acc = tl.dot(b_p.to(b_v.dtype), b_v, acc * alpha[:, None], input_precision=DOT_PREC)
         m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, m0, s_ks, s_vs, T, S, d_min, n_dist, qk_scale,
+                mid, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
+                CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr, TOEPLITZ: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Fully visible key blocks [0, mid) first (no mask), then the diagonal / tail blocks [mid, hi)."""
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, TOEPLITZ, m0, s_ks, s_vs, T, S,
+                               d_min, n_dist, qk_scale, 0, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, False,
+                               DOT_PREC, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, TOEPLITZ, m0, s_ks, s_vs, T, S,
+                               d_min, n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, True,
+                               DOT_PREC, BLOCK_M, BLOCK_N)
     return acc, l_i, m_i
 
 
@@ -171,14 +249,18 @@ def relbias_fwd_kernel(q, k, v, o, lse, tab, pos_q, pos_k, flags,
     b_pq, p_posk, mid, hi = _query_rows(pos_q, pos_k, flags, i_b, s_pqb, s_pkb, s_fb, o_m, m_m, m0, T, S, n_iter_s,
                                         CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)
     b_pq = b_pq.to(tl.int64)
+    consec = _consecutive(flags, i_b, s_fb, HAS_POS)
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + float("-inf")
-    # fully visible key blocks first (no mask), then the diagonal / tail blocks
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, s_ks, s_vs, T, S, d_min, n_dist,
-                               qk_scale, 0, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, False, DOT_PREC, BLOCK_N)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, s_ks, s_vs, T, S, d_min, n_dist,
-                               qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, True, DOT_PREC, BLOCK_N)
+    if consec:  # the loops compiled twice: the runtime choice stays out of them
+        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, m0, s_ks, s_vs, T, S, d_min,
+                                    n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, DOT_PREC,
+                                    True, BLOCK_M, BLOCK_N)
+    else:
+        acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, b_q, b_pq, p_kb, p_vb, p_posk, p_tab, m0, s_ks, s_vs, T, S, d_min,
+                                    n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, DOT_PREC,
+                                    False, BLOCK_M, BLOCK_N)
     empty = l_i == 0.0
     b_o = acc / tl.where(empty, 1.0, l_i)[:, None]
     b_lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -190,10 +272,10 @@ def relbias_fwd_kernel(q, k, v, o, lse, tab, pos_q, pos_k, flags,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, s_qt, s_dot, T, S, d_min, n_dist,
-                qk_scale, lo, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, TOEPLITZ: tl.constexpr, n0, s_qt, s_dot, T, S,
+                d_min, n_dist, qk_scale, lo, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, MASKED: tl.constexpr,
-                DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr):
+                DOT_PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     for i_m in range(lo, hi):
         m0 = i_m * BLOCK_M
         o_m = m0 + tl.arange(0, BLOCK_M)
@@ -208,7 +290,8 @@ def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, 
             b_dlt = tl.load(p_dlt + o_m)
         # [BN, BD] @ [BD, BM] -> [BN, BM]: P transposed, rows are keys
         b_st = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC) * qk_scale
-        b_st += tl.trans(_bias(p_tab, b_pq, b_pk, d_min, n_dist)) * 1.4426950408889634
+        base = m0 - n0 + (S - T) - d_min - (BLOCK_N - 1)
+        b_st += _tile_bias(p_tab, b_pq, b_pk, base, d_min, n_dist, TOEPLITZ, BLOCK_M, BLOCK_N, True) * 1.4426950408889634
         b_pt = tl.exp2(b_st - b_lse[None, :])
         if MASKED and CAUSAL:
             b_pt = tl.where(b_pk[:, None] <= b_pq[None, :], b_pt, 0.0)
@@ -216,6 +299,26 @@ def _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, 
         b_dpt = tl.dot(b_v, tl.trans(b_do), input_precision=DOT_PREC)
         b_dst = b_pt * (b_dpt - b_dlt[None, :])
         dk = tl.dot(b_dst.to(b_q.dtype), b_q, dk, input_precision=DOT_PREC)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_blocks(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, n0, s_qt, s_dot, T, S, d_min,
+                 n_dist, qk_scale, lo, mid, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
+                 TOEPLITZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The diagonal query blocks [lo, mid) (masked), the fully visible ones, then the ragged tail
+    block (masked)."""
+    n_full = T // BLOCK_M
+    dk, dv = _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, TOEPLITZ, n0, s_qt, s_dot, T,
+                         S, d_min, n_dist, qk_scale, lo, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, True,
+                         DOT_PREC, BLOCK_M, BLOCK_N)
+    dk, dv = _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, TOEPLITZ, n0, s_qt, s_dot, T,
+                         S, d_min, n_dist, qk_scale, mid, n_full, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, False,
+                         DOT_PREC, BLOCK_M, BLOCK_N)
+    dk, dv = _dkdv_inner(dk, dv, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, TOEPLITZ, n0, s_qt, s_dot, T,
+                         S, d_min, n_dist, qk_scale, tl.maximum(mid, n_full), tl.cdiv(T, BLOCK_M), DK, DV, BLOCK_D,
+                         BLOCK_V, CAUSAL, HAS_POS, True, DOT_PREC, BLOCK_M, BLOCK_N)
     return dk, dv
 
 
@@ -245,13 +348,12 @@ def relbias_dkdv_kernel(q, k, v, do, lse, dlt, dk, dv, tab, pos_q, pos_k, flags,
         flag = tl.load(flags + i_b * s_fb)
     else:
         flag = 0
+    consec = _consecutive(flags, i_b, s_fb, HAS_POS)
     if CAUSAL:
         lo, mid = _query_blocks(flag, p_posq, p_posk, b_pk, m_n, n0, T, S, n_iter_t, HAS_POS, BLOCK_M, BLOCK_N)
     else:
         lo = 0
         mid = 0
-    n_full = T // BLOCK_M
-    n_qb = tl.cdiv(T, BLOCK_M)
     dk_acc = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     for i_hg in range(GROUP):
@@ -261,16 +363,14 @@ def relbias_dkdv_kernel(q, k, v, do, lse, dlt, dk, dv, tab, pos_q, pos_k, flags,
         p_lse = lse + (i_b * H + i_h).to(tl.int64) * T
         p_dlt = dlt + (i_b * H + i_h).to(tl.int64) * T
         p_tab = tab + i_h.to(tl.int64) * n_dist
-        # diagonal blocks (masked), fully visible blocks, then the ragged tail block (masked)
-        dk_acc, dv_acc = _dkdv_inner(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, s_qt,
-                                     s_dot, T, S, d_min, n_dist, qk_scale, lo, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL,
-                                     HAS_POS, True, DOT_PREC, BLOCK_M)
-        dk_acc, dv_acc = _dkdv_inner(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, s_qt,
-                                     s_dot, T, S, d_min, n_dist, qk_scale, mid, n_full, DK, DV, BLOCK_D, BLOCK_V,
-                                     CAUSAL, HAS_POS, False, DOT_PREC, BLOCK_M)
-        dk_acc, dv_acc = _dkdv_inner(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, s_qt,
-                                     s_dot, T, S, d_min, n_dist, qk_scale, tl.maximum(mid, n_full), n_qb, DK, DV,
-                                     BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, True, DOT_PREC, BLOCK_M)
+        if consec:  # the loops compiled twice: the runtime choice stays out of them
+            dk_acc, dv_acc = _dkdv_blocks(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, n0,
+                                          s_qt, s_dot, T, S, d_min, n_dist, qk_scale, lo, mid, DK, DV, BLOCK_D,
+                                          BLOCK_V, CAUSAL, HAS_POS, DOT_PREC, True, BLOCK_M, BLOCK_N)
+        else:
+            dk_acc, dv_acc = _dkdv_blocks(dk_acc, dv_acc, b_k, b_v, b_pk, p_q, p_do, p_lse, p_dlt, p_posq, p_tab, n0,
+                                          s_qt, s_dot, T, S, d_min, n_dist, qk_scale, lo, mid, DK, DV, BLOCK_D,
+                                          BLOCK_V, CAUSAL, HAS_POS, DOT_PREC, False, BLOCK_M, BLOCK_N)
     _store_tile(dv + i_b.to(tl.int64) * s_dvb + i_g.to(tl.int64) * s_dvh, n0, S, s_dvs, dv_acc, DV, BLOCK_N, BLOCK_V)
     _store_tile(dk + i_b.to(tl.int64) * s_dkb + i_g.to(tl.int64) * s_dkh, n0, S, s_dks, dk_acc * sm_scale, DK,
                 BLOCK_N, BLOCK_D)
@@ -280,18 +380,20 @@ def relbias_dkdv_kernel(q, k, v, do, lse, dlt, dk, dv, tab, pos_q, pos_k, flags,
 
 
 @triton.jit
-def _dq_inner(dq, carry, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, consec, m0, s_ks, s_vs,
+def _dq_inner(dq, c0, c1, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, TOEPLITZ: tl.constexpr,
+              m0, s_ks, s_vs,
               T, S, d_min, n_dist, qk_scale, lo, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, MASKED: tl.constexpr,
-              DOT_PREC: tl.constexpr, DBIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+              DOT_PREC: tl.constexpr, DBIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     for i_n in range(lo, hi):
         n0 = i_n * BLOCK_N
         o_n = n0 + tl.arange(0, BLOCK_N)
         b_k = _load_tile(p_kb, n0, S, s_ks, DK, BLOCK_N, BLOCK_D, MASKED)
         b_v = _load_tile(p_vb, n0, S, s_vs, DV, BLOCK_N, BLOCK_V, MASKED)
         b_pk = _positions(p_posk, o_n, S, 0, HAS_POS)
+        base = m0 - n0 + (S - T) - d_min - (BLOCK_N - 1)
         b_s = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PREC) * qk_scale
-        b_s += _bias(p_tab, b_pq, b_pk, d_min, n_dist) * 1.4426950408889634
+        b_s += _tile_bias(p_tab, b_pq, b_pk, base, d_min, n_dist, TOEPLITZ, BLOCK_M, BLOCK_N, False) * 1.4426950408889634
         b_p = tl.exp2(b_s - b_lse[:, None])
         if MASKED:
             b_p = tl.where(_visible(b_pq, b_pk, o_n, S, CAUSAL), b_p, 0.0)
@@ -299,19 +401,43 @@ def _dq_inner(dq, carry, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_ta
         b_ds = b_p * (b_dp - b_dlt[:, None])
         dq = tl.dot(b_ds.to(b_k.dtype), b_k, dq, input_precision=DOT_PREC)
         if DBIAS:
-            if consec:
-                # this tile's distances start at `base`; its upper half and the previous tile's
-                # lower half are the block [base + BLOCK_N, base + 2 BLOCK_N)
-                base = m0 - n0 + (S - T) - (BLOCK_N - 1) - d_min
-                d_lo, d_hi = _diag_sums(b_ds, BLOCK_N)
-                o_d = base + BLOCK_N + tl.arange(0, BLOCK_N)
-                tl.store(p_part + o_d, d_hi + carry, mask=(o_d >= 0) & (o_d < n_dist))
-                carry = d_lo
+            if TOEPLITZ:
+                # blocks q = 0, 1, 2 of this tile's strip start at base + q BLOCK_N; the next
+                # tile's strip starts BLOCK_N lower, so block 2 is complete now (stored) and
+                # blocks 0, 1 carry into the next tile's blocks 1, 2
+                t0, t1, t2 = _diag_blocks(b_ds, BLOCK_M, BLOCK_N)
+                o_d = base + 2 * BLOCK_N + tl.arange(0, BLOCK_N)
+                tl.store(p_part + o_d, t2 + c1, mask=(o_d >= 0) & (o_d < n_dist))
+                c1 = t1 + c0
+                c0 = t0
             else:
                 idx = b_pq[:, None] - b_pk[None, :] - d_min
                 ok = (idx >= 0) & (idx < n_dist) & (b_ds != 0.0)
                 tl.atomic_add(p_part + tl.minimum(tl.maximum(idx, 0), n_dist - 1), b_ds, mask=ok)
-    return dq, carry
+    return dq, c0, c1
+
+
+@triton.jit
+def _dq_blocks(dq, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, m0, s_ks, s_vs, T, S, d_min,
+               n_dist, qk_scale, mid, hi, DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_V: tl.constexpr, CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr,
+               DBIAS: tl.constexpr, TOEPLITZ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks [0, mid) unmasked, then [mid, hi) masked; with DBIAS and TOEPLITZ the two
+    blocks of distances still carried after the last tile are stored at the end."""
+    c0 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    c1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dq, c0, c1 = _dq_inner(dq, c0, c1, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, TOEPLITZ, m0,
+                           s_ks, s_vs, T, S, d_min, n_dist, qk_scale, 0, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL,
+                           HAS_POS, False, DOT_PREC, DBIAS, BLOCK_M, BLOCK_N)
+    dq, c0, c1 = _dq_inner(dq, c0, c1, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, TOEPLITZ, m0,
+                           s_ks, s_vs, T, S, d_min, n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL,
+                           HAS_POS, True, DOT_PREC, DBIAS, BLOCK_M, BLOCK_N)
+    if DBIAS and TOEPLITZ:
+        o_d = m0 - (hi - 1) * BLOCK_N + (S - T) - d_min - (BLOCK_N - 1) + tl.arange(0, BLOCK_N)
+        tl.store(p_part + o_d, c0, mask=(o_d >= 0) & (o_d < n_dist) & (hi > 0))
+        o_d += BLOCK_N
+        tl.store(p_part + o_d, c1, mask=(o_d >= 0) & (o_d < n_dist) & (hi > 0))
+    return dq
 
 
 @triton.jit(do_not_specialize=["T", "S", "n_iter_s", "d_min", "n_dist", "n_part"])
@@ -322,7 +448,7 @@ def _dq_body(q, k, v, do, lse, dlt, dq, tab, part, pos_q, pos_k, flags,
              DK: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_POS: tl.constexpr, DOT_PREC: tl.constexpr, DBIAS: tl.constexpr,
              AUTOTUNE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """dQ of one query block; DBIAS: the block's dbias partial goes to row (b, h, i_m) of part."""
+    """dQ of one query block; DBIAS: the block's d table partial goes to row (b, h, i_m) of part."""
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
     qk_scale = tl.cast(qk_scale, tl.float32)
     i_b, i_h = i_bh // H, i_bh % H
@@ -342,28 +468,24 @@ def _dq_body(q, k, v, do, lse, dlt, dq, tab, part, pos_q, pos_k, flags,
     b_pq, p_posk, mid, hi = _query_rows(pos_q, pos_k, flags, i_b, s_pqb, s_pkb, s_fb, o_m, m_m, m0, T, S, n_iter_s,
                                         CAUSAL, HAS_POS, BLOCK_M, BLOCK_N)
     b_pq = b_pq.to(tl.int64)
-    if HAS_POS:  # consecutive positions (pos_flags bit 2): the tile diagonals are distances
-        consec = (tl.load(flags + i_b * s_fb) & 4) != 0
-    else:
-        consec = True
+    consec = _consecutive(flags, i_b, s_fb, HAS_POS)
     dq_acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    carry = tl.zeros([BLOCK_N], dtype=tl.float32)
-    dq_acc, carry = _dq_inner(dq_acc, carry, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, consec,
-                              m0, s_ks, s_vs, T, S, d_min, n_dist, qk_scale, 0, mid, DK, DV, BLOCK_D, BLOCK_V, CAUSAL,
-                              HAS_POS, False, DOT_PREC, DBIAS, BLOCK_N)
-    dq_acc, carry = _dq_inner(dq_acc, carry, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, consec,
-                              m0, s_ks, s_vs, T, S, d_min, n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V,
-                              CAUSAL, HAS_POS, True, DOT_PREC, DBIAS, BLOCK_N)
-    if DBIAS:  # noqa: SIM102 - a constexpr around a runtime branch
-        if consec:  # the last tile's lower half
-            o_d = m0 - (hi - 1) * BLOCK_N + (S - T) - (BLOCK_N - 1) - d_min + tl.arange(0, BLOCK_N)
-            tl.store(p_part + o_d, carry, mask=(o_d >= 0) & (o_d < n_dist) & (hi > 0))
+    if consec:  # the loops compiled twice: the runtime choice stays out of them
+        dq_acc = _dq_blocks(dq_acc, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, m0, s_ks, s_vs, T,
+                            S, d_min, n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, DOT_PREC,
+                            DBIAS, True, BLOCK_M, BLOCK_N)
+    else:
+        dq_acc = _dq_blocks(dq_acc, b_q, b_do, b_lse, b_dlt, b_pq, p_kb, p_vb, p_posk, p_tab, p_part, m0, s_ks, s_vs, T,
+                            S, d_min, n_dist, qk_scale, mid, hi, DK, DV, BLOCK_D, BLOCK_V, CAUSAL, HAS_POS, DOT_PREC,
+                            DBIAS, False, BLOCK_M, BLOCK_N)
     _store_tile(dq + i_b.to(tl.int64) * s_dqb + i_h.to(tl.int64) * s_dqh, m0, T, s_dqt, dq_acc * sm_scale, DK,
                 BLOCK_M, BLOCK_D)
 
 
 relbias_dq_kernel = triton.autotune(configs=dq_configs(), **_tune(_pruner("dq")))(_dq_body)
-relbias_dq_dbias_kernel = triton.autotune(configs=dbias_configs(), **_tune(_dbias_prune))(_dq_body)
+# atomics (non-consecutive positions) add into `part`: zero it before every timed run
+relbias_dq_dbias_kernel = triton.autotune(configs=dbias_configs(), reset_to_zero=["part"],
+                                          **_tune(_dbias_prune))(_dq_body)
 
 
 # ----------------------------------------------------------------------------- host functions
@@ -414,7 +536,7 @@ def relbias_bwd(do, q, k, v, out, lse, table, pos_q, pos_k, flags, d_min: int, *
     relbias_dkdv_kernel[lambda m: (triton.cdiv(S, m["BLOCK_N"]), B * G)](
         q, k, v, do, lse, dlt, dk, dv, table, pq, pk, fl, *_strides(q, k, v, do, dk, dv), s_pq, s_pk, s_f,
         T, S, H, H // G, scale * LOG2E, scale, _bisect_iters(T), int(d_min), n_dist, **meta)
-    n_part = triton.cdiv(T, DBIAS_BLOCK) if need_dbias else 0
+    n_part = triton.cdiv(T, DBIAS_ROWS) if need_dbias else 0
     part = torch.zeros((B * H, n_part, n_dist), dtype=torch.float32, device=q.device) if need_dbias else dlt
     kernel = relbias_dq_dbias_kernel if need_dbias else relbias_dq_kernel
     kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](

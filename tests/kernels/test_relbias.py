@@ -110,6 +110,37 @@ def test_a_table_without_grad_gets_none_and_the_same_input_gradients():
         torch.testing.assert_close(leaf.grad, g, rtol=0, atol=0)
 
 
+def _kernel_grads(case, flags, causal):
+    """out, lse, dq, dk, dv, d table straight from the kernels' host functions with these flags."""
+    from phaselab.kernels.relbias import triton_relbias
+
+    q, k, v, do, table, pq, pk, d_min, _ = case
+    scale = q.shape[-1] ** -0.5
+    out, lse = triton_relbias.relbias_fwd(q, k, v, table, pq, pk, flags, d_min, scale=scale, causal=causal)
+    grads = triton_relbias.relbias_bwd(do, q, k, v, out, lse, table, pq, pk, flags, d_min, scale=scale,
+                                       causal=causal, need_dbias=True)
+    return out, lse, *grads
+
+
+@needs_interpreter
+@pytest.mark.parametrize("T,S,causal", [(40, 40, True), (21, 37, True), (19, 23, False)])
+def test_consecutive_positions_take_the_strip_path_and_match_the_gathered_one(T, S, causal):
+    from phaselab.kernels.attention.triton_flash import pos_flags
+
+    case = _case(1, 2, 1, T, S, 16, "offset", causal, seed=7)
+    flags = pos_flags(case[5], case[6])
+    assert int(flags[0]) & 4   # consecutive: the strip path (`_toeplitz`, `_diag_blocks`)
+    strip = _kernel_grads(case, flags, causal)
+    gathered = _kernel_grads(case, flags & ~4, causal)   # the per-score fallback (atomics for d table)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dtable"), strip, gathered, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=name)
+    # the flag alone selects the path: strided positions declared consecutive read the wrong biases
+    strided = _case(1, 2, 1, T, S, 16, "strided", causal, seed=7)
+    honest = _kernel_grads(strided, pos_flags(strided[5], strided[6]), causal)
+    lied = _kernel_grads(strided, pos_flags(strided[5], strided[6]) | 4, causal)
+    assert (honest[0] - lied[0]).abs().max() > 1e-2
+
+
 def test_distance_range_covers_every_visible_pair():
     pk = torch.tensor([[3, 5, 9]])
     pq = torch.tensor([[6, 11]])
