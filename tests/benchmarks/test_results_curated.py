@@ -25,6 +25,7 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "pope-backward-tuning": "pope_backward_tuning.py", "train": "train_throughput.py",
            "small-models": "small_models.py", "ensemble": "ensemble.py", "gpu-sharing": "gpu_sharing.py",
            "scaling": "scaling.py", "orchestrator-overhead": "orchestrator_overhead.py",
+           "grid-efficiency": "grid_efficiency.py",
            "gpu-tests": None}   # the GPU test suite through run_on_gpu.sh: a .md only
 CARDS = ("h200", "cpu")
 CARDLESS = {"orchestrator-overhead"}   # measures the orchestrator on the CPU machine, no card
