@@ -18,19 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder -> the package it installs as (pyproject.toml's package-dir)
 FOLDERS = {"phaselab": "phaselab", "kernels": "phaselab.kernels", "catalog": "phaselab.catalog",
            "workloads": "phaselab.workloads", "orchestrator": "phaselab.orchestrator"}
-# Cycles known to exist, each as the sorted tuple of its modules, with the edit that breaks it;
-# an entry goes once its cycle is broken (a listed cycle that no longer exists fails the test, so
-# the list can only shrink, and a new cycle always fails).
-KNOWN_CYCLES: set[tuple[str, ...]] = {
-    # figures imports grid_figures and grid_figures imports figures
-    ("phaselab.catalog.reports.figures", "phaselab.catalog.reports.grid_figures"),
-    # the package's __init__ imports dataset, which imports names defined in the __init__
-    ("phaselab.catalog.reports.tables", "phaselab.catalog.reports.tables.dataset"),
-    # PEConfig validates a plugin (pe_registry), which checks it against PositionalEncoding, whose
-    # module imports the config classes for its annotations only (they belong under TYPE_CHECKING)
-    ("phaselab.workloads.models.config", "phaselab.workloads.models.pe_registry",
-     "phaselab.workloads.models.positional.base"),
-}
+# Cycles tolerated, each as the sorted tuple of its modules: none. The mechanism stays so that a
+# listed cycle that no longer exists fails too (the list can only shrink; a new cycle always fails).
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 
 def module_files() -> dict[str, Path]:

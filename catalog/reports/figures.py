@@ -111,7 +111,7 @@ def _null_locator():
 
 def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] = CURVE_TABLES) -> list[Path]:
     """Draw every curve table whose grid is in the catalog into ``out_dir``; returns the files."""
-    from phaselab.catalog.reports.tables import get_spec
+    from phaselab.catalog.reports.tables import get_spec, shipped_dataset
     from phaselab.catalog.reports.tables.dataset import from_store
 
     written: list[Path] = []
@@ -122,7 +122,7 @@ def render_figures(store: CatalogStore, out_dir: Path, *, names: Iterable[str] =
             continue
         built = build(spec, rows)
         built.spec = _labelled(from_store(store, spec, [g["id"] for g in map(store.reads.get_grid, spec.grids) if g],
-                                          built.inputs))
+                                          built.inputs, shipped_dataset(name)))
         options: dict[str, object] = {"logx": True, "styled": True, "train_len": _train_len(store, built),
                                       **CURVE_OPTIONS.get(name, {})}
         written += plot_curves(built, Path(out_dir) / name, **options)
@@ -143,7 +143,7 @@ def _labelled(spec: TableSpec) -> TableSpec:
 
 def _train_len(store: CatalogStore, built: BuiltTable) -> int | None:
     """The training length of the table's models, when they share one (else None)."""
-    from phaselab.catalog.reports.grid_figures import train_lengths
+    from phaselab.catalog.store.walks import train_lengths
 
     lengths = train_lengths(store, sorted(built.inputs))
     return lengths[0] if len(lengths) == 1 else None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from phaselab.catalog.reports.plotstyle import field_label, pyplot, save, value_label
 from phaselab.catalog.reports.tables.pivot import Pivot, pivot_spec
 from phaselab.catalog.reports.tables.spec import Dim, build
+from phaselab.catalog.store.walks import train_lengths
 from phaselab.catalog.tracking.run_folder import STEPS_FILE, read_steps, steps_path
 
 if TYPE_CHECKING:
@@ -33,22 +34,6 @@ def _grid_rows(store: CatalogStore, grid: str) -> tuple[list[dict], list[dict]]:
     if g is None:
         raise ValueError(f"grid {grid!r} is not in the catalog")
     return store.reads.metrics_frame(grid=grid), store.reads.cells_for_grid(g["id"])
-
-
-def train_lengths(store: CatalogStore, stage_hashes: Sequence[str]) -> list[int]:
-    """The distinct ``model.block_size`` of the nearest trained stage above each stage (itself
-    included): the length its model saw in training."""
-    from phaselab.catalog.store.walks import ancestors
-
-    found: set[int] = set()
-    for h in stage_hashes:
-        for other in [h, *(a for a, _, _ in ancestors(store, h))]:
-            row = store.get_stage(other)
-            model = (row.config or {}).get("model") if row is not None else None
-            if isinstance(model, Mapping) and model.get("block_size"):
-                found.add(int(model["block_size"]))
-                break
-    return sorted(found)
 
 
 # Metrics a figure draws by default, in this order (the first the grid has): the length figure

@@ -1,9 +1,11 @@
 """Walks over the stage DAG stored in the catalog's edges: what a stage was built from
-(``ancestors``) and what a re-run of it taints (``descendants``)."""
+(``ancestors``), what a re-run of it taints (``descendants``), and the length its model was
+trained at (``train_lengths``: the nearest trained stage above it)."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 
 from phaselab.catalog.store.api import CatalogStore
 
@@ -33,3 +35,17 @@ def ancestors(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]
 def descendants(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]]:
     """Every downstream stage as (hash, relation, distance), nearest first (what a re-run taints)."""
     return _walk(store, stage_hash, up=False)
+
+
+def train_lengths(store: CatalogStore, stage_hashes: Sequence[str]) -> list[int]:
+    """The distinct ``model.block_size`` of the nearest trained stage above each stage (itself
+    included): the length its model saw in training."""
+    found: set[int] = set()
+    for h in stage_hashes:
+        for other in [h, *(a for a, _, _ in ancestors(store, h))]:
+            row = store.get_stage(other)
+            model = (row.config or {}).get("model") if row is not None else None
+            if isinstance(model, Mapping) and model.get("block_size"):
+                found.add(int(model["block_size"]))
+                break
+    return sorted(found)

@@ -10,6 +10,7 @@ from test_pivot import _grid
 
 from phaselab.catalog.reports import grid_figures as gf
 from phaselab.catalog.reports.tables import Pivot
+from phaselab.catalog.store import walks
 from phaselab.catalog.store.api import CatalogStore
 from phaselab.catalog.tracking import MetricRecord
 
@@ -22,11 +23,11 @@ def _truetype_only(pdf: Path) -> bool:
 def test_length_curves_mark_the_training_length(sqlite_store: CatalogStore, tmp_path: Path) -> None:
     _grid(sqlite_store)
     evals = [r["stage_hash"] for r in sqlite_store.reads.metrics_frame(grid="lr_sweep")]
-    assert gf.train_lengths(sqlite_store, evals) == []            # no trained upstream recorded
+    assert walks.train_lengths(sqlite_store, evals) == []            # no trained upstream recorded
     cid = sqlite_store.reads.cells_for_stage(evals[0])[0]["cell_id"]
     pre = add_stage(sqlite_store, cid, "pretrain-64", kind="pretrain", config={"model": {"block_size": 64}})
     sqlite_store.add_edge(pre, evals[0], "evaluates")
-    assert gf.train_lengths(sqlite_store, evals[:1]) == [64]
+    assert walks.train_lengths(sqlite_store, evals[:1]) == [64]
     paths = gf.length_curves(sqlite_store, Pivot(grid="lr_sweep", metric="ppl", rows=("lr", "pe"), cols=()),
                              tmp_path / "ppl")
     assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.stat().st_size > 5000 for p in paths)

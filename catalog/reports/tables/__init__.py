@@ -45,6 +45,13 @@ TABLES: dict[str, str] = {
 EXTENSIONS = {"md": "md", "latex": "tex", "csv": "csv"}
 
 
+def shipped_dataset(name: str) -> str | None:
+    """The ``DATASET`` a table's module names (the data its grid ships with), None for a name
+    that is no table of ours (a pivot) or a module without one."""
+    module = TABLES.get(name)
+    return getattr(importlib.import_module(f"phaselab.catalog.reports.tables.{module}"), "DATASET", None) if module else None
+
+
 def get_spec(name: str) -> TableSpec:
     if name not in TABLES:
         raise ValueError(f"unknown table {name!r}; known: {sorted(TABLES)}")
@@ -70,7 +77,8 @@ def render_table(store: CatalogStore, spec: TableSpec, fmt: str, *, out_dir: Pat
         return Rendered(spec.name, None, skipped=f"grid {' / '.join(spec.grids)} not in the catalog")
     built = build(spec, _frame(store, spec) if rows is None else rows, grid_hash="+".join(g["grid_hash"][:12] for g in present),
                   revision=store.revision() or "")
-    built.spec = from_store(store, spec, [g["id"] for g in present], built.inputs)   # the data the stages read
+    built.spec = from_store(store, spec, [g["id"] for g in present], built.inputs,   # the data the stages read
+                            shipped_dataset(spec.name))
     built.ran = what_ran_summary(store, built.inputs)
     text = render(built, fmt, now or datetime.now(UTC))
     path = _write(spec, fmt, text, out_dir)

@@ -59,15 +59,11 @@ def named(spec: TableSpec, shipped: str | None, configs: Iterable[Mapping[str, A
     return replace(spec, title=spec.title.replace(shipped, " + ".join(labels)))
 
 
-def from_store(store: Any, spec: TableSpec, grid_ids: Iterable[int], stage_hashes: Iterable[str]) -> TableSpec:
+def from_store(store: Any, spec: TableSpec, grid_ids: Iterable[int], stage_hashes: Iterable[str],
+               shipped: str | None) -> TableSpec:
     """:func:`named` over the configs of ``stage_hashes`` (the stages behind a built table) in the
-    grids ``grid_ids``, with the ``DATASET`` of the spec's table module (none for pivots)."""
-    import importlib
-
-    from phaselab.catalog.reports.tables import TABLES
-
-    module = TABLES.get(spec.name)
-    shipped = getattr(importlib.import_module(f"phaselab.catalog.reports.tables.{module}"), "DATASET", None) if module else None
+    grids ``grid_ids``; ``shipped``: the ``DATASET`` of the spec's table module (None for pivots,
+    which name no dataset)."""
     if not shipped:
         return spec
     wanted = set(stage_hashes)

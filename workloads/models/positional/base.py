@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from phaselab.workloads.models.config import ContextExtension, PEConfig
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # annotations only: config validates plugins against this module (pe_registry)
     from phaselab.kernels.attention.score_mod import ScoreMod
+    from phaselab.workloads.models.config import ContextExtension, PEConfig
 
 
 class Fp32Buffers(nn.Module):
