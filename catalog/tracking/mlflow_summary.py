@@ -6,7 +6,8 @@ grid has it, against context length on a log-2 axis, the training length marked,
 encoding) and renders its table (``catalog.reports.tables.render_pivot``), then
 
 - logs both to one **summary run** per grid (tag ``phaselab.run_level = grid``, run name
-  ``<grid> summary``, the table as its description so the run's overview page shows it), and
+  ``<grid> summary``, the table as its description so the run's overview page shows it), with
+  the grid's paper tables (``phaselab tables``' named tables of the grid) under ``tables/``, and
 - logs the figure to every evaluation run that measured the metric by length
   (``figures/comparison.png``), so the comparison is one click from any of them.
 
@@ -128,30 +129,47 @@ def publish(tracking_uri: str, store: Any, grid: str) -> Links | None:
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp_id = experiment_id(client, grid, None)
+        run_id = _summary_run_id(client, grid, g["id"])
         png = next(p for p in paths if p.suffix == ".png")
-        run = _summary_run(client, exp_id, g["id"])
-        run_id = run.info.run_id if run is not None else client.create_run(
-            exp_id, run_name=f"{grid} summary",
-            tags={"phaselab.run_level": "grid", "phaselab.grid": grid, "phaselab.grid_id": str(g["id"]),
-                  **git_tags()}).info.run_id
         for p in paths:
             client.log_artifact(run_id, str(p), FIGURE_DIR)
         if table is not None:
             (tmp / "table.md").write_text(table)
             client.log_artifact(run_id, str(tmp / "table.md"), FIGURE_DIR)
+        for path in _paper_tables(store, grid, tmp / "tables"):
+            client.log_artifact(run_id, str(path), "tables")
         client.set_tag(run_id, "phaselab.summary_figure", f"{FIGURE_DIR}/{png.name}")
         client.set_tag(run_id, NOTE, f"**{grid}**: {metric} by context length, every cell of the grid "
                                      f"(`phaselab tables`, `phaselab figures {grid}`).\n\n{table or ''}")
         client.set_terminated(run_id, "FINISHED")
         shutil.copy(png, tmp / EVAL_FIGURE)
-        for run_id in _eval_runs(store, grid, metric):
-            client.log_artifact(run_id, str(tmp / EVAL_FIGURE), "figures")
+        for eval_run in _eval_runs(store, grid, metric):
+            client.log_artifact(eval_run, str(tmp / EVAL_FIGURE), "figures")
     except Exception as exc:  # noqa: BLE001 - the tracker is a view: the catalog has the results
         log.warning("MLflow summary of %s not published (%s)", grid, redact(str(exc)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return links(tracking_uri, grid, g["id"])
+
+
+def _summary_run_id(client: Any, grid: str, grid_id: int) -> str:
+    """The grid's summary run, created in its experiment where missing."""
+    exp_id = experiment_id(client, grid, None)
+    run = _summary_run(client, exp_id, grid_id)
+    if run is not None:
+        return run.info.run_id
+    return client.create_run(exp_id, run_name=f"{grid} summary", tags={
+        "phaselab.run_level": "grid", "phaselab.grid": grid, "phaselab.grid_id": str(grid_id), **git_tags()}).info.run_id
+
+
+def _paper_tables(store: Any, grid: str, out: Path) -> list[Path]:
+    """The paper tables of the grid (``phaselab tables``' named tables that read it), as markdown
+    files under ``out``; none for a grid without one."""
+    from phaselab.catalog.reports.tables import TABLES, get_spec, render_table
+
+    names = [n for n in TABLES if grid in get_spec(n).grids]
+    return [r.path for n in names
+            if (r := render_table(store, get_spec(n), "md", out_dir=out, record=False)).path is not None]
 
 
 def _eval_runs(store: Any, grid: str, metric: str) -> list[str]:
