@@ -5,12 +5,12 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     sdpa-flash     F.scaled_dot_product_attention, FLASH_ATTENTION backend (FlashAttention-2)
     sdpa-cudnn     the same, CUDNN_ATTENTION backend
     pope-fused     phaselab's Triton PoPE kernel (raw D-wide q/k, delta learnable), impl="fused"
-    pope-unfused   reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
+    pope-unfused   pope_reference.pope_expand (2D-wide q/k in HBM) + SDPA flash with v zero-padded to 2D
     pope-expand    phaselab's expand path, impl="expand": Triton prologue (2D-wide q_hat/k_hat in
                    HBM) + the Triton flash core (q/k 2D wide, v D wide) + the Triton chain rule
     pope-cudnn     phaselab's impl="cudnn" (the `triton` backend's default where it runs): the same
                    prologue and chain rule around cuDNN's core with v D wide, out and lse saved, the
-                   backward by head groups (kernels/attention/pope_cudnn.py)
+                   backward by head groups (kernels/pope/cudnn.py)
     pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
     pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN's attention supports a value
                    head dim other than q's and k's; an "error" row says torch would not route it
@@ -64,11 +64,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from phaselab.kernels.attention import reference, triton_pope_expand
-from phaselab.kernels.attention.flash_function import flash_attention
-from phaselab.kernels.attention.function import pope_attention, tapa_attention
+from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.options import EXP2_CHOICES, AttentionOptions
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, alibi_table, pope_inv_freq
+from phaselab.kernels.flash.function import flash_attention
+from phaselab.kernels.pope import reference as pope_reference
+from phaselab.kernels.pope import triton_expand
+from phaselab.kernels.pope.function import pope_attention
+from phaselab.kernels.tapa.function import tapa_attention
 
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 # how our kernels run (autotuned unless --untuned; --exp2, --no-tapa-series for A/B rows), set by main
@@ -104,7 +107,7 @@ def pope_cudnn(q, k, v, pos, ctx):
 
 
 def _expanded(q, k, pos, ctx):
-    return triton_pope_expand.pope_expand(q, k, pos, pos, ctx["inv_freq"], ctx["delta"])
+    return triton_expand.pope_expand(q, k, pos, pos, ctx["inv_freq"], ctx["delta"])
 
 
 def pope_expand_cudnn(q, k, v, pos, ctx):
@@ -195,7 +198,7 @@ def flash_plain(q, k, v, pos, ctx):
 
 
 def pope_unfused(q, k, v, pos, ctx):
-    qh, kh = reference.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"],
+    qh, kh = pope_reference.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"],
                                    delta_HD=ctx["delta"])
     v_pad = F.pad(v, (0, v.shape[-1]))  # FlashAttention needs one head dim for q, k and v
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -338,7 +341,9 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
 
 def tuned_configs() -> dict[str, str]:
     """The config the autotuner last picked for each of our kernels (which tiles won, for the notes)."""
-    from phaselab.kernels.attention import triton_flash, triton_pope, triton_tapa
+    from phaselab.kernels.flash import triton_flash
+    from phaselab.kernels.pope import triton_pope
+    from phaselab.kernels.tapa import triton_tapa
 
     out = {}
     for module in (triton_flash, triton_pope, triton_tapa):

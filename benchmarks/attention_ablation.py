@@ -32,8 +32,11 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention import pope_phase, tapa_phase, triton_pope, triton_tapa
-from phaselab.kernels.attention.tapa_phase import _tapa_turns
+from phaselab.kernels.pope import phase as pope_phase
+from phaselab.kernels.pope import triton_pope
+from phaselab.kernels.tapa import phase as tapa_phase
+from phaselab.kernels.tapa import triton_tapa
+from phaselab.kernels.tapa.phase import _tapa_turns
 
 VARIANTS = {"pope": ["full", "no-softplus", "no-trig", "no-transform"],
             "tapa": ["full", "no-cos", "no-weight", "plain"]}
@@ -104,8 +107,9 @@ def time_length(family: str, N: int, extra: dict, warmup: int, iters: int) -> di
     import torch
     from attention import time_ms
 
-    from phaselab.kernels.attention.function import pope_attention, tapa_attention
     from phaselab.kernels.attention.score_mod import pope_inv_freq
+    from phaselab.kernels.pope.function import pope_attention
+    from phaselab.kernels.tapa.function import tapa_attention
 
     D, H, B = HEAD_DIM[family], 16, max(1, 65536 // N)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -151,8 +155,9 @@ def checksum(family: str, variant: str) -> dict:
     import torch
 
     from phaselab.kernels.attention import reference
-    from phaselab.kernels.attention.function import pope_attention, tapa_attention
     from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+    from phaselab.kernels.pope.function import pope_attention
+    from phaselab.kernels.tapa.function import tapa_attention
 
     extra = patch(family, variant)
     gen = torch.Generator().manual_seed(0)

@@ -29,19 +29,19 @@ from phaselab.kernels.attention.options import DEFAULT_OPTIONS, EXP2_CHOICES, At
 
 # kernel name -> (module, kernel, constexprs besides BLOCK_M/BLOCK_N, pointer element types)
 KERNELS = {
-    "pope_fwd": ("triton_pope", "pope_fwd_kernel", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
+    "pope_fwd": ("pope.triton_pope", "pope_fwd_kernel", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
                                                      "HAS_DELTA": True, "FAST": True, "DOT_PREC": "tf32"}),
-    "pope_dkdv": ("triton_pope", "pope_bwd_kernel_dkdv", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
+    "pope_dkdv": ("pope.triton_pope", "pope_bwd_kernel_dkdv", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
                                                            "HAS_DELTA": True, "FAST": True, "DOT_PREC": "tf32"}),
-    "pope_dq": ("triton_pope", "pope_bwd_kernel_dq", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
+    "pope_dq": ("pope.triton_pope", "pope_bwd_kernel_dq", {"D": 64, "BLOCK_D": 64, "CAUSAL": True, "AMP": 0,
                                                        "HAS_DELTA": True, "FAST": True, "DOT_PREC": "tf32"}),
-    "tapa_fwd": ("triton_tapa", "tapa_fwd_kernel", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64, "BLOCK_P": 64,
+    "tapa_fwd": ("tapa.triton_tapa", "tapa_fwd_kernel", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64, "BLOCK_P": 64,
                                                      "BLOCK_V": 128, "CAUSAL": True, "LINEAR": False, "FAST": True,
                                                      "DOT_PREC": "tf32"}),
-    "tapa_dkdv": ("triton_tapa", "tapa_bwd_kernel_dkdv", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64,
+    "tapa_dkdv": ("tapa.triton_tapa", "tapa_bwd_kernel_dkdv", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64,
                                                            "BLOCK_P": 64, "BLOCK_V": 128, "CAUSAL": True,
                                                            "LINEAR": False, "FAST": True, "DOT_PREC": "tf32"}),
-    "tapa_dq": ("triton_tapa", "tapa_bwd_kernel_dq", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64, "BLOCK_P": 64,
+    "tapa_dq": ("tapa.triton_tapa", "tapa_bwd_kernel_dq", {"D": 128, "DA": 64, "DP": 64, "BLOCK_A": 64, "BLOCK_P": 64,
                                                        "BLOCK_V": 128, "CAUSAL": True, "LINEAR": False, "FAST": True,
                                                        "DOT_PREC": "tf32"}),
 }
@@ -60,7 +60,7 @@ def compile_sass(name: str, block_m: int, block_n: int, warps: int, stages: int,
     from triton.compiler import ASTSource
 
     mod_name, kernel_name, consts = KERNELS[name]
-    module = importlib.import_module(f"phaselab.kernels.attention.{mod_name}")
+    module = importlib.import_module(f"phaselab.kernels.{mod_name}")
     jit_fn = getattr(module, kernel_name).fn  # under the autotuner
     names = list(inspect.signature(jit_fn.fn).parameters)
     consts = {**consts, "BLOCK_M": block_m, "BLOCK_N": block_n, "EXP2": options.exp2_code, "AUTOTUNE": False}

@@ -1,6 +1,6 @@
 """The PoPE `cudnn` backward's own knobs, measured side by side on one GPU:
 
-1. the standalone chain-rule kernel (`triton_pope_expand.pope_chain_kernel`: d q_hat -> dq and
+1. the standalone chain-rule kernel (`triton_expand.pope_chain_kernel`: d q_hat -> dq and
    d delta, d k_hat -> dk) over rows per program x warps x volatile loads, in GB/s of the bytes it
    must move (read d x_hat 2D wide, x; write dx), beside the prologue (`pope_expand_kernel`: read
    x, write x_hat) at the same shape;
@@ -25,8 +25,9 @@ import attention
 import torch
 import triton
 
-from phaselab.kernels.attention import pope_cudnn, triton_pope_expand
 from phaselab.kernels.attention.score_mod import pope_inv_freq
+from phaselab.kernels.pope import cudnn as pope_cudnn
+from phaselab.kernels.pope import triton_expand
 
 
 def chain_rows(B: int, H: int, N: int, D: int, warmup: int, iters: int) -> list[dict]:
@@ -41,7 +42,7 @@ def chain_rows(B: int, H: int, N: int, D: int, warmup: int, iters: int) -> list[
     rows = []
 
     def expand():
-        triton_pope_expand.pope_expand_fwd(q, k, pos, pos, inv_freq, delta)
+        triton_expand.pope_expand_fwd(q, k, pos, pos, inv_freq, delta)
 
     ms = attention.time_ms(expand, warmup, iters)
     rows.append({"variant": "expand", "ms": ms, "gbs": 6 * unit / ms / 1e6})
@@ -49,7 +50,7 @@ def chain_rows(B: int, H: int, N: int, D: int, warmup: int, iters: int) -> list[
         launch = {"rows": r, "num_warps": w, "volatile": vol}
 
         def chain(launch=launch):
-            triton_pope_expand.pope_expand_bwd(dqh, dkh, q, k, pos, pos, inv_freq, delta, launch=launch)
+            triton_expand.pope_expand_bwd(dqh, dkh, q, k, pos, pos, inv_freq, delta, launch=launch)
 
         try:
             ms = attention.time_ms(chain, warmup, iters)

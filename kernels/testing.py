@@ -122,3 +122,23 @@ def forced_config(config: Any, *autotuned: Any) -> Iterator[None]:
     finally:
         for kernel, configs in zip(autotuned, saved):
             kernel.configs = configs
+
+
+def pope_inputs(B: int, H: int, G: int, T: int, S: int, D: int, dtype: torch.dtype, device: str | torch.device,
+                *, delta: bool = True, offset: int = 0, broadcast: bool = True, seed: int = 42):
+    """Seeded (q, k, v, pos_q, pos_k, inv_freq, delta) of a PoPE attention call: raw q [B, H, T, D] and
+    k, v [B, G, S, D] in `dtype`; positions consecutive from `offset` (per batch row from its own
+    origin unless `broadcast`), the queries the last T keys; fp32 inv_freq [D] and delta [H, D]
+    in (-2 pi, 0] (or None). Shared by the PoPE tests and the custom-op tests."""
+    from phaselab.kernels.attention.score_mod import pope_inv_freq
+
+    gen = generator(seed, device)
+    q = torch.randn(B, H, T, D, generator=gen, device=device).to(dtype)
+    k = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
+    v = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
+    pos_k = (torch.arange(S, device=device) + offset)[None]
+    if not broadcast:  # one row per batch element, each from its own origin
+        pos_k = torch.cat([pos_k + 13 * b for b in range(B)])
+    pos_q = pos_k[:, S - T:].contiguous()  # bottom-right: the queries are the last T keys
+    d = (-2 * math.pi * torch.rand(H, D, generator=gen, device=device)) if delta else None
+    return q, k, v, pos_q, pos_k.contiguous(), pope_inv_freq(D).to(device), d

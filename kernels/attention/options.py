@@ -5,11 +5,11 @@ Torch-free (the model config imports the literal types; the orchestrator hashes 
 torch). Every field changes what runs, so a stage records it in its config, its cache key and its
 provenance (`options_used`):
 
-- pope_impl: which PoPE implementation (function.py): "fused" (triton_pope.py), "expand"
-  (triton_pope_expand.py + the flash core), "cudnn" (pope_cudnn.py: not deterministic), or
-  "auto" ("cudnn" where it runs, else "expand"; kernels/attention/README.md has the measurements).
+- pope_impl: which PoPE implementation (kernels/pope/function.py): "fused" (pope/triton_pope.py),
+  "expand" (triton_expand.py + the flash core), "cudnn" (cudnn.py: not deterministic), or "auto"
+  ("cudnn" where it runs, else "expand"; kernels/attention/README.md has the measurements).
 - tapa_series: TAPA's forward uses the binomial series for |m - n|^alpha on tiles away from the
-  diagonal (tapa_phase.py: 3-8 % faster forward on the H200); False takes lg2/ex2 everywhere.
+  diagonal (kernels/tapa/phase.py: 3-8 % faster forward on the H200); False takes lg2/ex2 everywhere.
 - exp2: how the PoPE and TAPA score tiles' softmax exponentials run (triton_common._exp2_tile):
   "mufu" (the special-function unit), "poly" (a polynomial on the FMA pipe), "split" (half each).
 - autotune: time every Triton config at each new shape (seconds per kernel and shape, results
@@ -60,7 +60,7 @@ class AttentionOptions:
 
 DEFAULT_OPTIONS = AttentionOptions()
 
-# op -> the options each call of it ran with, as recorded by function.py (provenance of a run)
+# op -> the options each call of it ran with, as recorded by each op's function.py (provenance of a run)
 _USED: dict[str, dict[str, Any]] = {}
 
 

@@ -13,170 +13,36 @@ Scores (unscaled, unmasked; `scores`):
     relbias <q_m, k_n>; the encoding's table bias[h, m-n] is added after scaling (`logits`)
 Logits: scale * score (+ ALiBi bias); masked by positions (key s visible to query t iff
 pos_k[s] <= pos_q[t]); softmax in the compute dtype; a row that sees no key outputs 0.
+
+PoPE's and TAPA's scores are their operators' references (kernels/pope/reference.py,
+kernels/tapa/reference.py); the checks, GQA, visibility and masked softmax every reference shares
+are in reference_common.py.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from phaselab.kernels.attention.options import AttentionOptions
-from phaselab.kernels.attention.score_mod import (
-    ScoreMod,
-    alibi_table,
-    apply_score_fn,
-    distance_bias,
-    tapa_split,
+from phaselab.kernels.attention.reference_common import (
+    _check_qk,
+    _compute_dtype,
+    _signed_distance,
+    masked_softmax,
+    repeat_kv,
+    visibility,
 )
+from phaselab.kernels.attention.score_mod import ScoreMod, alibi_table, apply_score_fn, distance_bias
+from phaselab.kernels.pope.reference import pope_scores
 from phaselab.kernels.registry import record_impl
+from phaselab.kernels.tapa.reference import tapa_scores
 
-SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
-_COMPUTE_DTYPES = (torch.float32, torch.float64)
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _compute_dtype(compute_dtype: torch.dtype | None) -> torch.dtype:
-    dtype = torch.float32 if compute_dtype is None else compute_dtype
-    if dtype not in _COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype={compute_dtype}: expected torch.float32 or torch.float64")
-    return dtype
-
-
-def _check_positions(name: str, pos: Tensor, batch: int, length: int) -> None:
-    if not isinstance(pos, torch.Tensor):
-        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(pos).__name__}")
-    if pos.dtype not in (torch.int64, torch.int32):
-        # MATH §7.2: a position held in bf16/fp16 is already wrong; refuse any float position.
-        raise TypeError(f"{name} must be int64 (or int32), got {pos.dtype}")
-    if pos.ndim != 2 or pos.shape[0] not in (1, batch) or pos.shape[1] != length:
-        raise ValueError(f"{name} has shape {tuple(pos.shape)}, expected ({batch} or 1, {length})")
-
-
-def _check_qk(q_BHTD: Tensor, k_BGSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor) -> None:
-    if q_BHTD.ndim != 4 or k_BGSD.ndim != 4:
-        raise ValueError(f"q and k must be 4-D BHTD/BGSD, got shapes {tuple(q_BHTD.shape)} and "
-                         f"{tuple(k_BGSD.shape)}")
-    (B, H, T, D), (Bk, G, S, Dk) = q_BHTD.shape, k_BGSD.shape
-    if Bk != B or Dk != D:
-        raise ValueError(f"k shape {tuple(k_BGSD.shape)} does not match q shape {tuple(q_BHTD.shape)} "
-                         f"(batch and width must agree)")
-    if G == 0 or H % G != 0:
-        raise ValueError(f"query heads H={H} must be divisible by kv heads G={G}")
-    _check_positions("pos_q_BT", pos_q_BT, B, T)
-    _check_positions("pos_k_BS", pos_k_BS, B, S)
-
-
-def repeat_kv(x_BGSD: Tensor, n_heads: int) -> Tensor:
-    """GQA: expand G kv heads to H query heads; head h reads kv head h // (H // G)."""
-    groups = x_BGSD.shape[1]
-    return x_BGSD if groups == n_heads else x_BGSD.repeat_interleave(n_heads // groups, dim=1)
-
-
-# ----------------------------------------------------------------------------- PoPE
-
-
-def softplus_fp32(x: Tensor) -> Tensor:
-    """softplus(x) = log1p(exp(x)) for x <= 20, x above (PyTorch's threshold; MATH §7.3).
-
-    The exp argument is clamped so that the untaken branch never produces inf (whose gradient
-    would be NaN); the derivative is sigmoid(x), and exactly 1 above the threshold.
-    """
-    return torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log1p(torch.exp(x.clamp(max=SOFTPLUS_THRESHOLD))))
-
-
-def pope_amplitude(x: Tensor, amplitude: str) -> Tensor:
-    """mu = softplus | relu | identity of x, elementwise in x's (compute) dtype (MATH §3.1, §3.5)."""
-    if amplitude == "softplus":
-        return softplus_fp32(x)
-    if amplitude == "relu":
-        return torch.relu(x)
-    if amplitude == "identity":
-        return x
-    raise ValueError(f"pope amplitude={amplitude!r}: expected softplus, relu or identity")
-
-
-def _pope_cartesian(x_BHLD: Tensor, pos_BL: Tensor, inv_freq_D: Tensor, phase_bias_HD: Tensor | None,
-                    amplitude: str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(mu cos phi, mu sin phi) with phi = pos * theta_c (+ phase_bias_hc), all in `dtype`."""
-    mu_BHLD = pope_amplitude(x_BHLD.to(dtype), amplitude)
-    phase_B1LD = pos_BL.to(dtype)[:, None, :, None] * inv_freq_D.to(dtype)
-    if phase_bias_HD is not None:
-        phase_B1LD = phase_B1LD + phase_bias_HD.to(dtype)[None, :, None, :]
-    return mu_BHLD * torch.cos(phase_B1LD), mu_BHLD * torch.sin(phase_B1LD)
-
-
-def _check_pope_params(q_BHTD: Tensor, inv_freq_D: Tensor, delta_HD: Tensor | None) -> None:
-    H, D = q_BHTD.shape[1], q_BHTD.shape[3]
-    if inv_freq_D.shape != (D,):
-        raise ValueError(f"pope inv_freq has shape {tuple(inv_freq_D.shape)}, expected ({D},) = head_dim")
-    if delta_HD is not None and delta_HD.shape != (H, D):
-        raise ValueError(f"pope delta has shape {tuple(delta_HD.shape)}, expected (H, D) = ({H}, {D})")
-
-
-def pope_expand(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
-                inv_freq_D: Tensor, delta_HD: Tensor | None, amplitude: str = "softplus",
-                layout: str = "concat") -> tuple[Tensor, Tensor]:
-    """Cartesian 2D-wide q_hat_BHT(2D), k_hat_BGS(2D) with <q_hat, k_hat> = PoPE score (MATH §3.3).
-
-    delta is folded into the *query* phase with a minus sign (MATH §3.1: cos(n theta + delta -
-    m theta) = cos(n theta - (m theta - delta))), so keys stay shared across GQA groups and
-    un-biased in a KV cache. layout "concat" = [x_0..x_{D-1}, y_0..y_{D-1}], "interleaved" =
-    [x_0, y_0, x_1, y_1, ...]. Angles, cos/sin and the amplitude are computed in fp32 (float64
-    if q is float64); the result has q's dtype. Scale the dot by 1/sqrt(D) (MATH §3.4) yourself.
-    """
-    _check_qk(q_BHTD, k_BGSD, pos_q_BT, pos_k_BS)
-    _check_pope_params(q_BHTD, inv_freq_D, delta_HD)
-    if layout not in ("concat", "interleaved"):
-        raise ValueError(f"pope layout={layout!r}: expected 'concat' or 'interleaved'")
-    dtype = torch.float64 if q_BHTD.dtype == torch.float64 else torch.float32
-    neg_delta_HD = None if delta_HD is None else -delta_HD
-    xq, yq = _pope_cartesian(q_BHTD, pos_q_BT, inv_freq_D, neg_delta_HD, amplitude, dtype)
-    xk, yk = _pope_cartesian(k_BGSD, pos_k_BS, inv_freq_D, None, amplitude, dtype)
-    if layout == "concat":
-        q_hat, k_hat = torch.cat([xq, yq], dim=-1), torch.cat([xk, yk], dim=-1)
-    else:
-        q_hat, k_hat = torch.stack([xq, yq], dim=-1).flatten(-2), torch.stack([xk, yk], dim=-1).flatten(-2)
-    return q_hat.to(q_BHTD.dtype), k_hat.to(k_BGSD.dtype)
-
-
-def _pope_scores(q_BHTD: Tensor, k_BHSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor,
-                 params: Any, dtype: torch.dtype) -> Tensor:
-    # The spec form: delta on the key phase, per query head (keys expanded to H heads first).
-    _check_pope_params(q_BHTD, params["inv_freq"], params["delta"])
-    xq, yq = _pope_cartesian(q_BHTD, pos_q_BT, params["inv_freq"], None, params["amplitude"], dtype)
-    xk, yk = _pope_cartesian(k_BHSD, pos_k_BS, params["inv_freq"], params["delta"], params["amplitude"], dtype)
-    return xq @ xk.transpose(-1, -2) + yq @ yk.transpose(-1, -2)
-
-
-# ----------------------------------------------------------------------------- TAPA and ALiBi
-
-
-def _signed_distance(pos_q_BT: Tensor, pos_k_BS: Tensor) -> Tensor:
-    """m - n as int64 [B, T, S]: exact integer arithmetic before any float conversion."""
-    return pos_q_BT.to(torch.int64)[:, :, None] - pos_k_BS.to(torch.int64)[:, None, :]
-
-
-def _tapa_scores(q_BHTD: Tensor, k_BHSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor,
-                 params: Any, dtype: torch.dtype) -> Tensor:
-    d_amp, d_phase = tapa_split(q_BHTD.shape[-1], params["theta"])
-    q, k = q_BHTD.to(dtype), k_BHSD.to(dtype)
-    q_A, q_P = q[..., :d_amp], q[..., d_amp:]  # amplitude first (MATH §4.2)
-    k_A, k_P = k[..., :d_amp], k[..., d_amp:]
-    amp_BHTS = (q_A @ k_A.transpose(-1, -2)) / math.sqrt(d_amp)
-    if params["phase"] == "quadratic":
-        phi_BHTS = (q_P @ k_P.transpose(-1, -2)) / math.sqrt(d_phase)
-    else:  # linear-phase ablation, Eq. 16 (MATH §4.3): (sum q_P + sum k_P) / sqrt(D_P)
-        phi_BHTS = (q_P.sum(-1)[..., :, None] + k_P.sum(-1)[..., None, :]) / math.sqrt(d_phase)
-    # |m-n|^alpha in the compute dtype, never in q's dtype (MATH §7.5); 0^alpha = 0 for alpha > 0.
-    dist_B1TS = _signed_distance(pos_q_BT, pos_k_BS).abs().to(dtype)[:, None]
-    w_B1TS = params["phase_scale"] * dist_B1TS.pow(params["alpha"])
-    return amp_BHTS * torch.cos(w_B1TS * phi_BHTS)
+__all__ = ["ReferenceBackend", "alibi_bias", "attention", "logits", "masked_softmax", "repeat_kv", "scores",
+           "visibility"]
 
 
 def alibi_bias(pos_q_BT: Tensor, pos_k_BS: Tensor, slopes_H: Tensor, *,
@@ -207,8 +73,8 @@ def scores(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
     if score_mod is None or score_mod.kind in ("alibi", "relbias", "custom"):
         return q_BHTD.to(dtype) @ k_BHSD.to(dtype).transpose(-1, -2)
     if score_mod.kind == "pope":
-        return _pope_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
-    return _tapa_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
+        return pope_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
+    return tapa_scores(q_BHTD, k_BHSD, pos_q_BT, pos_k_BS, score_mod.params, dtype)
 
 
 def logits(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor, scale: float,
@@ -232,26 +98,6 @@ def logits(q_BHTD: Tensor, k_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor
     if score_mod is not None and score_mod.kind == "custom":   # an encoding's `score` (EXTENDING.md)
         out = apply_score_fn(score_mod, out, pos_q_BT, pos_k_BS)
     return out
-
-
-def visibility(pos_q_BT: Tensor, pos_k_BS: Tensor) -> Tensor:
-    """Causal visibility by positions, bool [B, 1, T, S]: key s visible iff pos_k[s] <= pos_q[t].
-
-    This is bottom-right alignment when T < S (KV-cache decoding; MATH §7.6).
-    """
-    return (pos_k_BS[:, None, :] <= pos_q_BT[:, :, None])[:, None]
-
-
-def masked_softmax(logits_BHTS: Tensor, visible: Tensor | None) -> Tensor:
-    """Softmax over keys; masked entries get probability 0 and a row with no visible key is all 0."""
-    if visible is None or logits_BHTS.shape[-1] == 0:   # no key at all (S = 0): every row is 0
-        return torch.softmax(logits_BHTS, dim=-1)
-    masked = logits_BHTS.masked_fill(~visible, float("-inf"))
-    row_max = masked.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
-    p = torch.exp(masked - row_max)
-    denom = p.sum(dim=-1, keepdim=True)
-    return p / torch.where(denom > 0, denom, torch.ones_like(denom))
 
 
 def attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,

@@ -1,7 +1,7 @@
-"""Helpers shared by the fused PoPE and TAPA kernels (triton_pope.py, triton_tapa.py):
+"""Helpers shared by the fused PoPE and TAPA kernels (kernels/pope/triton_pope.py, kernels/tapa/triton_tapa.py):
 fp32 range reduction and MUFU transcendentals, the causal block ranges found by bisection over
 sorted positions, autotuning configs and host-side conventions. Spec of the kernels: MATH §3, §4,
-§7; verification: tests/kernels/test_triton_{pope,tapa}.py.
+§7; verification: tests/kernels/{pope,tapa}/test_triton_{pope,tapa}.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ outlives the forward:
     G = d(loss)/d(logits)                      (Triton, in place, input dtype)
     grad_h = G @ W,  grad_W = G^T @ h          (saved; the backward multiplies them by the
                                                 incoming scalar gradient g)
-Spec: `reference.linear_cross_entropy`; tests: tests/kernels/test_linear_ce.py.
+Spec: `reference.linear_cross_entropy`; tests: tests/kernels/loss/test_linear_ce.py.
 
 Example:
     >>> loss = linear_cross_entropy(h_NC, model.lm_head.weight, y_N, mask_N, vocab_size=50257)

@@ -1,7 +1,7 @@
 """Cross-entropy rows in Triton: the logits buffer becomes its own gradient in one launch.
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny shapes
-(tests/kernels/test_linear_ce.py); the bf16 GPU test and its speed on the H200 are run separately.
+(tests/kernels/loss/test_linear_ce.py); the bf16 GPU test and its speed on the H200 are run separately.
 
 One program per row i of the logits buffer x [N, V_pad] (input dtype, written by the matmul):
     pass 1  online max and sum of exp over the first V columns in fp32, per lane, merged once:

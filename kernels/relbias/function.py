@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.triton_flash import pos_flags
+from phaselab.kernels.flash.triton_flash import pos_flags
 from phaselab.kernels.relbias import triton_relbias
 
 

@@ -3,7 +3,7 @@ table's gradient. Spec: `reference.relbias_attention` (this folder).
 
 logit(t, s) = scale * <q_t, k_s> + bias[h, pos_q[t] - pos_k[s] - d_min], bias an fp32 table
 [H, Nd]; softmax in the exp2 domain with fp32 accumulation, exactly as the plain flash core
-(kernels/attention/triton_flash.py), whose tile loaders, causal block bounds (fully masked key
+(kernels/flash/triton_flash.py), whose tile loaders, causal block bounds (fully masked key
 blocks skipped, fully visible ones run unmasked), configs and pruners are reused here. Without
 positions (`HAS_POS` False) they are the indices, the queries being the last T of the S keys.
 
@@ -44,7 +44,7 @@ from phaselab.kernels.attention.triton_common import (
     _strides,
     block_d,
 )
-from phaselab.kernels.attention.triton_flash import (
+from phaselab.kernels.flash.triton_flash import (
     _load_tile,
     _pruner,
     _query_blocks,

@@ -74,7 +74,7 @@ def test_forced_config_sets_one_config_and_restores_on_error():
     when the block raises."""
     import triton
 
-    from phaselab.kernels.attention import triton_pope
+    from phaselab.kernels.pope import triton_pope
 
     kernels = (triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq)
     before = [list(k.configs) for k in kernels]

@@ -285,7 +285,7 @@ def test_default_positions_declare_trivial_pos_to_the_backend():
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_attention_deterministic_reaches_the_backend(deterministic):
     """attention.deterministic is passed on every call: the triton backend takes PoPE's
-    non-deterministic cuDNN core only when it is False (kernels/attention/pope_cudnn.py)."""
+    non-deterministic cuDNN core only when it is False (kernels/pope/cudnn.py)."""
     model = Transformer(preset("tiny", pe={"kind": "pope"}, attention={"backend": "reference",
                                                                       "deterministic": deterministic}))
     seen = []

@@ -22,8 +22,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from phaselab.kernels.attention.reference import pope_amplitude, pope_expand
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.pope.reference import pope_amplitude, pope_expand
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
 

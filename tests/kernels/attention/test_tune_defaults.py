@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselab.kernels.attention import triton_common, triton_flash
+from phaselab.kernels.attention import triton_common
 from phaselab.kernels.attention.triton_common import TUNE_DEFAULTS, default_tile, pruner, untuned_pick
+from phaselab.kernels.flash import triton_flash
 
 
 @pytest.fixture
@@ -82,7 +83,8 @@ def test_pruners_time_everything_only_with_autotune(gpu_lists):
 def test_autotune_is_part_of_every_tuning_key():
     """A tile picked without timing must never be reused for an autotuned launch of the same
     shape (or the other way round): Triton caches picks by the key."""
-    from phaselab.kernels.attention import triton_pope, triton_tapa
+    from phaselab.kernels.pope import triton_pope
+    from phaselab.kernels.tapa import triton_tapa
 
     kernels = (triton_pope.pope_fwd_kernel, triton_pope.pope_bwd_kernel_dkdv, triton_pope.pope_bwd_kernel_dq,
                triton_tapa.tapa_fwd_kernel, triton_tapa.tapa_bwd_kernel_dkdv, triton_tapa.tapa_bwd_kernel_dq,

@@ -1,6 +1,6 @@
 """PoPE attention as our Triton prologue and chain rule around cuDNN's attention core (`impl="cudnn"`).
 
-The same Cartesian form as `triton_pope_expand.py` (MATH §3.3, layout "interleaved"):
+The same Cartesian form as `triton_expand.py` (MATH §3.3, layout "interleaved"):
 
 1. forward: the prologue writes q_hat [B,H,T,2D] and k_hat [B,H,S,2D] in q's dtype (angles,
    cos/sin and the amplitude in fp32); cuDNN's fused attention runs on (q_hat, k_hat, v) with the
@@ -8,7 +8,7 @@ The same Cartesian form as `triton_pope_expand.py` (MATH §3.3, layout "interlea
    padded); only out and the log-sum-exp are saved, as for plain attention.
 2. backward, per group of heads: the prologue again (q_hat, k_hat of the group), cuDNN's backward
    (dq_hat, dk_hat, dv of the group), then the chain-rule kernel back to dq, dk and d delta
-   (`triton_pope_expand.pope_expand_bwd`, fp32). The groups bound the 2D-wide buffers that exist
+   (`triton_expand.pope_expand_bwd`, fp32). The groups bound the 2D-wide buffers that exist
    at once (`GROUP_BYTES`), so the forward+backward peak stays close to plain attention's instead
    of holding four 2D-wide tensors for every head (2.3x cuDNN's peak at 64k tokens,
    benchmarks/results/attention-h200-d64-dv.md).
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from phaselab.kernels.attention import triton_common
-from phaselab.kernels.attention.triton_pope_expand import pope_expand_bwd, pope_expand_fwd
+from phaselab.kernels.pope.triton_expand import pope_expand_bwd, pope_expand_fwd
 
 GROUP_BYTES = 256 * 2**20   # q_hat, k_hat and their gradients of one head group, at most
 MAX_D = 64                  # cuDNN's q/k head dim, 2D, at most 128

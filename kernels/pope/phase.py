@@ -1,4 +1,4 @@
-"""PoPE's per-element transcendentals for the fused kernels (triton_pope.py; MATH §3, §6, §7.3):
+"""PoPE's per-element transcendentals for the fused kernels (pope/triton_pope.py; MATH §3, §6, §7.3):
 the softplus amplitude and the cos/sin of the position-only phases.
 
 The amplitude runs for every element of every key tile a query block visits (and of every query

@@ -1,4 +1,4 @@
-"""PoPE mode of the flash core's backward (triton_flash.py; the path: triton_pope_expand.py): jit
+"""PoPE mode of the flash core's backward (kernels/flash/triton_flash.py; the path: triton_expand.py): jit
 helpers that build a resident block's expansion in registers (`_expand_rows`, also the prologue's
 tile) and apply the chain rule in the epilogues (`_chain_epilogue`, also the standalone chain
 kernel's body); spec: autograd through `reference.pope_expand` (layout "interleaved", positions
@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.pope_phase import _amplitude, _amplitude_grad, _phase_cos_sin, _pope_expand
-from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
+from phaselab.kernels.pope.phase import _amplitude, _amplitude_grad, _phase_cos_sin, _pope_expand
+from phaselab.kernels.pope.triton_pope import AMPLITUDE_CODES
 
 
 class PopeChain(NamedTuple):
@@ -55,7 +55,7 @@ def _row_tile(x, pos, pos_k, inv_freq, delta, i_b, i_h, o_l, o_d, s_xb, s_xh, s_
     """(raw x fp32, cos, sin, mask) of rows o_l, columns o_d of x [B, NH, L, D] (head i_h), the
     phases from pos - pos_k[b, 0] (int64) and, with HAS_DELTA, minus delta[i_h]. VOLATILE loads x
     and the positions so that an epilogue recomputes the tile rather than the compiler keeping
-    the prologue's (x, cos, sin) live through the block loop (`pope_phase._reload_phase`; it
+    the prologue's (x, cos, sin) live through the block loop (`phase._reload_phase`; it
     made the PoPE dQ kernel spill, kernel_sass.py)."""
     m_l, m_d = o_l < L, o_d < D
     m = m_l[:, None] & m_d[None, :]

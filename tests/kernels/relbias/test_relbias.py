@@ -125,7 +125,7 @@ def _kernel_grads(case, flags, causal):
 @needs_interpreter
 @pytest.mark.parametrize("T,S,causal", [(40, 40, True), (21, 37, True), (19, 23, False)])
 def test_consecutive_positions_take_the_strip_path_and_match_the_gathered_one(T, S, causal):
-    from phaselab.kernels.attention.triton_flash import pos_flags
+    from phaselab.kernels.flash.triton_flash import pos_flags
 
     case = _case(1, 2, 1, T, S, 16, "offset", causal, seed=7)
     flags = pos_flags(case[5], case[6])

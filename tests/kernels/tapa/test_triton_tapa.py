@@ -1,4 +1,4 @@
-"""Fused TAPA attention (kernels/attention/triton_tapa.py) against the float64 reference.
+"""Fused TAPA attention (kernels/tapa/triton_tapa.py) against the float64 reference.
 
 CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
 GPU (`gpu`): shape x dtype x causal x T<S x phase sweep with the 2x calibrated rule (DESIGN §6).
@@ -15,9 +15,11 @@ import triton
 import triton.language as tl
 
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, tapa_phase, triton_common, triton_tapa
-from phaselab.kernels.attention.function import tapa_attention
+from phaselab.kernels.attention import reference, triton_common
 from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.tapa import phase as tapa_phase
+from phaselab.kernels.tapa import triton_tapa
+from phaselab.kernels.tapa.function import tapa_attention
 from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",

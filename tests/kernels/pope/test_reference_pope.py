@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.pope import reference as P
 from phaselab.kernels.rotary.scaling import default_inv_freq
 from phaselab.kernels.testing import assert_close, generator, shape_id
 
@@ -51,7 +52,7 @@ def test_factorisation_ratio_independent_of_content():
     for seed in (1, 2, 3):  # three different contents
         # the same key vector at both key positions: only the offset differs between the terms
         q, k = _rand(1, 1, 1, D, dtype=F64, seed=seed), _rand(1, 1, 1, D, dtype=F64, seed=seed + 10).expand(1, 1, 2, D)
-        q_hat, k_hat = R.pope_expand(q, k, pos_q_BT=torch.tensor([[40]]), pos_k_BS=torch.tensor([[3, 31]]),
+        q_hat, k_hat = P.pope_expand(q, k, pos_q_BT=torch.tensor([[40]]), pos_k_BS=torch.tensor([[3, 31]]),
                                      inv_freq_D=inv_freq, delta_HD=delta)
         terms = (q_hat * k_hat).unflatten(-1, (2, D)).sum(-2)  # per-component term, concat layout
         ratios.append(terms[0, 0, 0] / terms[0, 0, 1])  # offset -37 vs offset -9
@@ -70,7 +71,7 @@ def test_cartesian_equals_polar(layout, dims):
     pos_q = torch.randint(0, 4000, (B, T), generator=generator(3))
     pos_k = torch.randint(0, 4000, (B, T), generator=generator(4))
     delta = _delta(H, D)
-    q_hat, k_hat = R.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=pope_inv_freq(D),
+    q_hat, k_hat = P.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=pope_inv_freq(D),
                                  delta_HD=delta, layout=layout)
     cart = q_hat.double() @ R.repeat_kv(k_hat, H).double().transpose(-1, -2)
     # polar form in float64: sum_c mu_q mu_k cos((n - m) theta_c + delta_hc)
@@ -82,7 +83,7 @@ def test_cartesian_equals_polar(layout, dims):
     assert_close(f"cartesian-{layout}", polar, cart, 1e-4)
     assert_close("scores-vs-polar", polar, _scores(q, k, pos_q, pos_k, _pope(D, delta)), 1e-4)
     # with the angles in float64 the two forms agree to float64 rounding
-    q_hat, k_hat = R.pope_expand(q.double(), k.double(), pos_q_BT=pos_q, pos_k_BS=pos_k,
+    q_hat, k_hat = P.pope_expand(q.double(), k.double(), pos_q_BT=pos_q, pos_k_BS=pos_k,
                                  inv_freq_D=pope_inv_freq(D), delta_HD=delta, layout=layout)
     assert_close(f"cartesian-{layout}-fp64", polar, q_hat @ R.repeat_kv(k_hat, H).transpose(-1, -2), 1e-12)
 
@@ -92,7 +93,7 @@ def test_delta_placement_periodicity_and_zero():
     pos_q, pos_k = torch.arange(5)[None] + 2, torch.arange(7)[None]
     delta = _delta(2, 8)
     key_side = _scores(q, k, pos_q, pos_k, _pope(8, delta))
-    q_hat, k_hat = R.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=pope_inv_freq(8),
+    q_hat, k_hat = P.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=pope_inv_freq(8),
                                  delta_HD=delta)  # query-side -delta
     assert_close("query-side", key_side, q_hat @ k_hat.transpose(-1, -2), 1e-6)
     assert_close("period-2pi", key_side, _scores(q, k, pos_q, pos_k, _pope(8, delta + 2 * math.pi)), 1e-6)
@@ -113,7 +114,7 @@ def test_even_components_are_rope_frequencies():
 def test_softplus_matches_torch_including_above_threshold():
     x = torch.cat([torch.linspace(-120, 120, 20001), torch.tensor([19.999, 20.0, 20.0001, 20.5, 88.0, -88.0])])
     x.requires_grad_(True)
-    ours = R.softplus_fp32(x)
+    ours = P.softplus_fp32(x)
     torch_ref = F.softplus(x, beta=1.0, threshold=20.0)
     # the same log1p(exp(x)) formula; vectorised vs scalar log1p may differ by an ulp or two
     ulp = torch.nextafter(torch_ref, torch.tensor(float("inf"))) - torch_ref

@@ -1,4 +1,4 @@
-"""PoPE attention through its Cartesian form on the flash core (triton_flash.py); spec:
+"""PoPE attention through its Cartesian form on the flash core (flash/triton_flash.py); spec:
 `reference.pope_expand` (MATH §3.3, layout "interleaved") and `reference.attention` with a pope
 `ScoreMod`.
 
@@ -7,12 +7,12 @@
        q_hat = mu(q) [cos, sin](m theta - delta_h),   k_hat = mu(k) [cos, sin](n theta)
    in layout "interleaved" ([x_0, y_0, x_1, ...]: the backward splits a gradient tile into its x
    and y parts in registers) and q's dtype; mu = softplus | relu | identity; angles, cos/sin and
-   the amplitude in fp32 (pope_phase.py). Positions are taken relative to the batch row's first
+   the amplitude in fp32 (phase.py). Positions are taken relative to the batch row's first
    key, pos - pos_k[b, 0], in int64 before the fp32 multiply: the logit depends on m - n only, and
    the fp32 angle then carries the error of the relative position (kernels/attention/README.md,
    "Numerical notes"). So q_hat / k_hat equal `reference.pope_expand` at pos - pos_k[:, :1].
 2. forward: the flash core on (q_hat, k_hat, v), DK = 2D, DV = D, scale 1/sqrt(D) by default.
-3. backward: the core's kernels in PoPE mode (`triton_pope_expand_bwd.py`). Each keeps one
+3. backward: the core's kernels in PoPE mode (`triton_expand_bwd.py`). Each keeps one
    operand resident and streams the other: dK/dV holds a key block and streams q_hat, dQ holds a
    query block and streams k_hat. The resident block's expansion is built in registers from the
    raw input, once per program (D transcendentals a row, not per tile: the per-tile rebuild of
@@ -46,9 +46,9 @@ import triton
 import triton.language as tl
 
 from phaselab.kernels.attention.triton_common import _pos_stride, _strides, block_d, do_o_rows, interpreting
-from phaselab.kernels.attention.triton_flash import flash_bwd_dkdv, flash_bwd_dq
-from phaselab.kernels.attention.triton_pope import AMPLITUDE_CODES
-from phaselab.kernels.attention.triton_pope_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
+from phaselab.kernels.flash.triton_flash import flash_bwd_dkdv, flash_bwd_dq
+from phaselab.kernels.pope.triton_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
+from phaselab.kernels.pope.triton_pope import AMPLITUDE_CODES
 
 
 def _rows_per_block(D: int) -> int:

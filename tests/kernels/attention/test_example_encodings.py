@@ -17,7 +17,7 @@ from phaselab.kernels.attention.reference import attention
 from phaselab.workloads.config import from_dict
 from phaselab.workloads.models.config import PEConfig
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "encodings"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "encodings"
 H, D, T = 2, 8, 6
 
 

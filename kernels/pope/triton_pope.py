@@ -2,7 +2,7 @@
 pope `ScoreMod` (MATH §3).
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny
-shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/test_triton_pope.py; other
+shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/pope/test_triton_pope.py; other
 GPUs and Triton versions are unverified.
 
 What the kernels compute, per query head h (kv head g = h // (H // G)):
@@ -12,7 +12,7 @@ What the kernels compute, per query head h (kv head g = h // (H // G)):
 delta sits on the query phase with a minus sign (MATH §3.1: equivalent to +delta on the key
 phase), so GQA keys stay shared. Angles pos * theta are formed in fp32 from integer positions and
 range-reduced to [-pi, pi] before cos/sin (MATH §7.1, §7.4); the 2D-wide q_hat / k_hat exist only
-in registers, never in HBM (MATH §6 "fused"); amplitude and phase helpers are in pope_phase.py.
+in registers, never in HBM (MATH §6 "fused"); amplitude and phase helpers are in phase.py.
 Softmax runs in the exp2 domain: the saved log-sum-exp `lse` is in log2 units (MATH §7.9), +inf
 for a row that sees no key (its output is 0).
 
@@ -33,13 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.pope_phase import (
-    _amplitude,
-    _amplitude_grad,
-    _phase_cos_sin,
-    _pope_expand,
-    _reload_phase,
-)
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODES,
     LOG2E,
@@ -57,6 +50,13 @@ from phaselab.kernels.attention.triton_common import (
     do_o_rows,
     interpreting,
     pruner,
+)
+from phaselab.kernels.pope.phase import (
+    _amplitude,
+    _amplitude_grad,
+    _phase_cos_sin,
+    _pope_expand,
+    _reload_phase,
 )
 
 AMPLITUDE_CODES = {"softplus": 0, "relu": 1, "identity": 2}
@@ -124,7 +124,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
                     EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
-    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (kernels/tapa/triton_tapa.py `_fp32_scalars`)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -135,7 +135,7 @@ def pope_fwd_kernel(q, k, v, o, lse, pos_q, pos_k, k_sorted, inv_freq, delta,
     p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     p_posq = pos_q + i_b.to(tl.int64) * s_pqb
     p_posk = pos_k + i_b.to(tl.int64) * s_pkb
-    p0 = tl.load(p_posk)  # phase origin of this batch row (pope_phase._phase_cos_sin)
+    p0 = tl.load(p_posk)  # phase origin of this batch row (phase._phase_cos_sin)
 
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
     bias = theta * 0.0
@@ -231,7 +231,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
                          EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_n, i_bg = tl.program_id(0), tl.program_id(1)
-    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (kernels/tapa/triton_tapa.py `_fp32_scalars`)
     G = H // GROUP
     i_b, i_g = i_bg // G, i_bg % G
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -243,7 +243,7 @@ def pope_bwd_kernel_dkdv(q, k, v, do, lse, dlt, dk, dv, ddelta_part, pos_q, pos_
     p_v = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :]
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)
     p_posk_n = pos_k + i_b.to(tl.int64) * s_pkb + o_n
-    p0 = tl.load(pos_k + i_b.to(tl.int64) * s_pkb)  # phase origin of this batch row (pope_phase._phase_cos_sin)
+    p0 = tl.load(pos_k + i_b.to(tl.int64) * s_pkb)  # phase origin of this batch row (phase._phase_cos_sin)
     b_pk = tl.load(p_posk_n, mask=m_n, other=0)
     b_k = tl.load(p_k, mask=m_kd, other=0.0).to(tl.float32)
     b_v = tl.load(p_v, mask=m_kd, other=0.0)
@@ -355,7 +355,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
                        EXP2: tl.constexpr, AUTOTUNE: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     i_m, i_bh = tl.program_id(0), tl.program_id(1)
-    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (triton_tapa._fp32_scalars)
+    qk_scale = tl.cast(qk_scale, tl.float32)  # may arrive fp64 (kernels/tapa/triton_tapa.py `_fp32_scalars`)
     i_b, i_h = i_bh // H, i_bh % H
     i_g = i_h // GROUP
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -364,7 +364,7 @@ def pope_bwd_kernel_dq(q, k, v, do, lse, dlt, dq, pos_q, pos_k, k_sorted, inv_fr
     m_qd = m_m[:, None] & m_d[None, :]
     p_posq = pos_q + i_b.to(tl.int64) * s_pqb
     p_posk = pos_k + i_b.to(tl.int64) * s_pkb
-    p0 = tl.load(p_posk)  # phase origin of this batch row (pope_phase._phase_cos_sin)
+    p0 = tl.load(p_posk)  # phase origin of this batch row (phase._phase_cos_sin)
     p_kbase = k + i_b.to(tl.int64) * s_kb + i_g.to(tl.int64) * s_kh
     p_vbase = v + i_b.to(tl.int64) * s_vb + i_g.to(tl.int64) * s_vh
     theta = tl.load(inv_freq + o_d, mask=m_d, other=0.0)

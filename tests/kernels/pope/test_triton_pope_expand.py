@@ -1,5 +1,5 @@
-"""PoPE through the Cartesian expansion on the flash core (kernels/attention/triton_pope_expand.py):
-the prologue against `reference.pope_expand`, the whole path (`pope_attention(impl="expand")`) and
+"""PoPE through the Cartesian expansion on the flash core (kernels/pope/triton_expand.py):
+the prologue against `pope_reference.pope_expand`, the whole path (`pope_attention(impl="expand")`) and
 its gradients for q, k, v and delta against the float64 reference.
 
 CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
@@ -8,7 +8,6 @@ GPU (`gpu`): bf16/fp16 sweep with the 2x calibrated rule (DESIGN §6).
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import weakref
@@ -17,28 +16,19 @@ import pytest
 import torch
 from test_triton_pope import reference_grads, triton_grads  # one float64 spec for both implementations
 
-from phaselab.kernels.attention import reference, triton_pope_expand
-from phaselab.kernels.attention.function import pope_attention
+from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.options import AttentionOptions, options_used, reset_options
-from phaselab.kernels.attention.score_mod import pope_inv_freq
-from phaselab.kernels.testing import assert_close, calibrated_close, generator, shape_id
+from phaselab.kernels.pope import reference as pope_reference
+from phaselab.kernels.pope import triton_expand
+from phaselab.kernels.pope.function import pope_attention
+from phaselab.kernels.testing import assert_close, calibrated_close, generator, pope_inputs, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
                                        reason="CPU interpreter test; the gpu tests cover CUDA")
 NAMES = ("out", "dq", "dk", "dv", "ddelta")
 
 
-def make_inputs(B, H, G, T, S, D, dtype, device, *, delta=True, offset=0, broadcast=True, seed=42):
-    gen = generator(seed, device)
-    q = torch.randn(B, H, T, D, generator=gen, device=device).to(dtype)
-    k = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
-    v = torch.randn(B, G, S, D, generator=gen, device=device).to(dtype)
-    pos_k = (torch.arange(S, device=device) + offset)[None]
-    if not broadcast:  # one row per batch element, each from its own origin
-        pos_k = torch.cat([pos_k + 13 * b for b in range(B)])
-    pos_q = pos_k[:, S - T:].contiguous()  # bottom-right: the queries are the last T keys
-    d = (-2 * math.pi * torch.rand(H, D, generator=gen, device=device)) if delta else None
-    return q, k, v, pos_q, pos_k.contiguous(), pope_inv_freq(D).to(device), d
+make_inputs = pope_inputs
 
 
 def expand_grads(*args, **kw):
@@ -55,16 +45,16 @@ def seeded_like(x, seed=7):
 @pytest.mark.parametrize("one_launch", [False, True], ids=["q-k-apart", "q-k-one-launch"])
 def test_prologue_matches_reference_pope_expand(amplitude, offset, one_launch):
     """q_hat / k_hat (D=48, padded to 64 in registers; 21 rows, no block multiple) equal
-    reference.pope_expand at positions relative to the row's first key, in float64; q and k of
+    pope_reference.pope_expand at positions relative to the row's first key, in float64; q and k of
     one shape share a launch (grid axis 2), GQA / T != S take one each."""
     H, G, S = (3, 3, 21) if one_launch else (4, 2, 30)
     q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, H, G, 21, S, 48, torch.float32, "cpu",
                                                          offset=offset, broadcast=False)
-    assert triton_pope_expand._one_launch(q, k) == one_launch
+    assert triton_expand._one_launch(q, k) == one_launch
     q, k = 4 * q, 4 * k  # softplus' tails too
-    qh, kh = triton_pope_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
+    qh, kh = triton_expand.pope_expand_fwd(q, k, pos_q, pos_k, inv_freq, delta, amplitude)
     rel_q, rel_k = pos_q - pos_k[:, :1], pos_k - pos_k[:, :1]
-    rq, rk = reference.pope_expand(q.double(), k.double(), pos_q_BT=rel_q, pos_k_BS=rel_k, inv_freq_D=inv_freq,
+    rq, rk = pope_reference.pope_expand(q.double(), k.double(), pos_q_BT=rel_q, pos_k_BS=rel_k, inv_freq_D=inv_freq,
                                    delta_HD=delta, amplitude=amplitude, layout="interleaved")
     assert_close(f"q_hat-{amplitude}", rq, qh, 1e-6)
     assert_close(f"k_hat-{amplitude}", rk, kh, 1e-6)
@@ -73,18 +63,18 @@ def test_prologue_matches_reference_pope_expand(amplitude, offset, one_launch):
 @needs_interpreter
 @pytest.mark.parametrize("G", [1, 2], ids=["q-k-apart", "q-k-one-launch"])
 def test_expansion_backward_matches_autograd_of_reference(G):
-    """The chain kernel's dq, dk, d delta against autograd through reference.pope_expand (float64),
+    """The chain kernel's dq, dk, d delta against autograd through pope_reference.pope_expand (float64),
     with q and k in one launch (G = H) and in two (GQA)."""
     q, k, _, pos_q, pos_k, inv_freq, delta = make_inputs(2, 2, G, 19, 19, 32, torch.float32, "cpu", offset=3,
                                                          broadcast=False)
-    assert triton_pope_expand._one_launch(q, k) == (G == 2)
+    assert triton_expand._one_launch(q, k) == (G == 2)
     gq = seeded_like(torch.empty(2, 2, 19, 64), 1)
     gk = seeded_like(torch.empty(2, G, 19, 64), 2)
     leaves = [t.clone().requires_grad_() for t in (q, k, delta)]
-    qh, kh = triton_pope_expand.pope_expand(leaves[0], leaves[1], pos_q, pos_k, inv_freq, leaves[2])
+    qh, kh = triton_expand.pope_expand(leaves[0], leaves[1], pos_q, pos_k, inv_freq, leaves[2])
     torch.autograd.backward([qh, kh], [gq, gk])
     l64 = [t.double().requires_grad_() for t in (q, k, delta)]
-    rq, rk = reference.pope_expand(l64[0], l64[1], pos_q_BT=pos_q - pos_k[:, :1], pos_k_BS=pos_k - pos_k[:, :1],
+    rq, rk = pope_reference.pope_expand(l64[0], l64[1], pos_q_BT=pos_q - pos_k[:, :1], pos_k_BS=pos_k - pos_k[:, :1],
                                    inv_freq_D=inv_freq, delta_HD=l64[2], layout="interleaved")
     torch.autograd.backward([rq, rk], [gq.double(), gk.double()])
     for name, r, o in zip(("dq", "dk", "ddelta"), l64, leaves):
@@ -155,7 +145,7 @@ def test_expand_path_ablations_empty_rows_and_determinism():
 
 @needs_interpreter
 def test_expand_memory_no_saved_expansion_and_no_2d_wide_gradient(monkeypatch):
-    """Memory of the expand path (module docstring of triton_pope_expand.py): the forward saves no
+    """Memory of the expand path (module docstring of triton_expand.py): the forward saves no
     2D-wide tensor (q_hat, k_hat are transient), and the tensors the backward
     allocates itself (torch.empty / zeros called from phaselab.kernels) never hold more at once
     than dq, dk, dv, one 2D-wide operand and the fp32 rows (Delta, d delta partials). Saving
@@ -192,7 +182,7 @@ def torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
     first key, as the kernels take them), logits and P@V in q's dtype with an fp32 softmax."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     d = None if delta is None else delta.detach().clone().requires_grad_()
-    qh, kh = reference.pope_expand(leaves[0], leaves[1], pos_q_BT=pos_q - pos_k[:, :1], pos_k_BS=pos_k - pos_k[:, :1],
+    qh, kh = pope_reference.pope_expand(leaves[0], leaves[1], pos_q_BT=pos_q - pos_k[:, :1], pos_k_BS=pos_k - pos_k[:, :1],
                                    inv_freq_D=inv_freq, delta_HD=d)
     kh = reference.repeat_kv(kh, q.shape[1])
     logits = (qh @ kh.transpose(-1, -2)) * (q.shape[-1] ** -0.5)

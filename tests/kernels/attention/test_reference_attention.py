@@ -9,6 +9,7 @@ import torch
 
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
+from phaselab.kernels.pope.reference import pope_expand
 from phaselab.kernels.rotary.reference import apply_rotary
 from phaselab.kernels.rotary.scaling import default_inv_freq
 from phaselab.kernels.testing import assert_close, generator, shape_id
@@ -311,7 +312,7 @@ def test_pre_expanded_pope_with_narrow_v_matches_fused_reference():
     mod = _mod("pope", H, D)
     p = mod.params
     for layout in ("concat", "interleaved"):
-        q_hat, k_hat = R.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=p["inv_freq"],
+        q_hat, k_hat = pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=p["inv_freq"],
                                      delta_HD=p["delta"], amplitude="softplus", layout=layout)
         assert q_hat.shape == (B, H, T, 2 * D) and k_hat.shape == (B, G, T, 2 * D)
         out = R.attention(q_hat, k_hat, v, pos_q_BT=pos, pos_k_BS=pos, scale=D**-0.5)

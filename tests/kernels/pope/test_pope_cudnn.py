@@ -1,4 +1,4 @@
-"""PoPE on cuDNN's attention core (kernels/attention/pope_cudnn.py, `pope_attention(impl="cudnn")`):
+"""PoPE on cuDNN's attention core (kernels/pope/cudnn.py, `pope_attention(impl="cudnn")`):
 where it runs, how the backward splits heads, and on the H200 its output and every gradient
 against the float64 reference (the 2x calibrated rule, DESIGN §6), one head group or several.
 
@@ -12,8 +12,8 @@ import torch
 from test_triton_pope import triton_grads
 from test_triton_pope_expand import assert_calibrated, make_inputs, seeded_like
 
-from phaselab.kernels.attention import pope_cudnn
-from phaselab.kernels.attention.function import pope_attention
+from phaselab.kernels.pope import cudnn as pope_cudnn
+from phaselab.kernels.pope.function import pope_attention
 from phaselab.kernels.testing import shape_id
 
 

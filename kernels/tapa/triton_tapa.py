@@ -2,7 +2,7 @@
 tapa `ScoreMod` (MATH §4).
 
 Caveat (DESIGN §8): verified against the float64 reference under TRITON_INTERPRET=1 on tiny
-shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/test_triton_tapa.py; other
+shapes, and on an H200 (triton 3.6) over the sweep in tests/kernels/tapa/test_triton_tapa.py; other
 GPUs and Triton versions are unverified.
 
 Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(theta D):
@@ -10,19 +10,19 @@ Per query head h (kv head g = h // (H // G)), with q = (q_A, q_P), D_A = int(the
     Phi = <q_P, k_P> / sqrt(D_P)              (quadratic)  |  (sum q_P + sum k_P) / sqrt(D_P) (linear)
     w   = phase_scale * |m - n|^alpha          fp32, exp2(alpha log2 d) with d = 0 -> 0 (MATH §7.5)
 d is formed from int64 positions taken relative to each tile's first key before any conversion
-(tapa_phase._tapa_turns), so it is the correctly rounded distance at any absolute position.
+(phase._tapa_turns), so it is the correctly rounded distance at any absolute position.
     logit = scale * A * cos(w Phi)                                                   (MATH §4.2)
 w Phi is unbounded. The kernels carry it in turns, t = w Phi / (2 pi), reduce t - rint(t) in fp32
 (exact) and take the cosine of 2 pi times that (MATH §7.4). Away from the diagonal |m - n|^alpha
 comes, in the forward, from a per-row exact power times a binomial series in the in-tile offset,
-on the FMA pipe instead of the special-function unit (tapa_phase.py). The softmax is online in
+on the FMA pipe instead of the special-function unit (phase.py). The softmax is online in
 the exp2 domain, lse saved in log2 units (+inf for an empty row).
 
 Backward (MATH §4.4; FA2 style): with g = d loss / d logit,
     dA = g scale cos(w Phi),  dPhi = -g scale A w sin(w Phi);
     dq_A = sum_n dA k_A / sqrt(D_A),  dq_P = sum_n dPhi k_P / sqrt(D_P) (linear: sum_n dPhi / sqrt(D_P)
     on every phase feature); dk symmetric. Deterministic (the default): one kernel per key block
-    (dK, dV over the GQA group), one per query block (dQ), no atomics, as in triton_pope.py.
+    (dK, dV over the GQA group), one per query block (dQ), no atomics, as in kernels/pope/triton_pope.py.
     deterministic=False: the dK/dV kernel also adds each tile's dQ share with fp32 atomics and the
     dQ kernel is not launched (`_atomic_dq`). Shared helpers: triton_common.py.
 """
@@ -35,13 +35,6 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.tapa_phase import (
-    _block_pos,
-    _row_range,
-    _tapa_grads,
-    _tapa_score,
-    _taylor,
-)
 from phaselab.kernels.attention.triton_common import (
     EXP2_MODES,
     LOG2E,
@@ -59,6 +52,13 @@ from phaselab.kernels.attention.triton_common import (
     do_o_rows,
     interpreting,
     pruner,
+)
+from phaselab.kernels.tapa.phase import (
+    _block_pos,
+    _row_range,
+    _tapa_grads,
+    _tapa_score,
+    _taylor,
 )
 
 _KEY = ["T", "S", "BLOCK_A", "BLOCK_P", "CAUSAL", "LINEAR", "AUTOTUNE"]

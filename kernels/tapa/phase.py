@@ -1,8 +1,8 @@
-"""TAPA's per-tile math inside the fused kernels (triton_tapa.py; MATH §4.2, §7.5): the
+"""TAPA's per-tile math inside the fused kernels (tapa/triton_tapa.py; MATH §4.2, §7.5): the
 distance weight |m - n|^alpha, exact by lg2/ex2 on the special-function unit or, for forward
 tiles away from the diagonal, a per-row exact power times a binomial series in the in-tile offset
 on the FMA pipe; the score tile (`_tapa_score`) and its gradients (`_tapa_grads`).
-Tests: tests/kernels/test_triton_tapa.py (`_tapa_turns` against float64, the series' tail bound).
+Tests: tests/kernels/tapa/test_triton_tapa.py (`_tapa_turns` against float64, the series' tail bound).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fused PoPE attention (kernels/attention/triton_pope.py) against the float64 reference.
+"""Fused PoPE attention (kernels/pope/triton_pope.py) against the float64 reference.
 
 CPU: TRITON_INTERPRET=1 on tiny awkward shapes (tests/kernels/conftest.py sets it without CUDA).
 GPU (`gpu`): shape x dtype x causal x T<S sweep with the 2x calibrated rule (DESIGN §6).
@@ -13,10 +13,13 @@ import pytest
 import torch
 
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, triton_common, triton_pope
-from phaselab.kernels.attention.function import TritonBackend, pope_attention
+from phaselab.kernels.attention import reference, triton_common
+from phaselab.kernels.attention.function import TritonBackend
 from phaselab.kernels.attention.options import AttentionOptions
 from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.pope import reference as pope_reference
+from phaselab.kernels.pope import triton_pope
+from phaselab.kernels.pope.function import pope_attention
 from phaselab.kernels.testing import assert_close, calibrated_close, forced_config, generator, shape_id
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
@@ -238,7 +241,7 @@ def torch_same_dtype(q, k, v, pos_q, pos_k, inv_freq, delta, do, *, causal):
     logits and P@V in q's dtype with an fp32 softmax (flash-attention's `upcast=False` reference)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     d = None if delta is None else delta.detach().clone().requires_grad_()
-    qh, kh = reference.pope_expand(leaves[0], leaves[1], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq,
+    qh, kh = pope_reference.pope_expand(leaves[0], leaves[1], pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=inv_freq,
                                    delta_HD=d)
     kh = reference.repeat_kv(kh, q.shape[1])
     vv = reference.repeat_kv(leaves[2], q.shape[1])

@@ -1,4 +1,4 @@
-"""The custom ops around the Triton kernels (kernels/attention/ops.py): torch.compile keeps one
+"""The custom ops around the Triton kernels (kernels/pope/ops.py, kernels/tapa/ops.py): torch.compile keeps one
 graph through them (fullgraph=True raises at any graph break) with the same values and gradients
 as eager, the op schemas pass torch.library's checks, and vmap over K stacked members (PoPE's
 delta per member) equals K separate calls.
@@ -13,12 +13,13 @@ import os
 
 import pytest
 import torch
-from test_triton_pope_expand import make_inputs
 from torch.func import vmap
 
-from phaselab.kernels.attention import ops
-from phaselab.kernels.attention.function import pope_attention, tapa_attention
-from phaselab.kernels.testing import assert_close
+from phaselab.kernels.pope import ops as pope_ops
+from phaselab.kernels.pope.function import pope_attention
+from phaselab.kernels.tapa import ops as tapa_ops
+from phaselab.kernels.tapa.function import tapa_attention
+from phaselab.kernels.testing import assert_close, pope_inputs
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
                                 reason="CPU interpreter test; the gpu tests cover CUDA")
@@ -36,7 +37,7 @@ def _tapa(q, k, v, pos_q, pos_k, inv_freq, delta):
 
 
 def _leaves(seed=3, shape=(1, 4, 2, 13, 13, 16)):
-    q, k, v, pos_q, pos_k, inv_freq, delta = make_inputs(*shape, torch.float32, "cpu", seed=seed)
+    q, k, v, pos_q, pos_k, inv_freq, delta = pope_inputs(*shape, torch.float32, "cpu", seed=seed)
     return [t.requires_grad_() for t in (q, k, v, delta)], pos_q, pos_k, inv_freq
 
 
@@ -71,10 +72,10 @@ def test_compile_fullgraph_matches_eager(attend):
 def test_op_schemas_pass_torch_library_checks():
     (q, k, v, delta), pos_q, pos_k, inv_freq = _leaves()
     for impl in ("expand", "fused"):
-        torch.library.opcheck(ops.pope_fwd, (q, k, v, delta, pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
+        torch.library.opcheck(pope_ops.pope_fwd, (q, k, v, delta, pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
                                              "poly", False),
                               test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
-    torch.library.opcheck(ops.tapa_fwd, (q, k, v, pos_q, pos_k, q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True,
+    torch.library.opcheck(tapa_ops.tapa_fwd, (q, k, v, pos_q, pos_k, q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True,
                                          "split", False, False),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
@@ -92,14 +93,14 @@ def test_backward_fakes_give_the_real_strides_for_the_models_layout():
     assert q.stride(1) == q.shape[-1]
     checks = ("test_schema", "test_faketensor")
     for impl in ("expand", "fused"):
-        out, lse, aux = ops.pope_fwd(q, k, v, delta.detach(), pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
+        out, lse, aux = pope_ops.pope_fwd(q, k, v, delta.detach(), pos_q, pos_k, inv_freq, 0.2, True, "softplus", impl,
                                      "mufu", False)
-        torch.library.opcheck(ops.pope_bwd, (torch.ones_like(out), q, k, v, delta.detach(), out, lse, aux, pos_q,
+        torch.library.opcheck(pope_ops.pope_bwd, (torch.ones_like(out), q, k, v, delta.detach(), out, lse, aux, pos_q,
                                              pos_k, inv_freq, 0.2, True, "softplus", impl, "mufu", False),
                               test_utils=checks)
     cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True, "mufu", True, False)
-    out, lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, *cfg)
-    torch.library.opcheck(ops.tapa_bwd, (torch.ones_like(out), q, k, v, out, lse, pos_q, pos_k, *cfg),
+    out, lse = tapa_ops.tapa_fwd(q, k, v, pos_q, pos_k, *cfg)
+    torch.library.opcheck(tapa_ops.tapa_bwd, (torch.ones_like(out), q, k, v, out, lse, pos_q, pos_k, *cfg),
                           test_utils=checks)
 
 

@@ -10,6 +10,7 @@ import torch
 from phaselab.kernels.attention import reference as R
 from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
 from phaselab.kernels.attention.sdpa import SdpaBackend, build_mask
+from phaselab.kernels.pope.reference import pope_expand
 from phaselab.kernels.registry import BackendUnsupported
 from phaselab.kernels.rotary.reference import apply_rotary
 from phaselab.kernels.rotary.scaling import default_inv_freq
@@ -139,7 +140,7 @@ def _naive_same_dtype(q, k, v, pos_q, pos_k, scale, mod):
     """PyTorch's own computation in q's dtype: the Cartesian form / plain dot, materialised."""
     H = q.shape[1]
     if mod is not None:
-        q, k = R.pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=mod.params["inv_freq"],
+        q, k = pope_expand(q, k, pos_q_BT=pos_q, pos_k_BS=pos_k, inv_freq_D=mod.params["inv_freq"],
                              delta_HD=mod.params["delta"])
     logits = (q @ R.repeat_kv(k, H).transpose(-1, -2)) * scale
     logits = logits.masked_fill(~R.visibility(pos_q, pos_k), float("-inf"))

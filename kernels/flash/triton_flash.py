@@ -2,9 +2,9 @@
 backward; spec: `reference.attention` with `score_mod=None` (a plain dot product of q and k).
 
 The PoPE path of the `triton` backend runs on it with DK = 2D (q_hat, k_hat from
-triton_pope_expand.py) and DV = D; with DK = DV it is plain (RoPE) attention, benchmarked against
+kernels/pope/triton_expand.py) and DV = D; with DK = DV it is plain (RoPE) attention, benchmarked against
 cuDNN as `flash-plain` (benchmarks/attention.py). Autograd function and validated wrapper:
-flash_function.py.
+function.py.
 
 Per query head h (kv head g = h // (H // G)): logit = scale * <q_t, k_s>; softmax over keys in fp32
 in the exp2 domain (scale * log2 e multiplies the fp32 score tile, so bf16 operands are not
@@ -23,7 +23,7 @@ accumulates dK, dV over the query blocks of every query head of its GQA group; a
 query block accumulates dQ; Delta_t = <dO_t, O_t> comes from a small row kernel. PoPE mode (POPE,
 `chain=`): the resident operand (k in dK/dV, q in dQ) is passed raw and expanded in registers, the
 streamed one as its expansion, and the epilogue stores the raw operand's gradient
-(triton_pope_expand_bwd.py).
+(kernels/pope/triton_expand_bwd.py).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from phaselab.kernels.attention.triton_common import (
     do_o_rows,
     interpreting,
 )
-from phaselab.kernels.attention.triton_pope_expand_bwd import (
+from phaselab.kernels.pope.triton_expand_bwd import (
     PopeChain,
     _chain_epilogue,
     _expand_rows,

@@ -1,0 +1,57 @@
+"""TAPA attention's validated public wrapper (MATH §4.2): checks, records what ran and calls the
+`phaselab::tapa_fwd` custom op (ops.py; kernels in tapa/triton_tapa.py), differentiable in q, k, v.
+The registry's `triton` backend (kernels/attention/function.py) calls `tapa_attention`.
+
+Example:
+    >>> out = tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5)
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from phaselab.kernels.attention.checks import check_pos, check_qkv, check_scale
+from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
+from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.registry import record_impl
+from phaselab.kernels.tapa import ops
+
+
+def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
+                   alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
+                   phase: str = "quadratic", scale: float = 1.0, causal: bool = True,
+                   deterministic: bool = True, options: AttentionOptions = DEFAULT_OPTIONS) -> Tensor:
+    """Fused TAPA attention (MATH §4.2), differentiable in q, k, v.
+
+    Args:
+        q_BHTD: raw queries [B, H, T, D], amplitude part first (D_A = int(theta*D)), D <= 128.
+        k_BGSD, v_BGSD: [B, G, S, D], G divides H, q's dtype. pos_*: int64 [B or 1, T | S].
+        alpha: exponent on |m - n| (> 0, default 0.1). theta: amplitude fraction (default 0.5;
+            1 <= int(theta*D) <= D-1). phase_scale: default 2 pi (the paper; 1.0 = released code).
+        phase: "quadratic" (Eq. 12, default) or "linear" (Eq. 16).
+        scale: multiplies the score; TAPA's logit is the score itself, so the default is 1.0.
+        causal: mask by positions (default True).
+        deterministic: True (default) computes dQ in its own kernel, bitwise reproducible; False adds
+            it with fp32 atomics inside the dK/dV kernel (one backward kernel; on the GPU the order
+            of the additions varies from run to run).
+        options: `AttentionOptions` (tapa_series, exp2, autotune; the model's `attention` section).
+    Returns:
+        out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
+    """
+    if not isinstance(options, AttentionOptions):
+        raise TypeError(f"options must be an AttentionOptions, got {type(options).__name__}")
+    q, k, v = check_qkv(q_BHTD, k_BGSD, v_BGSD)
+    B, _H, T, D = q.shape
+    pos_q = check_pos("pos_q_BT", pos_q_BT, B, T, q.device)
+    pos_k = check_pos("pos_k_BS", pos_k_BS, B, k.shape[2], q.device)
+    params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
+                                           "phase": phase}).params  # validated (MATH §4.2)
+    d_amp, _ = tapa_split(D, params["theta"])
+    record_impl("tapa", "fused", deterministic=bool(deterministic))
+    record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune)
+    out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
+                             params["phase"] == "linear", check_scale(scale), bool(causal), bool(deterministic),
+                             options.exp2, options.tapa_series, options.autotune)
+    return out

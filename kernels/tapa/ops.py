@@ -1,0 +1,72 @@
+"""The Triton TAPA kernels (tapa/triton_tapa.py) as torch.library custom ops `phaselab::tapa_fwd/bwd`,
+with autograd, fake (shape-only) implementations and a vmap rule (why custom ops:
+kernels/attention/ops.py). The forward op returns (out, lse) and the backward op takes them back;
+inputs are the validated ones of `function.tapa_attention` (int64 positions); every output is
+contiguous, as the fake implementations say.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from phaselab.kernels.attention.ops import fold, last_dim_dense, per_member, unfold
+from phaselab.kernels.tapa import triton_tapa
+
+
+@torch.library.custom_op("phaselab::tapa_fwd", mutates_args=())
+def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
+             phase_scale: float, linear: bool, scale: float, causal: bool,
+             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor]:
+    q, k, v = last_dim_dense(q, k, v)
+    return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,
+                                linear=linear, scale=scale, causal=causal, series=series, exp2=exp2,
+                                autotune=autotune)
+
+
+@tapa_fwd.register_fake
+def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic, exp2,
+                   series, autotune):
+    B, H, T, _ = q.shape
+    return q.new_empty((B, H, T, v.shape[-1])), q.new_empty((B, H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op("phaselab::tapa_bwd", mutates_args=())
+def tapa_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, pos_q: Tensor, pos_k: Tensor,
+             d_amp: int, alpha: float, phase_scale: float, linear: bool, scale: float, causal: bool,
+             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv); `series` is the forward's only (the backward never takes it)."""
+    do, q, k, v, out = last_dim_dense(do, q, k, v, out)
+    dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, d_amp=d_amp, alpha=alpha,
+                                      phase_scale=phase_scale, linear=linear, scale=scale, causal=causal,
+                                      deterministic=deterministic, exp2=exp2, autotune=autotune)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@tapa_bwd.register_fake
+def _tapa_bwd_fake(do, q, k, v, out, lse, pos_q, pos_k, *cfg):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as returned
+
+
+def _tapa_setup(ctx, inputs, output):
+    q, k, v, pos_q, pos_k, *cfg = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], pos_q, pos_k)
+    ctx.cfg = cfg
+
+
+def _tapa_backward(ctx, do, _dlse):
+    q, k, v, out, lse, pos_q, pos_k = ctx.saved_tensors
+    dq, dk, dv = tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *ctx.cfg)
+    return dq, dk, dv, *([None] * 12)
+
+
+tapa_fwd.register_autograd(_tapa_backward, setup_context=_tapa_setup)
+
+
+@torch.library.register_vmap("phaselab::tapa_fwd")
+def _tapa_fwd_vmap(info, in_dims, q, k, v, pos_q, pos_k, *cfg):
+    K, (dq, dk, dv, dpq, dpk) = info.batch_size, in_dims[:5]
+    if dpq is not None or dpk is not None:
+        return per_member(tapa_fwd, info, in_dims, (q, k, v, pos_q, pos_k, *cfg))
+    out, lse = tapa_fwd(fold(q, dq, K), fold(k, dk, K), fold(v, dv, K), pos_q, pos_k, *cfg)
+    return (unfold(out, K), unfold(lse, K)), (0, 0)
