@@ -107,6 +107,10 @@ def card() -> str:
 
 
 def _commit() -> str:
+    """PHASELAB_GIT_COMMIT where set (a copied working tree's .git may be another commit's, as on
+    the GPU machines), else git's HEAD with +dirty, else "unknown"."""
+    if os.environ.get("PHASELAB_GIT_COMMIT"):
+        return os.environ["PHASELAB_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
                              cwd=Path(__file__).resolve().parent)
@@ -116,7 +120,7 @@ def _commit() -> str:
             return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except OSError:
         pass
-    return os.environ.get("PHASELAB_GIT_COMMIT", "unknown")
+    return "unknown"
 
 
 def _fmt(v: float | None) -> str:
@@ -174,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     order = sorted(range(len(runs)), key=lambda i: runs[i]["wall_s"])
     meta = {"grid": args.grid, "overrides": args.overrides, "card": card(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
-            "command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "commit": _commit(),
+            "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/grid_efficiency.py",
+                                                         *(sys.argv[1:] if argv is None else argv)]),
+            "commit": _commit(),
             "mlflow": args.mlflow, "python": platform.python_version(), "versions": _versions(),
             "env": {k: os.environ[k] for k in ("PHASELAB_AUTOTUNE", "CUDA_MPS_PIPE_DIRECTORY",
                                                "PHASELAB_GPU_MEMORY_GB") if k in os.environ}}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import socket
@@ -56,9 +57,12 @@ KIND_SECTIONS: Mapping[str, tuple[str, ...]] = {
 
 
 def http_defaults() -> None:
-    """Bound MLflow's HTTP retries in this process unless the user chose other values."""
+    """Bound MLflow's HTTP retries in this process unless the user chose other values, and keep
+    a local store's schema check ("Updating database tables", at INFO each time a client opens
+    it) off the user's terminal."""
     for key, value in _HTTP_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 # ``scheme://user:password@host``: the password part of a URL (catalog, MLflow, any other).

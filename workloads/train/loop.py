@@ -256,7 +256,9 @@ def evaluate(module: nn.Module, dataset: Any, split: str, *, batch_size: int, ma
     """
     was_training = module.training
     module.eval()
-    nll_sum, correct, count = 0.0, 0.0, 0.0
+    # Per-batch sums in fp32, accumulated in fp64 on the device: the same arithmetic as adding
+    # them up as Python floats, without a host sync per batch (one at the end).
+    sums_3 = torch.zeros(3, dtype=torch.float64, device=device)   # nll, correct, count
     batches = dataset.eval_batches(split, batch_size)
     for batch in (islice(batches, max_batches) if max_batches else batches):
         x, y, m = (t.to(device) for t in (batch.x_BT, batch.y_BT, batch.mask_BT))
@@ -265,10 +267,10 @@ def evaluate(module: nn.Module, dataset: Any, split: str, *, batch_size: int, ma
         logits_BTV = logits_BTV.float()
         nll_BT = F.cross_entropy(logits_BTV.transpose(1, 2), y, reduction="none")
         m = m.float()
-        nll_sum += float((nll_BT * m).sum())
-        correct += float(((logits_BTV.argmax(-1) == y).float() * m).sum())
-        count += float(m.sum())
+        sums_3 += torch.stack([(nll_BT * m).sum(), ((logits_BTV.argmax(-1) == y).float() * m).sum(),
+                               m.sum()]).double()
     module.train(was_training)
+    nll_sum, correct, count = sums_3.tolist()
     if count == 0:
         raise ValueError(f"evaluation split {split!r} of {getattr(dataset, 'name', dataset)} has no "
                          "loss-masked tokens")
