@@ -205,7 +205,9 @@ def _quickstart_watched(project: Project, command: str) -> str:
     project.log.append(f"{time.monotonic() - t0:6.1f} s  {command}  (watched)")
     assert run.returncode == 0, out[-6000:]
     assert "RUNNING" in watch, watch[-3000:]          # it saw the grid while it ran
-    assert watch.rstrip().splitlines()[-1].startswith("━") and "8 succeeded" in watch.splitlines()[-1]
+    bar = [line for line in watch.rstrip().splitlines() if line.startswith("━")]
+    assert bar and "8 succeeded" in bar[-1], watch[-3000:]        # the last frame's grid bar
+    assert watch.rstrip().splitlines()[-1].startswith("training steps ")   # then the time breakdown
     return out
 
 

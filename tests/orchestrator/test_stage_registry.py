@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,8 @@ def test_the_toy_kind_plans_from_its_own_declarations(tmp_path: Path) -> None:
         after = next(n for n in dag.nodes.values() if n.name == "after" and second[0].hash in n.upstream.values())
         assert after.upstream == {"waited": second[0].hash}
         assert (first.hash, second[0].hash, "uses") in dag.edges()
-        assert first.launcher == "ray_task" and first.resources == Resources()
+        assert first.launcher == "ray_task" and "uses no GPU" in first.resources.gpus_why   # gpus: auto -> 0
+        assert replace(first.resources, gpus_auto=False, gpus_why="") == Resources()
         rows = {r["hash"]: r for r in plan_rows(dag, {})}
         assert rows[first.hash]["training"] is False and rows[first.hash]["gpu_hours_est"] is None
         assert "wait" not in child_kinds()
