@@ -21,7 +21,7 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     flex-plain     compiled FlexAttention, causal block mask, no score_mod (the score-mod baseline)
     flex-alibi     the same with ALiBi as a score_mod (fixed slopes: 2**(-8j/H))
     flex-learned   the same with a score_mod reading a learnable per-head slope (requires_grad): the
-                   captured-gradient path (issue 34: 11.7x / 823x cuDNN at 4k; slow, not in the set)
+                   captured-gradient path (11.7x / 823x cuDNN at 4k on an H200, torch 2.11; slow, not in the set)
     relbias-alibi  phaselab's bias-table kernel (kernels/relbias) with ALiBi's fixed table
     relbias-learned  the same with a KERPLE-log table of learnable r1, r2 (requires_grad): the table
                    built in torch inside the timed call, its gradient reduced by the kernel
