@@ -77,7 +77,7 @@ def _gpus(value: Any) -> Any:
     if value == "auto":
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0 or value == float("inf"):
-        raise PydanticCustomError("gpus", "gpus is 'auto' or a finite number of GPUs >= 0, got {value!r}",
+        raise PydanticCustomError("gpus", "gpus is 'auto' or a finite number of GPUs >= 0",
                                   {"value": value})
     return float(value)
 

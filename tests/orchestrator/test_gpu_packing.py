@@ -131,7 +131,7 @@ def test_explicit_gpus_win_and_hashes_do_not_change(tmp_path: Path, monkeypatch:
     assert fractions["pretrain"] in (1.0, 0.5) and fractions["eval"] < 1.0
 
 
-@pytest.mark.parametrize("value, message", [("lots", "gpus is 'auto' or a number"), ("-1", "gpus is 'auto'"),
+@pytest.mark.parametrize("value, message", [("lots", "gpus is 'auto' or a finite number"), ("-1", "gpus is 'auto'"),
                                             ("true", "gpus is 'auto'")])
 def test_bad_gpus_are_named_at_their_line(tmp_path: Path, value: str, message: str) -> None:
     text = GRID.replace("resources: {cpus: 4, memory_gb: 16}", f"resources: {{cpus: 4, gpus: {value}}}")
