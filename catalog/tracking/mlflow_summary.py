@@ -107,7 +107,7 @@ def _draw(store: Any, grid: str, out: Path) -> tuple[list[Path], str | None, str
     from phaselab.catalog.reports import grid_figures as gf
     pivot = gf.default_length_pivot(store, grid)
     metric = pivot.metric
-    paths = gf.length_curves(store, pivot, out / f"{grid}_{metric}_by_length")
+    paths = gf.length_curves(store, pivot, out / f"{grid}_{metric}_by_length", formats=("png",))   # PDFs: phaselab figures
     try:
         table = gf.length_table(store, pivot)
     except ValueError:   # no context lengths (a task metric drawn as bars): the figure says it all
