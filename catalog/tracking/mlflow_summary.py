@@ -62,7 +62,7 @@ def _summary_run(client: Any, exp_id: str, grid_id: int | None) -> Any | None:
 
 
 def grids(tracking_uri: str) -> list[str]:
-    """Names of the phaselab grids (experiments with cell or summary runs) MLflow holds, or []."""
+    """Names of the phaselab grids (experiments with stage or summary runs) MLflow holds, or []."""
     if not reachable(tracking_uri):
         return []
     http_defaults()
@@ -105,6 +105,7 @@ def links(tracking_uri: str, grid: str, grid_id: int | None = None, *, ui: str |
 def _draw(store: Any, grid: str, out: Path) -> tuple[list[Path], str | None, str]:
     """(figure paths, the table in markdown or None, the metric) of the grid's default comparison."""
     from phaselab.catalog.reports import grid_figures as gf
+
     pivot = gf.default_length_pivot(store, grid)
     metric = pivot.metric
     paths = gf.length_curves(store, pivot, out / f"{grid}_{metric}_by_length", formats=("png",))   # PDFs: phaselab figures
