@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          *(sys.argv[1:] if argv is None else argv)]),
             "commit": _commit(),
             "mlflow": args.mlflow, "python": platform.python_version(), "versions": _versions(),
-            "env": {k: os.environ[k] for k in ("PHASELAB_AUTOTUNE", "CUDA_MPS_PIPE_DIRECTORY",
+            "env": {k: os.environ[k] for k in ("CUDA_MPS_PIPE_DIRECTORY",
                                                "PHASELAB_GPU_MEMORY_GB") if k in os.environ}}
     result = {"meta": meta, "runs": runs, "median_run": order[len(order) // 2],
               "median_wall_s": statistics.median(r["wall_s"] for r in runs)}

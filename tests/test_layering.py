@@ -59,7 +59,9 @@ def _room_violation(module: str, name: str) -> str | None:
     target = _room(name)
     if target == room:
         return None
-    if target is None or not any(name == a or name.startswith(a + ".") for a in ROOMS[room]):
+    # the tracker modules are allowed as themselves, never as a prefix (tracking's MLflow side)
+    if target is None or not any(name == a or (a not in _TRACKER and name.startswith(a + "."))
+                                 for a in ROOMS[room]):
         return f"{room} may not import {name}"
     return None
 
@@ -163,6 +165,18 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     assert any("store/probe.py:1" in b and "catalog.store may not import" in b for b in bad), bad
     assert not any("workloads/ok.py" in b for b in bad), bad
     assert len(bad) == 7, bad
+
+
+def test_store_and_reports_get_the_tracker_interface_not_mlflow(tmp_path: Path) -> None:
+    probes = {"catalog/store/probe.py": "from phaselab.catalog.tracking import MetricRecord\n"
+                                        "from phaselab.catalog.tracking.mlflow_tracker import MlflowTracker\n",
+              "catalog/reports/probe.py": "from phaselab.catalog.tracking.run_folder import read_steps\n"}
+    for rel, src in probes.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(src)
+    bad = _violations(tmp_path)
+    assert bad == ["catalog/store/probe.py:2: phaselab.catalog.store may not import "
+                   "phaselab.catalog.tracking.mlflow_tracker"], bad
 
 
 @pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])

@@ -65,13 +65,15 @@ def breakdown_text(times: Mapping[str, float] | None) -> str:
 
 # -- plan: estimates from what this catalog recorded -------------------------------------------------
 
-def _model_key(config: Mapping[str, Any]) -> str | None:
+def model_key(config: Mapping[str, Any]) -> str | None:
+    """The identity of a stage's model (canonical JSON of its ``model`` section), None without one."""
     from phaselab.orchestrator.plan.hashing import canonical_json
 
     return canonical_json(config["model"]) if config.get("model") else None
 
 
-def _tokens(config: Mapping[str, Any]) -> int | None:
+def stage_tokens(config: Mapping[str, Any]) -> int | None:
+    """Tokens a training stage processes: steps x batch x its block size (None without training)."""
     train = config.get("train")
     if not train:
         return None
@@ -110,7 +112,7 @@ class Recorded:
             self.sources += 1
             model = self.model_of(h)
             t = stage_times(wall, times.get(h))
-            tok = _tokens(r.config)
+            tok = stage_tokens(r.config)
             if t is not None and tok and model and t["train"] > 0:
                 self.per_token.setdefault(model, []).append(t["train"] / tok)
                 self.fixed.setdefault((r.kind, model), []).append(wall - t["train"])
@@ -125,7 +127,7 @@ class Recorded:
             if cur in seen or cur not in self.rows:
                 continue
             seen.add(cur)
-            key = _model_key(self.rows[cur].config)
+            key = model_key(self.rows[cur].config)
             if key:
                 return key
             todo += self.ups.get(cur, [])
@@ -133,7 +135,7 @@ class Recorded:
 
     def estimate(self, kind: str, config: Mapping[str, Any], model: str | None) -> float | None:
         """Seconds a new stage is expected to take, or None when nothing comparable was recorded."""
-        tok = _tokens(config)
+        tok = stage_tokens(config)
         if tok and model in self.per_token:
             rates, fixed = self.per_token[model], self.fixed.get((kind, model)) or next(
                 (v for (k, m), v in self.fixed.items() if m == model), [0.0])
@@ -153,7 +155,7 @@ def dag_models(dag: Any) -> dict[str, str | None]:
     nearest upstream's."""
     out: dict[str, str | None] = {}
     for h, node in dag.nodes.items():   # topological order: upstreams first
-        out[h] = _model_key(node.config) or next((out[u] for u in node.upstream.values() if out.get(u)), None)
+        out[h] = model_key(node.config) or next((out[u] for u in node.upstream.values() if out.get(u)), None)
     return out
 
 

@@ -56,10 +56,10 @@ def comparison_links(store: Any, uri: str, grid: str, *, launched: bool) -> Any:
     g = store.reads.get_grid(grid)
     if g is None:
         return None
+    if launched:
+        return mlflow_summary.publish(uri, store, grid)
     found = mlflow_summary.links(uri, grid, g["id"])
-    if launched or (found is not None and found.comparison is None):
-        found = mlflow_summary.publish(uri, store, grid)
-    return found
+    return mlflow_summary.publish(uri, store, grid) if found is not None and found.comparison is None else found
 
 
 def register(app: typer.Typer) -> None:

@@ -14,10 +14,12 @@ from phaselab.orchestrator.cli.timing import (
     dag_models,
     efficiency,
     efficiency_line,
+    model_key,
     packed_seconds,
+    stage_tokens,
 )
 from phaselab.orchestrator.plan.dag import Dag
-from phaselab.orchestrator.plan.hashing import canonical_json, explain_parts
+from phaselab.orchestrator.plan.hashing import explain_parts
 from phaselab.orchestrator.stages import STAGES
 
 PLAN_STATUS = {"SUCCEEDED": "cached", "RUNNING": "running", "FAILED": "failed", "BLOCKED": "blocked",
@@ -33,24 +35,11 @@ def one_training_run(kind: str, config: Mapping[str, Any]) -> bool:
     return stage is not None and stage.training_spec(config) is not None
 
 
-def _tokens(config: Mapping[str, Any]) -> int | None:
-    train = config.get("train")
-    if not train:
-        return None
-    block = (config.get("extend") or {}).get("block_size") or (config.get("data") or {}).get("block_size") \
-        or (config.get("model") or {}).get("block_size")
-    return int(train["steps"] * train["batch_size"] * block) if block else None
-
-
-def _throughput_key(config: Mapping[str, Any]) -> str | None:
-    return canonical_json(config["model"]) if "model" in config else None
-
-
 def measured_throughput(rows: Iterable[Any]) -> dict[str, float]:
     """model config -> tokens per GPU-second, from SUCCEEDED training stages with GPU time."""
     out: dict[str, list[float]] = {}
     for r in rows:
-        tok, key = _tokens(r.config), _throughput_key(r.config)
+        tok, key = stage_tokens(r.config), model_key(r.config)
         if r.state == "SUCCEEDED" and one_training_run(r.kind, r.config) and tok and key and r.gpu_seconds:
             out.setdefault(key, []).append(tok / r.gpu_seconds)
     return {k: sum(v) / len(v) for k, v in out.items()}
@@ -86,8 +75,8 @@ def plan_rows(dag: Dag, rows: Mapping[str, Any], all_rows: Iterable[Any] = (),
         training = one_training_run(node.kind, node.config)
         if training and node.resources.gpus == 0:
             est = 0.0
-        elif training and _tokens(node.config) and _throughput_key(node.config) in tput:
-            est = _tokens(node.config) / tput[_throughput_key(node.config)] / 3600.0
+        elif training and stage_tokens(node.config) and model_key(node.config) in tput:
+            est = stage_tokens(node.config) / tput[model_key(node.config)] / 3600.0
         out.append({"hash": h, "kind": node.kind, "name": node.name, "label": node.label, "status": status,
                     "training": training,
                     "failure_class": row.failure_class if row is not None else None,

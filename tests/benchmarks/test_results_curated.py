@@ -140,7 +140,7 @@ def test_rule_checks_reject_what_they_should():
                       "--profile 5 --out /o/b", {})
     assert a == b
     c = configuration("train", "h200", "python benchmarks/train_throughput.py --compile --out /o/c",
-                      {"PHASELAB_AUTOTUNE": "1"})
+                      {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/mps"})
     assert c != b
     assert listed_files(f"x\n{SECTION}\n\n| file | y |\n|---|---|\n| `a-h200.{{md,json}}`, `b.png` | z |\n"
                         "\n## Next\n| `c.md` | w |\n") == ["a-h200.md", "a-h200.json", "b.png"]

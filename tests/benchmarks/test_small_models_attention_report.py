@@ -14,14 +14,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-# attention.py turns autotuning on for its own process; the kernels read the variable at every
-# launch, so it must not leak into the rest of the test session
-_AUTOTUNE = os.environ.get("PHASELAB_AUTOTUNE")
 import attention
 import small_models
-
-if _AUTOTUNE is None:
-    os.environ.pop("PHASELAB_AUTOTUNE", None)
 
 META = {"card": "test card", "date": "2026-12-02", "command": "python x", "commit": "abc", "torch": "2"}
 
