@@ -175,8 +175,8 @@ def test_store_and_reports_get_the_tracker_interface_not_mlflow(tmp_path: Path) 
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(src)
     bad = _violations(tmp_path)
-    assert bad == ["catalog/store/probe.py:2: phaselab.catalog.store may not import "
-                   "phaselab.catalog.tracking.mlflow_tracker"], bad
+    assert bad == [("catalog/store/probe.py:2: phaselab.catalog.store may not import "
+                    "phaselab.catalog.tracking.mlflow_tracker")], bad
 
 
 @pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])
