@@ -65,8 +65,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels.attention import reference
-from phaselab.kernels.attention.options import EXP2_CHOICES, AttentionOptions
-from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, alibi_table, pope_inv_freq
+from phaselab.kernels.common.options import EXP2_CHOICES, AttentionOptions
+from phaselab.kernels.common.score_mod import ScoreMod, alibi_slopes, alibi_table, pope_inv_freq
 from phaselab.kernels.flash.function import flash_attention
 from phaselab.kernels.pope import reference as pope_reference
 from phaselab.kernels.pope import triton_expand

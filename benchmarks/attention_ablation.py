@@ -107,7 +107,7 @@ def time_length(family: str, N: int, extra: dict, warmup: int, iters: int) -> di
     import torch
     from attention import time_ms
 
-    from phaselab.kernels.attention.score_mod import pope_inv_freq
+    from phaselab.kernels.common.score_mod import pope_inv_freq
     from phaselab.kernels.pope.function import pope_attention
     from phaselab.kernels.tapa.function import tapa_attention
 
@@ -155,7 +155,7 @@ def checksum(family: str, variant: str) -> dict:
     import torch
 
     from phaselab.kernels.attention import reference
-    from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+    from phaselab.kernels.common.score_mod import ScoreMod, pope_inv_freq
     from phaselab.kernels.pope.function import pope_attention
     from phaselab.kernels.tapa.function import tapa_attention
 

@@ -35,7 +35,7 @@ Per encoding and K (``--ks``), one process, one GPU:
   run in the same process (``--baselines``); ``x platform`` = member-steps/s over its steps/s.
 
 The Triton PoPE / TAPA kernels run under vmap through their custom ops' vmap rule (members
-folded into the heads: one launch for K members, kernels/attention/ops.py `fold`). An encoding whose
+folded into the heads: one launch for K members, kernels/common/ops.py `fold`). An encoding whose
 step fails records the error in its row, and the remaining Ks of that encoding are skipped.
 
 Usage (GPU; results in benchmarks/results/ensemble-h200.{json,md}):

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, EXP2_CHOICES, AttentionOptions
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, EXP2_CHOICES, AttentionOptions
 
 # kernel name -> (module, kernel, constexprs besides BLOCK_M/BLOCK_N, pointer element types)
 KERNELS = {

@@ -25,7 +25,7 @@ import attention
 import torch
 import triton
 
-from phaselab.kernels.attention.score_mod import pope_inv_freq
+from phaselab.kernels.common.score_mod import pope_inv_freq
 from phaselab.kernels.pope import cudnn as pope_cudnn
 from phaselab.kernels.pope import triton_expand
 

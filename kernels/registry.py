@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from phaselab.kernels.attention.options import AttentionOptions
-    from phaselab.kernels.attention.score_mod import ScoreMod
+    from phaselab.kernels.common.options import AttentionOptions
+    from phaselab.kernels.common.score_mod import ScoreMod
 
 log = logging.getLogger(__name__)
 

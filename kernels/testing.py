@@ -130,7 +130,7 @@ def pope_inputs(B: int, H: int, G: int, T: int, S: int, D: int, dtype: torch.dty
     k, v [B, G, S, D] in `dtype`; positions consecutive from `offset` (per batch row from its own
     origin unless `broadcast`), the queries the last T keys; fp32 inv_freq [D] and delta [H, D]
     in (-2 pi, 0] (or None). Shared by the PoPE tests and the custom-op tests."""
-    from phaselab.kernels.attention.score_mod import pope_inv_freq
+    from phaselab.kernels.common.score_mod import pope_inv_freq
 
     gen = generator(seed, device)
     q = torch.randn(B, H, T, D, generator=gen, device=device).to(dtype)

@@ -30,6 +30,7 @@ ALLOWED = {
     "phaselab": ("phaselab",),
 }
 BARE_TOP_LEVEL = {"kernels", "catalog", "workloads", "orchestrator"}
+_K_COMMON = "phaselab.kernels.common"
 # room -> the rooms of its own package it may import (itself always); any other package follows ALLOWED.
 ROOMS = {
     "phaselab.catalog.tracking.interface": (),
@@ -43,6 +44,20 @@ ROOMS = {
     "phaselab.catalog.store": _TRACKER,
     "phaselab.catalog.reports": (*_TRACKER, "phaselab.catalog.store"),
     "phaselab.catalog.tracking": ("phaselab.catalog",),
+    # kernels: common is the floor; each operator folder imports common and the cores it runs on;
+    # attention (the front door) routes to the operators. flash's backward carries PoPE's chain
+    # rule in its epilogues, so flash may import that one module of pope (and pope runs on flash).
+    "phaselab.kernels.common": (),
+    "phaselab.kernels.rotary": (),
+    "phaselab.kernels.registry": (_K_COMMON,),
+    "phaselab.kernels.testing": (_K_COMMON,),
+    "phaselab.kernels.loss": (_K_COMMON,),
+    "phaselab.kernels.tapa": (_K_COMMON, "phaselab.kernels.registry"),
+    "phaselab.kernels.flash": (_K_COMMON, "phaselab.kernels.pope.triton_expand_bwd"),
+    "phaselab.kernels.pope": (_K_COMMON, "phaselab.kernels.registry", "phaselab.kernels.flash"),
+    "phaselab.kernels.relbias": (_K_COMMON, "phaselab.kernels.flash"),
+    "phaselab.kernels.attention": (_K_COMMON, "phaselab.kernels.registry", "phaselab.kernels.flash",
+                                   "phaselab.kernels.pope", "phaselab.kernels.tapa", "phaselab.kernels.relbias"),
 }
 
 
@@ -177,6 +192,23 @@ def test_store_and_reports_get_the_tracker_interface_not_mlflow(tmp_path: Path) 
     bad = _violations(tmp_path)
     assert bad == [("catalog/store/probe.py:2: phaselab.catalog.store may not import "
                     "phaselab.catalog.tracking.mlflow_tracker")], bad
+
+
+def test_kernel_rooms_are_checked(tmp_path: Path) -> None:
+    # common is the floor, operators never import the front door, and flash may import only the
+    # one module of pope that its backward's PoPE epilogue needs.
+    probes = {"kernels/common/probe.py": "from phaselab.kernels.flash import triton_flash\n",
+              "kernels/tapa/probe.py": "from phaselab.kernels.attention import function\n",
+              "kernels/flash/probe.py": "from phaselab.kernels.pope.triton_expand_bwd import pope_meta\n"
+                                        "from phaselab.kernels.pope import cudnn\n",
+              "kernels/attention/probe.py": "from phaselab.kernels.tapa import function\n"}
+    for rel, src in probes.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(src)
+    bad = _violations(tmp_path)
+    assert bad == ["kernels/common/probe.py:1: phaselab.kernels.common may not import phaselab.kernels.flash",
+                   "kernels/flash/probe.py:2: phaselab.kernels.flash may not import phaselab.kernels.pope",
+                   "kernels/tapa/probe.py:1: phaselab.kernels.tapa may not import phaselab.kernels.attention"], bad
 
 
 @pytest.mark.parametrize("package", ["phaselab.orchestrator", "phaselab.catalog"])

@@ -4,7 +4,7 @@ determinism, precision, graph mode and the device.
 
 The kernels record what they run as it happens (``kernels.registry.record_use`` per call site,
 ``record_impl`` per op and implementation, with whether that implementation's backward is
-deterministic; ``kernels.attention.options.record_options`` per op, the `AttentionOptions`
+deterministic; ``kernels.common.options.record_options`` per op, the `AttentionOptions`
 values that applied to the implementation taken: the PoPE implementation asked for, exp2,
 TAPA's series, autotuning); :func:`what_ran` reads those records together with the run's
 settings. Training
@@ -30,7 +30,7 @@ from phaselab.catalog.tracking import run_folder
 
 def reset() -> None:
     """Forget what earlier runs in this process recorded (a Ray worker runs many stages)."""
-    from phaselab.kernels.attention.options import reset_options
+    from phaselab.kernels.common.options import reset_options
     from phaselab.kernels.registry import reset as reset_registry
 
     reset_registry()
@@ -59,7 +59,7 @@ def what_ran(*, device: Any, precision: str | None, compile: bool = False, cuda_
     """
     import torch
 
-    from phaselab.kernels.attention.options import options_used
+    from phaselab.kernels.common.options import options_used
     from phaselab.kernels.registry import backends_used, impls_used
 
     impls = impls_used()

@@ -35,10 +35,10 @@ import torch
 from torch import Tensor
 
 from phaselab.kernels import relbias
-from phaselab.kernels.attention import triton_common
-from phaselab.kernels.attention.checks import DTYPES, MAX_HEAD_DIM
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions
-from phaselab.kernels.attention.score_mod import TAPA_PHASES, ScoreMod
+from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.checks import DTYPES, MAX_HEAD_DIM
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions
+from phaselab.kernels.common.score_mod import TAPA_PHASES, ScoreMod
 from phaselab.kernels.pope.function import pope_attention
 from phaselab.kernels.registry import record_impl
 from phaselab.kernels.tapa.function import tapa_attention

@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.options import AttentionOptions
-from phaselab.kernels.attention.reference_common import (
+from phaselab.kernels.common.options import AttentionOptions
+from phaselab.kernels.common.reference_common import (
     _check_qk,
     _compute_dtype,
     _signed_distance,
@@ -36,7 +36,7 @@ from phaselab.kernels.attention.reference_common import (
     repeat_kv,
     visibility,
 )
-from phaselab.kernels.attention.score_mod import ScoreMod, alibi_table, apply_score_fn, distance_bias
+from phaselab.kernels.common.score_mod import ScoreMod, alibi_table, apply_score_fn, distance_bias
 from phaselab.kernels.pope.reference import pope_scores
 from phaselab.kernels.registry import record_impl
 from phaselab.kernels.tapa.reference import tapa_scores

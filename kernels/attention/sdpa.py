@@ -28,10 +28,10 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels import relbias
-from phaselab.kernels.attention.options import AttentionOptions
 from phaselab.kernels.attention.reference import alibi_bias
-from phaselab.kernels.attention.reference_common import _check_qk, repeat_kv, visibility
-from phaselab.kernels.attention.score_mod import ScoreMod, distance_bias
+from phaselab.kernels.common.options import AttentionOptions
+from phaselab.kernels.common.reference_common import _check_qk, repeat_kv, visibility
+from phaselab.kernels.common.score_mod import ScoreMod, distance_bias
 from phaselab.kernels.pope.reference import pope_expand
 from phaselab.kernels.registry import AttnCall, BackendUnsupported, record_impl
 

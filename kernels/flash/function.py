@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.flash.triton_flash import flash_bwd, flash_fwd, pos_flags
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,7 +57,7 @@ def _check(q, k, v, pos_q, pos_k):
     return [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)], pos_q, pos_k
 
 
-@torch.compiler.disable  # user-defined Triton kernels run outside the compiled graph (kernels/attention/ops.py)
+@torch.compiler.disable  # user-defined Triton kernels run outside the compiled graph (kernels/common/ops.py)
 def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Tensor, *,
                     pos_q_BT: torch.Tensor | None = None, pos_k_BS: torch.Tensor | None = None,
                     scale: float | None = None, causal: bool = True,

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import (
+from phaselab.kernels.common.triton_common import (
     LOG2E,
     TUNE_CACHE,
     _bisect_iters,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention import triton_common
+from phaselab.kernels.common import triton_common
 from phaselab.kernels.pope.triton_expand import pope_expand_bwd, pope_expand_fwd
 
 GROUP_BYTES = 256 * 2**20   # q_hat, k_hat and their gradients of one head group, at most

@@ -18,9 +18,9 @@ import math
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.checks import check_device, check_pos, check_qkv, check_scale
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
-from phaselab.kernels.attention.score_mod import POPE_AMPLITUDES
+from phaselab.kernels.common.checks import check_device, check_pos, check_qkv, check_scale
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
+from phaselab.kernels.common.score_mod import POPE_AMPLITUDES
 from phaselab.kernels.pope import cudnn, ops
 from phaselab.kernels.registry import record_impl
 

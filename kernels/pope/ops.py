@@ -1,5 +1,5 @@
 """The Triton PoPE kernels as torch.library custom ops `phaselab::pope_fwd/bwd`, with autograd,
-fake (shape-only) implementations and a vmap rule (why custom ops: kernels/attention/ops.py).
+fake (shape-only) implementations and a vmap rule (why custom ops: kernels/common/ops.py).
 The forward op dispatches to the implementation named by `impl` (function.py picks it).
 
 The forward op returns (out, lse, aux) and the backward op takes them back: aux is the expand
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.ops import fold, last_dim_dense, members_first, no_aux, per_member, unfold
+from phaselab.kernels.common.ops import fold, last_dim_dense, members_first, no_aux, per_member, unfold
 from phaselab.kernels.flash import triton_flash
 from phaselab.kernels.pope import cudnn, triton_expand, triton_pope
 

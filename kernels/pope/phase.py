@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _cos_sin, _log2
+from phaselab.kernels.common.triton_common import _cos_sin, _log2
 
 
 @triton.jit

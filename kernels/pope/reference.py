@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.reference_common import _check_qk
+from phaselab.kernels.common.reference_common import _check_qk
 
 SOFTPLUS_THRESHOLD = 20.0  # PyTorch's softplus threshold (beta = 1); MATH §7.3
 

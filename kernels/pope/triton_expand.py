@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _pos_stride, _strides, block_d, do_o_rows, interpreting
+from phaselab.kernels.common.triton_common import _pos_stride, _strides, block_d, do_o_rows, interpreting
 from phaselab.kernels.flash.triton_flash import flash_bwd_dkdv, flash_bwd_dq
 from phaselab.kernels.pope.triton_expand_bwd import PopeChain, _chain_epilogue, _expand_rows
 from phaselab.kernels.pope.triton_pope import AMPLITUDE_CODES

@@ -9,7 +9,7 @@ through the table's own code (README.md in this folder).
 - `reference`: the spec in plain torch (float64-capable), differentiated by autograd;
 - `triton_relbias`: forward, dK/dV and dQ + d bias kernels on the flash core's skeleton;
 - `function`: the custom ops with autograd; `relbias_attention` (here): the validated public op;
-- `score_mod_attention`: a "relbias" ScoreMod (kernels/attention/score_mod.py) through the kernel.
+- `score_mod_attention`: a "relbias" ScoreMod (kernels/common/score_mod.py) through the kernel.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def score_mod_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, score_mo
     """A "relbias" ScoreMod (an encoding's `bias_table`, docs/EXTENDING.md) through the kernel: its
     table is built in fp32 over `distance_range` (plain PyTorch, so autograd reaches the
     encoding's parameters) and handed to `relbias_attention`."""
-    from phaselab.kernels.attention.score_mod import bias_table
+    from phaselab.kernels.common.score_mod import bias_table
 
     d_min, n_dist = distance_range(pos_q, pos_k, causal=causal, trivial_pos=trivial_pos)
     dist_N = torch.arange(d_min, d_min + n_dist, device=q_BHTD.device)

@@ -1,7 +1,7 @@
 """The bias-table kernels (triton_relbias.py) as torch.library custom ops with autograd:
 `phaselab::relbias_fwd` -> (out, lse, flags) and `phaselab::relbias_bwd` -> (dq, dk, dv, dtable).
 
-Custom ops for the reasons of kernels/attention/ops.py: a compiled model keeps one graph through
+Custom ops for the reasons of kernels/common/ops.py: a compiled model keeps one graph through
 its attention calls, and dynamo never traces the host-side launch code. The table is an ordinary
 input: its gradient (fp32 [H, Nd], computed only when the table requires grad) flows back through
 the encoding's plain-PyTorch table code to its parameters.

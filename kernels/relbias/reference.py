@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.reference_common import _check_qk, masked_softmax, repeat_kv, visibility
+from phaselab.kernels.common.reference_common import _check_qk, masked_softmax, repeat_kv, visibility
 
 
 def distance_range(pos_q_BT: Tensor, pos_k_BS: Tensor, *, causal: bool, trivial_pos: bool = False) -> tuple[int, int]:

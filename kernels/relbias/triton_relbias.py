@@ -35,8 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention import triton_common
-from phaselab.kernels.attention.triton_common import (
+from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.triton_common import (
     LOG2E,
     TUNE_CACHE,
     _bisect_iters,

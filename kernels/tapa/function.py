@@ -12,9 +12,9 @@ import math
 
 from torch import Tensor
 
-from phaselab.kernels.attention.checks import check_pos, check_qkv, check_scale
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions, record_options
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.common.checks import check_pos, check_qkv, check_scale
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
+from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
 from phaselab.kernels.tapa import ops
 

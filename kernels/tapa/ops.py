@@ -1,6 +1,6 @@
 """The Triton TAPA kernels (tapa/triton_tapa.py) as torch.library custom ops `phaselab::tapa_fwd/bwd`,
 with autograd, fake (shape-only) implementations and a vmap rule (why custom ops:
-kernels/attention/ops.py). The forward op returns (out, lse) and the backward op takes them back;
+kernels/common/ops.py). The forward op returns (out, lse) and the backward op takes them back;
 inputs are the validated ones of `function.tapa_attention` (int64 positions); every output is
 contiguous, as the fake implementations say.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.ops import fold, last_dim_dense, per_member, unfold
+from phaselab.kernels.common.ops import fold, last_dim_dense, per_member, unfold
 from phaselab.kernels.tapa import triton_tapa
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import _cos_sin_reduced, _exp2_tile, _log2, _rint
+from phaselab.kernels.common.triton_common import _cos_sin_reduced, _exp2_tile, _log2, _rint
 
 # The off-diagonal binomial series runs in the forward only (the SERIES constexpr of
 # `_tapa_score`, `AttentionOptions.tapa_series`): on the H200 it made the forward 3-8 % faster and

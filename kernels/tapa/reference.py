@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.reference_common import _signed_distance
-from phaselab.kernels.attention.score_mod import tapa_split
+from phaselab.kernels.common.reference_common import _signed_distance
+from phaselab.kernels.common.score_mod import tapa_split
 
 
 def tapa_scores(q_BHTD: Tensor, k_BHSD: Tensor, pos_q_BT: Tensor, pos_k_BS: Tensor,

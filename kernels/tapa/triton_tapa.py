@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import (
+from phaselab.kernels.common.triton_common import (
     EXP2_MODES,
     LOG2E,
     TUNE_CACHE,

@@ -47,7 +47,7 @@ CODE_PACKAGES = ("phaselab.workloads", "phaselab.kernels")
 # code part changes with the code as always. Entries are never removed.
 KEY_DEFAULTS: dict[str, Any] = {"model.pe.options": {}}
 KEY_DEFAULTS |= {f"{sec}.real.{k}": None for sec in ("data", "eval.data") for k in ("dtype", "vocab_size")}
-# the attention kernels' options (kernels/attention/options.py, model.attention)
+# the attention kernels' options (kernels/common/options.py, model.attention)
 KEY_DEFAULTS |= {"model.attention.pope_impl": "auto", "model.attention.tapa_series": True,
                  "model.attention.exp2": "mufu", "model.attention.autotune": False}
 

@@ -75,7 +75,7 @@ def test_pope_expand_flex_computes_pope_attention(monkeypatch):
     from torch.nn.attention.flex_attention import flex_attention
 
     from phaselab.kernels.attention import reference
-    from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+    from phaselab.kernels.common.score_mod import ScoreMod, pope_inv_freq
 
     monkeypatch.setattr(attention, "_FLEX", {"fn": flex_attention})
     B, H, N, D = 2, 3, 37, 8

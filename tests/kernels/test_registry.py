@@ -10,8 +10,8 @@ import torch
 
 from phaselab.kernels import registry
 from phaselab.kernels.attention.reference import ReferenceBackend
-from phaselab.kernels.attention.score_mod import ScoreMod
 from phaselab.kernels.attention.sdpa import SdpaBackend
+from phaselab.kernels.common.score_mod import ScoreMod
 
 
 def _call(**over) -> registry.AttnCall:

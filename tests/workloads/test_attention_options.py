@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from phaselab.kernels.attention.options import DEFAULT_OPTIONS, AttentionOptions
+from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions
 from phaselab.orchestrator.plan.hashing import KEY_DEFAULTS, strip_ignored
 from phaselab.workloads.config import ConfigError, flatten, from_dict, to_dict
 from phaselab.workloads.models.config import AttentionConfig, ModelConfig

@@ -347,7 +347,7 @@ def test_frequency_buffers_stay_fp32_under_bf16_cast(kind):
 def test_alibi_score_in_plain_torch_matches_its_fused_form_in_float64():
     """ALiBi's `score` (the public interface, docs/EXTENDING.md) and its fused ScoreMod give the
     same attention, through the reference backend, at float64."""
-    from phaselab.kernels.attention.score_mod import ScoreMod
+    from phaselab.kernels.common.score_mod import ScoreMod
 
     pe = _model("alibi", pe={"alibi": {"heads_fraction": 1.0}}).h[0].attn.pe
     H, T, D = pe.n_head, 7, 8

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from phaselab.kernels.attention.options import AttentionOptions, Exp2Mode, PopeImpl
+from phaselab.kernels.common.options import AttentionOptions, Exp2Mode, PopeImpl
 from phaselab.kernels.rotary.config import RopeConfig
 from phaselab.kernels.rotary.config import Scaling as ScalingRule
 
@@ -117,7 +117,7 @@ class PEConfig:
 class AttentionConfig:
     """backend: a name in `phaselab.kernels.registry`; never a silent fallback (DESIGN §3.2).
     "auto" is for interactive use only and records what it picked. pope_impl, tapa_series, exp2
-    and autotune choose how the triton backend's kernels run (`kernels.attention.options`:
+    and autotune choose how the triton backend's kernels run (`kernels.common.options`:
     the PoPE implementation, "cudnn" being non-deterministic; TAPA's forward series; the softmax
     exponentials' pipe; timing every tile config); other backends ignore them. What ran is
     recorded in the stage's provenance."""

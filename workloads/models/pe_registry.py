@@ -119,7 +119,7 @@ def _tiny_forward(cls: Any, pe_cfg: Any) -> None:
                                 f"{shape}, expected {(1, T, H, width)} (B, T, H, qk_width)")
     mod = pe.score_mod()
     if mod is not None and mod.kind == "custom":
-        from phaselab.kernels.attention.score_mod import apply_score_fn
+        from phaselab.kernels.common.score_mod import apply_score_fn
 
         apply_score_fn(mod, torch.randn(1, H, T, T), pos, pos)
     if mod is not None and mod.kind == "relbias":
@@ -131,7 +131,7 @@ def _check_table(pe: Any, mod: Any, H: int, T: int, kind: str) -> None:
     encoding also writes `score`, agrees with it (one definition, two forms)."""
     import torch
 
-    from phaselab.kernels.attention.score_mod import ScoreMod, apply_score_fn, bias_table, distance_bias
+    from phaselab.kernels.common.score_mod import ScoreMod, apply_score_fn, bias_table, distance_bias
     from phaselab.workloads.models.positional.base import PositionalEncoding
 
     bias_table(mod, torch.arange(-T + 1, T), H, torch.float32)   # ValueError naming the encoding

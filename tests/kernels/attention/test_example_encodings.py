@@ -97,7 +97,7 @@ def test_xpos_matches_its_float64_formula_in_value_and_gradient() -> None:
 
 
 def test_a_score_of_the_wrong_shape_is_refused_naming_the_encoding() -> None:
-    from phaselab.kernels.attention.score_mod import ScoreMod
+    from phaselab.kernels.common.score_mod import ScoreMod
 
     mod = ScoreMod(kind="custom", params={"fn": lambda s, qp, kp, h: s[..., :1], "name": "mine:Bad"})
     q = torch.randn(1, H, T, D)
@@ -118,8 +118,8 @@ def _kerple_score(pe):
 def test_a_learnable_score_through_flex_attention_matches_the_reference_in_value_and_gradient() -> None:
     """The FlexAttention path of an encoding's general `score` (eager on the CPU: the same score and
     mask functions the compiled CUDA kernel runs), value and the gradient of its own parameters."""
-    from phaselab.kernels.attention.score_mod import ScoreMod
     from phaselab.kernels.attention.sdpa import flex_score_attention
+    from phaselab.kernels.common.score_mod import ScoreMod
 
     torch.manual_seed(2)
     pe = _pe("phaselab_kerple:Kerple", r1_init=0.5, r2_init=2.0)
@@ -187,7 +187,7 @@ def test_kerple_trains_through_the_bias_table_kernel_end_to_end() -> None:
                     reason="needs CUDA or the Triton interpreter")
 def test_alibi_through_the_bias_table_kernel_equals_its_previous_form() -> None:
     """The built-in ALiBi, now a fixed table, gives the numbers of the "alibi" ScoreMod (MATH §5)."""
-    from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes
+    from phaselab.kernels.common.score_mod import ScoreMod, alibi_slopes
     from phaselab.kernels.relbias import score_mod_attention
 
     pe = _model("alibi", "reference", alibi={"heads_fraction": 0.5}).h[0].attn.pe

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from phaselab.kernels.attention import reference as R
-from phaselab.kernels.attention.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
+from phaselab.kernels.common.score_mod import ScoreMod, alibi_slopes, pope_inv_freq
 from phaselab.kernels.pope.reference import pope_expand
 from phaselab.kernels.rotary.reference import apply_rotary
 from phaselab.kernels.rotary.scaling import default_inv_freq

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from phaselab.kernels.attention import reference as R
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.common.score_mod import ScoreMod, pope_inv_freq
 from phaselab.kernels.pope import reference as P
 from phaselab.kernels.rotary.scaling import default_inv_freq
 from phaselab.kernels.testing import assert_close, generator, shape_id

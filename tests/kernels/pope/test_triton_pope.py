@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, triton_common
+from phaselab.kernels.attention import reference
 from phaselab.kernels.attention.function import TritonBackend
-from phaselab.kernels.attention.options import AttentionOptions
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.options import AttentionOptions
+from phaselab.kernels.common.score_mod import ScoreMod, pope_inv_freq
 from phaselab.kernels.pope import reference as pope_reference
 from phaselab.kernels.pope import triton_pope
 from phaselab.kernels.pope.function import pope_attention

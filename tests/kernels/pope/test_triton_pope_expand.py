@@ -17,7 +17,7 @@ import torch
 from test_triton_pope import reference_grads, triton_grads  # one float64 spec for both implementations
 
 from phaselab.kernels.attention import reference
-from phaselab.kernels.attention.options import AttentionOptions, options_used, reset_options
+from phaselab.kernels.common.options import AttentionOptions, options_used, reset_options
 from phaselab.kernels.pope import reference as pope_reference
 from phaselab.kernels.pope import triton_expand
 from phaselab.kernels.pope.function import pope_attention

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from phaselab.kernels.attention import reference as R
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.testing import assert_close, generator
 
 F64 = torch.float64

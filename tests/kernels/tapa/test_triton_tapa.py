@@ -15,8 +15,9 @@ import triton
 import triton.language as tl
 
 from phaselab.kernels import registry
-from phaselab.kernels.attention import reference, triton_common
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.attention import reference
+from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.tapa import phase as tapa_phase
 from phaselab.kernels.tapa import triton_tapa
 from phaselab.kernels.tapa.function import tapa_attention

@@ -3,7 +3,7 @@ declared as a distance table (`bias_table`), so it runs in the bias-table kernel
 
 "ALiBi half-heads" (the PoPE paper's ablation, EXPERIMENTS §2.1) applies it to the first
 round(heads_fraction·H) heads and NoPE to the rest (EXPERIMENTS §6 #14). The geometric slopes
-2^(-8j/H_a) come from `kernels.attention.score_mod.alibi_slopes` (one home per formula).
+2^(-8j/H_a) come from `kernels.common.score_mod.alibi_slopes` (one home per formula).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from phaselab.kernels.attention.score_mod import alibi_slopes, alibi_table
+from phaselab.kernels.common.score_mod import alibi_slopes, alibi_table
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:   # annotations only: config validates plugins against this module (pe_registry)
-    from phaselab.kernels.attention.score_mod import ScoreMod
+    from phaselab.kernels.common.score_mod import ScoreMod
     from phaselab.workloads.models.config import ContextExtension, PEConfig
 
 
@@ -130,7 +130,7 @@ class PositionalEncoding(Fp32Buffers):
     def score_mod(self) -> ScoreMod | None:
         """Kernel-side part of the encoding, or None: a "relbias" ScoreMod when `bias_table` is
         defined, else a "custom" one when `score` is."""
-        from phaselab.kernels.attention.score_mod import ScoreMod
+        from phaselab.kernels.common.score_mod import ScoreMod
 
         if type(self).bias_table is not PositionalEncoding.bias_table:
             return ScoreMod(kind="relbias", params={"table": self.bias_table, "name": self.pe_cfg.kind})

@@ -22,7 +22,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from phaselab.kernels.attention.score_mod import ScoreMod, pope_inv_freq
+from phaselab.kernels.common.score_mod import ScoreMod, pope_inv_freq
 from phaselab.kernels.pope.reference import pope_amplitude, pope_expand
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding

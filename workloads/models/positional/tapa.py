@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from phaselab.kernels.attention.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.workloads.models.config import PEConfig
 from phaselab.workloads.models.positional.base import PositionalEncoding
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.options import EXP2_CHOICES
+from phaselab.kernels.common.options import EXP2_CHOICES
 
 LN2 = math.log(2.0)
 LOG2E = 1.0 / LN2

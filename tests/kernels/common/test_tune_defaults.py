@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselab.kernels.attention import triton_common
-from phaselab.kernels.attention.triton_common import TUNE_DEFAULTS, default_tile, pruner, untuned_pick
+from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.triton_common import TUNE_DEFAULTS, default_tile, pruner, untuned_pick
 from phaselab.kernels.flash import triton_flash
 
 

@@ -1,4 +1,4 @@
-"""Shared Triton helpers (kernels/attention/triton_common.py): the softmax exponential's three
+"""Shared Triton helpers (kernels/common/triton_common.py): the softmax exponential's three
 modes against float64 2**x, run as a small kernel (TRITON_INTERPRET=1 on the CPU)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from phaselab.kernels.attention.triton_common import EXP2_MODES, _exp2_tile
+from phaselab.kernels.common.triton_common import EXP2_MODES, _exp2_tile
 
 needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") != "1",
                                        reason="CPU interpreter test; the gpu tests cover CUDA")
