@@ -141,6 +141,42 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
     return save(fig, path_base, formats)
 
 
+def crossings(points: Iterable[Mapping[str, Any]], axes_of: Mapping[str, Mapping[str, Any]], metric: str,
+              thresholds: Sequence[float]) -> list[dict[str, Any]]:
+    """When each run left a plateau: one row per (group, seed) with the first logged step at which
+    ``metric`` reached each threshold (None: never), its last step and last value. For a metric that
+    must fall (a loss), pass thresholds as negative numbers: the row then reads -metric."""
+    rows = []
+    for group, by_seed in sorted(series(points, axes_of, metric).items()):
+        for seed, by_step in sorted(by_seed.items(), key=lambda kv: str(kv[0])):
+            steps = sorted(by_step)
+            row: dict[str, Any] = {"group": group, "seed": seed, "last_step": steps[-1],
+                                   "last": by_step[steps[-1]]}
+            for t in thresholds:
+                sign = -1.0 if t < 0 else 1.0
+                row[f">={t:g}"] = next((s for s in steps if sign * by_step[s] >= t), None)
+            rows.append(row)
+    return rows
+
+
+def crossings_markdown(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
+    """The rows of `crossings` as a Markdown table (steps in thousands where >= 1000)."""
+    if not rows:
+        return f"no points of {metric}\n"
+    cols = [c for c in rows[0] if c not in ("group", "seed", "last_step", "last")]
+
+    def step(s: Any) -> str:
+        return "never" if s is None else (f"{s / 1000:g}k" if s >= 1000 else str(s))
+
+    head = ["group", "seed", *(f"first step {metric} {c}" for c in cols), "last step", f"last {metric}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+    for r in rows:
+        cells = [str(r["group"]), str(r["seed"]), *(step(r[c]) for c in cols), step(r["last_step"]),
+                 f"{r['last']:.4g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def read_points(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a ``curves.jsonl.gz`` (or plain ``.jsonl``) file."""
     import gzip

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+ACC_THRESHOLDS = (0.2, 0.5, 0.8)   # accuracy a run must reach to count as off a ~10 % plateau, halfway, done
 COPIED = ("run.json", "tables.md", "curves.jsonl.gz", "log.txt.gz")
 
 
@@ -113,7 +114,12 @@ def axes_by_stage(export_dir: Path) -> dict[str, dict[str, Any]]:
 def learning_curves(dest: Path) -> list[str]:
     """``learning_curves.{png,pdf}`` from ``curves.jsonl.gz`` (training and validation loss, and
     validation accuracy when logged), labelled by the cells' axes; [] without curves."""
-    from phaselab.catalog.reports.curves import plot_learning_curves, read_points
+    from phaselab.catalog.reports.curves import (
+        crossings,
+        crossings_markdown,
+        plot_learning_curves,
+        read_points,
+    )
 
     curves = dest / "curves.jsonl.gz"
     axes_of = axes_by_stage(dest / "export")
@@ -124,6 +130,10 @@ def learning_curves(dest: Path) -> list[str]:
         return []
     metrics = ["train/loss", "valid/loss"] + (["valid/acc"] if any("valid/acc" in p for p in points) else [])
     paths = plot_learning_curves(points, axes_of, dest / "learning_curves", metrics=metrics)
+    if "valid/acc" in metrics:   # when each run left its plateau (Indirect Indexing's slow seeds)
+        rows = crossings(points, axes_of, "valid/acc", ACC_THRESHOLDS)
+        (dest / "crossings.md").write_text(crossings_markdown(rows, "valid/acc"))
+        paths.append(dest / "crossings.md")
     return [p.name for p in paths]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from phaselab.catalog.reports.curves import plot_learning_curves, series
+from phaselab.catalog.reports.curves import crossings, crossings_markdown, plot_learning_curves, series
 
 ZIP = {"a1": {"variant": "rope", "pe": {"kind": "rope"}, "seed": 0},
        "a2": {"variant": "rope", "pe": {"kind": "rope"}, "seed": 1},
@@ -52,3 +52,18 @@ def test_plot_writes_the_figure_and_refuses_an_empty_one(tmp_path: Path):
     assert [p.name for p in paths] == ["curves.png"] and paths[0].stat().st_size > 10_000
     with pytest.raises(ValueError, match="no points"):
         plot_learning_curves(_points(ZIP), ZIP, tmp_path / "none", metrics=("test/loss",))
+
+
+def test_crossings_give_the_first_step_at_each_threshold_per_seed():
+    axes_of = {"a0": {"pe": "pope", "seed": 0}, "a1": {"pe": "pope", "seed": 1}}
+    acc = {"a0": [(1000, 0.10), (2000, 0.25), (3000, 0.60), (4000, 0.85)],
+           "a1": [(1000, 0.09), (2000, 0.11), (3000, 0.21), (4000, 0.33)]}
+    points = [{"stage_hash": h, "step": s, "valid/acc": v} for h, rows in acc.items() for s, v in rows]
+    rows = crossings(points, axes_of, "valid/acc", (0.2, 0.5, 0.8))
+    assert [(r["seed"], r[">=0.2"], r[">=0.5"], r[">=0.8"], r["last"]) for r in rows] == [
+        (0, 2000, 3000, 4000, 0.85), (1, 3000, None, None, 0.33)]
+    table = crossings_markdown(rows, "valid/acc")
+    assert "| pe=pope | 1 | 3k | never | never | 4k | 0.33 |" in table, table
+    # a falling metric: thresholds as negatives read -loss
+    loss = [{"stage_hash": "a0", "step": s, "valid/loss": v} for s, v in ((10, 3.0), (20, 1.5), (30, 0.9))]
+    assert crossings(loss, axes_of, "valid/loss", (-1.0,))[0][">=-1"] == 30
