@@ -1,0 +1,124 @@
+"""Offline compile check of the Gluon Hopper flash forward (kernels/flash/gluon_hopper.py): compiles
+each variant for sm_90a with the Triton in this environment (no GPU needed: Triton's bundled
+ptxas), then prints ptxas' registers, spills and shared memory per variant, and the CTA barriers
+(bar.sync) and wgmma waits in its PTX.
+
+The GPU machine runs Triton 3.6.0, whose Gluon API differs from later releases; check against it
+where the local Triton is another version, e.g. with a 3.6.0 install on PYTHONPATH:
+
+    PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile.py
+    python benchmarks/gluon_compile.py --dims 128 --tiles 128x64x2x8 128x128x2x8 --causal 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from phaselab.kernels.flash import gluon_hopper
+
+
+def signature(kernel, D: int, tile: tuple[int, int, int, int], dtype: torch.dtype, ws: bool) -> tuple[dict, dict]:
+    """(signature, constexprs) of one variant, from descriptors over small CPU tensors (the shapes
+    are run-time values; only the block shapes and layouts enter the signature)."""
+    from triton.runtime.jit import mangle_type
+
+    block_m, block_n, stages, warps = tile
+    q = torch.zeros(1, 1, 256, D, dtype=dtype)
+    descs = gluon_hopper.descriptors(q, q, q, block_m, block_n)
+    ptr = mangle_type(q)
+    sig = {"q_desc": mangle_type(descs[0]), "k_desc": mangle_type(descs[1]), "v_desc": mangle_type(descs[2]),
+           "o_ptr": ptr, "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32", "qk_scale": "fp32"}
+    consts = {"STAGES": stages, "num_warps": warps}
+    if ws:
+        consts["PRODUCER_REGS"] = gluon_hopper.PRODUCER_REGS
+    return sig, consts
+
+
+def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
+                    ws: bool = False) -> dict:
+    """ptxas' report of one variant for sm_90a: registers, spill bytes, shared memory, PTX counts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = gluon_hopper.gluon_flash_fwd_ws_kernel if ws else gluon_hopper.gluon_flash_fwd_kernel
+    sig, consts = signature(kernel, D, tile, dtype, ws)
+    consts["CAUSAL"] = causal
+    names = kernel.arg_names
+    for name in consts:
+        sig[name] = "constexpr"
+    sig = {n: sig[n] for n in names}
+    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile[3]})
+    ptx_text = compiled.asm["ptx"]
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(ptx_text)
+        report = subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    regs = re.findall(r"Used (\d+) registers", report)
+    spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return {"regs": max(map(int, regs)) if regs else None,
+            "spill_st": sum(int(s) for s, _ in spill), "spill_ld": sum(int(ld) for _, ld in spill),
+            "smem": compiled.metadata.shared, "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx_text)),
+            "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
+            "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
+
+
+def parse_tile(text: str) -> tuple[int, int, int, int]:
+    parts = tuple(int(x) for x in text.split("x"))
+    if len(parts) != 4:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: BLOCK_MxBLOCK_NxSTAGESxWARPS, e.g. 128x128x2x8")
+    return parts
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_hopper.HEAD_DIMS))
+    p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_hopper.TILES[D] of each D)")
+    p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
+    p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--variants", nargs="+", default=["pipelined"], choices=["pipelined"])
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("gluon_compile.py compiles for sm_90a: unset TRITON_INTERPRET")
+    if gluon_hopper._IMPORT_ERROR is not None:
+        raise SystemExit(f"no Gluon here: {gluon_hopper._IMPORT_ERROR}")
+    import triton
+
+    print(f"triton {triton.__version__}, sm_90a")
+    print("| variant | D | tile (MxNxstagesxwarps) | causal | dtype | regs | spill st/ld B | smem B | bar.sync | "
+          "wgmma.wait |\n|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
+    failed = 0
+    for variant in args.variants:
+        for D in args.dims:
+            for tile in args.tiles or [gluon_hopper.TILES[D]]:
+                for causal in args.causal:
+                    for dt in args.dtypes:
+                        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+                        label = f"| {variant} | {D} | {'x'.join(map(str, tile))} | {causal} | {dt} |"
+                        try:
+                            r = compile_variant(D, tile, bool(causal), dtype, ws=variant == "ws")
+                        except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                            failed += 1
+                            print(f"{label} error: {str(exc).strip().splitlines()[-1][:160]} | | | | |")
+                            continue
+                        print(f"{label} {r['regs']} | {r['spill_st']}/{r['spill_ld']} | {r['smem']} | "
+                              f"{r['bar_sync']} | {r['wgmma_wait']} |")
+                        for w in r["warnings"]:
+                            print(f"  ptxas: {w}")
+    if failed:
+        raise SystemExit(f"{failed} variant(s) failed to compile")
+
+
+if __name__ == "__main__":
+    main()

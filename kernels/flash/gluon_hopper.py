@@ -1,0 +1,335 @@
+"""Hopper (sm_90) forward of the plain flash core in Gluon: TMA loads into a shared-memory ring
+guarded by mbarriers, asynchronous wgmma, and the online softmax of one key block overlapped with
+the tensor-core work of its neighbours (FlashAttention-3, Shah et al. 2024,
+https://arxiv.org/abs/2407.08608, sections 3.1-3.2).
+
+Spec: `reference.flash_attention` with index positions (the T queries are the last T of the S keys;
+key s is visible to query t iff s <= t + S - T when causal), GQA (head h reads kv head h // (H // G)),
+q/k/v one width D in {64, 128}, bf16 or fp16. Returns (out [B, H, T, D] in q's dtype, lse [B, H, T]
+fp32) in the convention of `triton_flash.flash_fwd` (log2 units of the scaled logits, +inf for a row
+that sees no key, whose output is 0), so `triton_flash.flash_bwd` consumes it unchanged.
+
+Schedule of one program (BLOCK_M query rows, 4 warps per 64 of them, key blocks j = 0..hi-1),
+with S_j = Q K_j^T and PV_j = P_j V_j (FA3's intra-warpgroup overlap):
+
+    step j:  issue S_j (async); O *= alpha_{j-1}; issue PV_{j-1} (async, P_{j-1} from registers)
+             wait S_j               | refill K slot of block j with K_{j+STAGES}
+             softmax of S_j (overlaps PV_{j-1} on the tensor cores)
+             wait PV_{j-1}          | refill V slot of block j-1 with V_{j-1+STAGES}
+
+Every wgmma retires within its step: one in flight across the loop's back edge makes ptxas
+serialise all of them (C7514, measured with benchmarks/gluon_compile.py). K and V have separate
+ring slots and barriers, a K slot freeing when its QK^T retires, a V slot when its PV does. Both
+warpgroups read every slot; Triton's shared-memory barrier analysis puts a CTA barrier before each
+refill, so neither overwrites what the other still reads. Causal programs visit only key blocks
+that some of their queries see and mask only the diagonal ones; query blocks run longest-first.
+
+`warp_specialize=True` runs the loads in a one-warp producer partition (gl.warp_specialize) that
+refills slots as the consumer warps release them through "empty" mbarriers, the softmax
+warpgroups keeping the register-resident schedule above.
+
+The module imports without Gluon (CPU machines, other Triton versions): `supported` says why the
+core cannot run, and nothing Gluon runs under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from phaselab.kernels.common.triton_common import LOG2E
+
+try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon core here"
+    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+HEAD_DIMS = (64, 128)
+_DTYPES = (torch.bfloat16, torch.float16)
+# (BLOCK_M, BLOCK_N, STAGES, warps) per head dim; ptxas for sm_90a and the H200 decide
+# (benchmarks/gluon_compile.py prints registers and spills of each).
+TILES = {64: (128, 128, 2, 8), 128: (128, 128, 2, 8)}
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
+    """None when the Gluon core can run on these inputs, else a short reason (for routing logs)."""
+    if _IMPORT_ERROR is not None:
+        return f"gluon unavailable ({_IMPORT_ERROR[:80]})"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
+    if pos_q is not None or pos_k is not None:
+        return "explicit positions (the Gluon core is index-causal)"
+    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
+        return "q, k, v must be 4-D tensors"
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (needs bf16 or fp16, one for q, k, v)"
+    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return f"head dims q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} (needs one of {HEAD_DIMS})"
+    B, H, T, _ = q.shape
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[1] == 0 or H % k.shape[1] or T == 0 or k.shape[2] == 0:
+        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (need [B,H,T,D], [B,G,S,D], G | H)"
+    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
+        return f"device {q.device} (needs CUDA, one device)"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
+    return None
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.constexpr_function
+    def _mma_layout(num_warps, n):
+        """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _store_layout(num_warps, d):
+        """16-byte vectors along the head dim for the epilogue's global stores."""
+        cols = min(32, d // 8)
+        return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _load(desc, row, bars, smem, i, hi, STAGES: gl.constexpr):
+        """TMA block i (rows row..row+BLOCK) into ring slot i % STAGES, if i < hi."""
+        slot = i % STAGES
+        mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=i < hi)
+        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(slot), smem.index(slot), pred=i < hi)
+
+    @gluon.jit
+    def _softmax(s, m_i, l_i, n0, row_lim, S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                 s_layout: gl.constexpr):
+        """P (fp32, unnormalised), alpha and the new row max / sum of one score tile, exp2 domain;
+        MASKED: keys past S and, causally, past each row's limit get -inf (a row with no visible
+        key so far keeps max -inf, its P 0)."""
+        if MASKED:
+            cols = n0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+            vis = (cols < S)[None, :]
+            if CAUSAL:
+                vis = vis & (cols[None, :] <= row_lim[:, None])
+            s = gl.where(vis, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+            m_use = m_new
+        p = gl.exp2(s * qk_scale - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _pv(o, p, alpha, v_smem, v_bars, j, STAGES: gl.constexpr, o_layout: gl.constexpr):
+        """O * alpha + P V_j, issued async (P from registers as the A operand)."""
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
+        return warpgroup_mma(p, v_smem.index(j % STAGES), o, is_async=True)
+
+    @gluon.jit
+    def _p_operand(p, dtype: gl.constexpr, o_layout: gl.constexpr):
+        """P in the input dtype, in the register layout of wgmma's A operand."""
+        return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
+
+    @gluon.jit
+    def _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row,
+              S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+              s_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Key block j of the software-pipelined schedule (module docstring): enters with P_{j-1}
+        and its alpha in registers, leaves with P_j; O holds PV up to block j-1 on return."""
+        BLOCK_M: gl.constexpr = q_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        mbarrier.wait(k_bars.index(j % STAGES), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(j % STAGES).permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        o_tok = _pv(o, p, alpha, v_smem, v_bars, j - 1, STAGES, o_layout)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        _load(k_desc, kv_row + (j + STAGES) * BLOCK_N, k_bars, k_smem, j + STAGES, hi, STAGES)
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, row_lim, S, qk_scale, MASKED, CAUSAL, s_layout)
+        p = _p_operand(p, k_smem.dtype, o_layout)
+        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        _load(v_desc, kv_row + (j - 1 + STAGES) * BLOCK_N, v_bars, v_smem, j - 1 + STAGES, hi, STAGES)
+        return o, p, alpha, m_i, l_i
+
+    @gluon.jit
+    def _block_range(i_m, T, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(mid, hi): key blocks [0, mid) are visible to every query of the block, [mid, hi) to some;
+        hi >= 1 (a block whose queries see no key runs block 0 fully masked: out 0, lse +inf)."""
+        if CAUSAL:
+            n_lo = gl.minimum(gl.maximum(i_m * BLOCK_M + S - T + 1, 0), S)
+            n_hi = gl.minimum(gl.maximum(gl.minimum(i_m * BLOCK_M + BLOCK_M, T) + S - T, 0), S)
+            mid = n_lo // BLOCK_N
+            hi = gl.maximum(gl.cdiv(n_hi, BLOCK_N), 1)
+        else:
+            mid = S // BLOCK_N
+            hi = gl.cdiv(S, BLOCK_N)
+        return gl.maximum(gl.minimum(mid, hi), 1), hi
+
+    @gluon.jit
+    def _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  num_warps: gl.constexpr):
+        """out = O / l (0 for a row that sees no key), lse = m + log2 l (+inf there); rows past T
+        are not stored."""
+        BLOCK_M: gl.constexpr = o.shape[0]
+        HEAD_D: gl.constexpr = o.shape[1]
+        empty = l_i == 0.0
+        lse = gl.where(empty, float("inf"), m_i + gl.log2(gl.where(empty, 1.0, l_i)))
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        gl.store(lse_ptr + i_bh.to(gl.int64) * T + rows, lse, mask=rows < T)
+        inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
+        st_layout: gl.constexpr = _store_layout(num_warps, HEAD_D)
+        out = gl.convert_layout((o * inv[:, None]).to(o_ptr.dtype.element_ty), st_layout)
+        r = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
+        c = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, st_layout))
+        ptrs = o_ptr + (i_bh.to(gl.int64) * T + r)[:, None] * HEAD_D + c[None, :]
+        gl.store(ptrs, out, mask=(r < T)[:, None])
+
+    @gluon.jit
+    def gluon_flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
+                               CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """One BLOCK_M block of query rows of one (batch, head); q/k/v descriptors over the
+        contiguous [B*H*T, D] / [B*G*S, D] views (rows of a neighbouring head read past T or S are
+        discarded or masked; TMA zero-fills past the tensor)."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_D)
+        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
+        i_bh = gl.program_id(1)
+        m0 = i_m * BLOCK_M
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [i_bh * T + m0, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            _load(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
+        for i in gl.static_range(STAGES):
+            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        row_lim = rows + (S - T)  # the last key index each row sees (causal)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_bars.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                          use_acc=False)
+        _load(k_desc, kv_row + STAGES * BLOCK_N, k_bars, k_smem, STAGES, hi, STAGES)
+        # block 0 always masked (it may be the diagonal or the ragged end); then the fully
+        # visible blocks [1, mid) without a mask, the rest [mid, hi) masked
+        p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, row_lim, S, qk_scale, True, CAUSAL, s_layout)
+        p = _p_operand(p, k_smem.dtype, o_layout)
+        for j in range(1, mid):
+            o, p, alpha, m_i, l_i = _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars,
+                                          v_bars, k_desc, v_desc, kv_row, S, qk_scale, False, CAUSAL, STAGES,
+                                          s_layout, o_layout)
+        for j in range(mid, hi):
+            o, p, alpha, m_i, l_i = _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars,
+                                          v_bars, k_desc, v_desc, kv_row, S, qk_scale, True, CAUSAL, STAGES,
+                                          s_layout, o_layout)
+        o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha, v_smem, v_bars, hi - 1, STAGES, o_layout),))
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+        _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
+    """TMA descriptors of q [B,H,T,D], k, v [B,G,S,D] (contiguous) as [rows, D] matrices."""
+    D = q.shape[-1]
+    out = []
+    for t, rows in ((q, block_m), (k, block_n), (v, block_n)):
+        flat = t.reshape(-1, D)
+        layout = gl.NVMMASharedLayout.get_default_for([rows, D], _gl_dtype(t.dtype))
+        out.append(TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout))
+    return tuple(out)
+
+
+def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, causal: bool,
+                    out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                    tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of q [B,H,T,D], k, v [B,G,S,D]
+    (`supported` must hold; scale > 0). out / lse: optional preallocated contiguous buffers (tests
+    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]."""
+    reason = supported(q, k, v)
+    if reason is not None:
+        raise ValueError(f"gluon_flash_fwd: {reason}")
+    if not scale > 0:
+        raise ValueError(f"gluon_flash_fwd: scale must be > 0 (the row max is taken before scaling), got {scale}")
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = tile or TILES[D]
+    if out is None:
+        out = torch.empty_like(q)
+    if lse is None:
+        lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or lse.shape != (B, H, T) \
+            or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError("gluon_flash_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
+    q_desc, k_desc, v_desc = descriptors(q, k, v, block_m, block_n)
+    gluon_flash_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
+        q_desc, k_desc, v_desc, out, lse, T, S, H, H // G, scale * LOG2E,
+        CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    return out, lse
+
+
+class GluonFlashFunction(torch.autograd.Function):
+    """out = softmax(scale q k^T, index-causal) v with the Gluon forward and the Triton `tl`
+    backward (`triton_flash.flash_bwd`), which reads the forward's lse as it is."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, autotune):
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        out, lse = gluon_flash_fwd(q, k, v, scale=scale, causal=causal)
+        ctx.cfg = {"scale": scale, "causal": causal, "autotune": autotune}
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        from phaselab.kernels.flash.triton_flash import flash_bwd
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_bwd(do, q, k, v, out, lse, None, None, None, **ctx.cfg)
+        return dq, dk, dv, None, None, None
+
+
+@torch.compiler.disable  # user-defined Triton kernels run outside the compiled graph (kernels/common/ops.py)
+def gluon_flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Tensor, *,
+                          scale: float | None = None, causal: bool = True, autotune: bool = False) -> torch.Tensor:
+    """Differentiable index-causal flash attention, Gluon forward (`supported` must hold) and
+    Triton backward; q [B,H,T,D], k, v [B,G,S,D]; scale defaults to 1/sqrt(D); autotune applies to
+    the backward's kernels."""
+    scale = q_BHTD.shape[-1] ** -0.5 if scale is None else float(scale)
+    return GluonFlashFunction.apply(q_BHTD, k_BGSD, v_BGSD, scale, bool(causal), bool(autotune))

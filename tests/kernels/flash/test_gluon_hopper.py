@@ -1,0 +1,200 @@
+"""Gluon Hopper flash forward (kernels/flash/gluon_hopper.py) against the float64 reference.
+
+CPU: the module imports without a GPU and `supported` gives the routing reasons.
+GPU (`gpu`, sm_90 only): out and lse against float64 (relative RMS error, and no worse than the
+Triton `tl` forward's own error), NaN-poisoned output buffers, lengths no block divides, T < S,
+GQA, rows that see no key, both widths and dtypes, causal and not; the lse fed to the `tl`
+backward gives the gradients of the `tl` path.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from phaselab.kernels.flash import gluon_hopper, triton_flash
+from phaselab.kernels.flash import reference as flash_reference
+from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def test_module_imports_without_gpu():
+    module = importlib.reload(gluon_hopper)
+    assert module.HEAD_DIMS == (64, 128)
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
+    assert isinstance(module.supported(q, q, q), str)  # no CUDA tensor here: a reason, no exception
+
+
+@pytest.fixture
+def gluon_importable(monkeypatch):
+    """`supported` as on a machine whose Gluon imports and that does not interpret."""
+    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def _qkv(D=64, dtype=torch.bfloat16, H=4, G=2, T=8, S=8):
+    return (torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, G, S, D, dtype=dtype),
+            torch.zeros(1, G, S, D, dtype=dtype))
+
+
+def test_supported_reasons(gluon_importable):
+    q, k, v = _qkv()
+    assert gluon_hopper.supported(q, k, v) == "device cpu (needs CUDA, one device)"
+    assert gluon_hopper.supported(q, k, v, torch.arange(8)[None], torch.arange(8)[None]) == \
+        "explicit positions (the Gluon core is index-causal)"
+    assert gluon_hopper.supported(*_qkv(dtype=torch.float32)) == \
+        "dtype torch.float32 (needs bf16 or fp16, one for q, k, v)"
+    assert gluon_hopper.supported(q, k.half(), v).startswith("dtype torch.bfloat16")
+    assert gluon_hopper.supported(*_qkv(D=96)) == "head dims q 96, k 96, v 96 (needs one of (64, 128))"
+    assert gluon_hopper.supported(q, k, v[..., :32].contiguous()).startswith("head dims q 64, k 64, v 32")
+    assert gluon_hopper.supported(*_qkv(H=3, G=2)).startswith("shapes q (1, 3, 8, 64)")
+    assert gluon_hopper.supported(q[0], k, v) == "q, k, v must be 4-D tensors"
+
+
+def test_supported_without_gluon_or_under_interpreter(monkeypatch):
+    q, k, v = _qkv()
+    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", "ImportError: no module named gluon")
+    assert gluon_hopper.supported(q, k, v) == "gluon unavailable (ImportError: no module named gluon)"
+    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gluon_hopper.supported(q, k, v).startswith("TRITON_INTERPRET is set")
+
+
+def test_launcher_refuses_what_is_not_supported(gluon_importable):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="gluon_flash_fwd: device cpu"):
+        gluon_hopper.gluon_flash_fwd(q, k, v, scale=0.125, causal=True)
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon core needs an sm_90 GPU")
+
+
+def make_inputs(B, H, G, T, S, D, dtype, seed=42):
+    gen = generator(seed, "cuda")
+    q, k, v, do = (torch.randn(*shape, generator=gen, device="cuda").to(dtype)
+                   for shape in ((B, H, T, D), (B, G, S, D), (B, G, S, D), (B, H, T, D)))
+    return q, k, v, do
+
+
+def index_positions(T, S):
+    """Explicit reference positions of index-causal masking for any T, S (queries are the last T
+    of the S keys; with T > S the first T - S queries precede every key and see none)."""
+    return (torch.arange(T, device="cuda") + S - T)[None], torch.arange(S, device="cuda")[None]
+
+
+def gluon_forward(q, k, v, *, causal, tile=None):
+    """out, lse of the Gluon core into NaN-poisoned buffers (a row it skips stays NaN and fails)."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    return gluon_hopper.gluon_flash_fwd(q, k, v, scale=q.shape[-1] ** -0.5, causal=causal, out=out, lse=lse,
+                                        tile=tile)
+
+
+CASES = [  # (B, H, G, T, S, D, causal, dtype)
+    (2, 4, 4, 1, 1, 64, True, torch.bfloat16),
+    (1, 8, 2, 77, 77, 64, True, torch.bfloat16),
+    (1, 8, 2, 1000, 1000, 128, True, torch.bfloat16),
+    (1, 4, 4, 4099, 4099, 128, True, torch.float16),
+    (2, 4, 2, 4099, 4099, 64, False, torch.bfloat16),
+    (1, 4, 4, 100, 733, 128, True, torch.bfloat16),
+    (1, 8, 2, 1, 1000, 64, True, torch.float16),
+    (1, 4, 2, 77, 1000, 128, False, torch.float16),
+    (1, 4, 4, 300, 77, 64, True, torch.bfloat16),  # T > S: the first 223 rows see no key
+    (2, 16, 16, 1024, 1024, 128, True, torch.bfloat16),
+]
+RATIO = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def check_forward(q, k, v, *, causal, tile=None, label="gluon"):
+    T, S, D = q.shape[2], k.shape[2], q.shape[-1]
+    rq, rk = index_positions(T, S)
+    out, lse = gluon_forward(q, k, v, causal=causal, tile=tile)
+    ref = flash_reference.flash_attention(q.double(), k.double(), v.double(), pos_q_BT=rq, pos_k_BS=rk,
+                                          causal=causal, compute_dtype=torch.float64)
+    err = assert_close(f"{label}-out", ref, out, RATIO[q.dtype])
+    want = flash_reference.row_lse2(q.double(), k.double(), pos_q_BT=rq, pos_k_BS=rk, scale=D**-0.5,
+                                    causal=causal)
+    empty = torch.isposinf(want)
+    assert torch.equal(torch.isposinf(lse), empty) and not lse.isnan().any()
+    assert (out[empty] == 0).all()
+    assert_close(f"{label}-lse", want[~empty], lse[~empty], 1e-5)
+    if T <= S:  # the tl forward's own error at the same dtype (its index positions need T <= S)
+        tl_out, _ = triton_flash.flash_fwd(q, k, v, None, None, None, scale=D**-0.5, causal=causal)
+        tl_err = rel_rms(ref, tl_out)
+        assert err <= 1.25 * tl_err + 1e-4, f"{label}: error {err:.3e} vs the tl forward's {tl_err:.3e}"
+    return out, lse
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
+                              for c in CASES])
+def test_gluon_forward_matches_float64(B, H, G, T, S, D, causal, dtype):
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
+    check_forward(q, k, v, causal=causal)
+
+
+TILES = [(128, 64, 2, 8), (128, 128, 2, 8), (128, 64, 3, 8), (64, 64, 2, 4), (64, 128, 2, 4)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_forward_every_tile(tile, D):
+    q, k, v, _ = make_inputs(1, 8, 2, 1000, 1003, D, torch.bfloat16)
+    check_forward(q, k, v, causal=True, tile=tile, label=f"gluon-{'x'.join(map(str, tile))}")
+
+
+BWD_CASES = [(1, 8, 2, 1000, 1000, 64, True, torch.bfloat16), (1, 4, 4, 77, 300, 128, True, torch.float16),
+             (1, 4, 2, 513, 513, 128, False, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", BWD_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
+                              for c in BWD_CASES])
+def test_gluon_lse_feeds_tl_backward(B, H, G, T, S, D, causal, dtype):
+    """flash_bwd on the Gluon forward's (out, lse) gives the tl path's gradients: within bf16/fp16
+    rounding of them, and no further from float64 than they are."""
+    q, k, v, do = make_inputs(B, H, G, T, S, D, dtype)
+    rq, rk = index_positions(T, S)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    flash_reference.flash_attention(*leaves, pos_q_BT=rq, pos_k_BS=rk, causal=causal,
+                                    compute_dtype=torch.float64).backward(do.double())
+    cfg = {"scale": D**-0.5, "causal": causal}
+    g_out, g_lse = gluon_forward(q, k, v, causal=causal)
+    t_out, t_lse = triton_flash.flash_fwd(q, k, v, None, None, None, **cfg)
+    grads_gluon = triton_flash.flash_bwd(do, q, k, v, g_out, g_lse, None, None, None, **cfg)
+    grads_tl = triton_flash.flash_bwd(do, q, k, v, t_out, t_lse, None, None, None, **cfg)
+    for name, ref, g, t in zip(("dq", "dk", "dv"), (x.grad for x in leaves), grads_gluon, grads_tl):
+        assert_close(f"gluon-vs-tl-{name}", t.float(), g.float(), RATIO[dtype])
+        err, tl_err = rel_rms(ref, g), rel_rms(ref, t)
+        assert err <= 1.25 * tl_err + 1e-4, f"{name}: error {err:.3e} vs the tl path's {tl_err:.3e}"
+    out = gluon_hopper.gluon_flash_attention(*[t.clone().requires_grad_() for t in (q, k, v)], causal=causal)
+    assert torch.equal(out, g_out)
+
+
+@pytest.mark.gpu
+@hopper
+def test_gluon_autograd_matches_tl_path():
+    """The autograd wrapper's gradients are flash_bwd's on the Gluon (out, lse)."""
+    q, k, v, do = make_inputs(1, 4, 2, 700, 700, 128, torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    gluon_hopper.gluon_flash_attention(*leaves, causal=True).backward(do)
+    out, lse = gluon_forward(q, k, v, causal=True)
+    want = triton_flash.flash_bwd(do, q, k, v, out, lse, None, None, None, scale=128**-0.5, causal=True)
+    for name, leaf, w in zip(("dq", "dk", "dv"), leaves, want):
+        assert torch.equal(leaf.grad, w), name
