@@ -1,0 +1,396 @@
+"""Hopper (sm_90) backward of the plain flash core in Gluon: TMA loads into shared memory guarded by
+mbarriers, asynchronous wgmma, and the softmax recomputed from the forward's log-sum-exp with exp2
+(FlashAttention-3, Shah et al. 2024, https://arxiv.org/abs/2407.08608, section 3 and appendix B).
+
+Spec: the gradients of `reference.flash_attention` with index positions (the T queries are the last
+T of the S keys; key s is visible to query t iff s <= t + S - T when causal), GQA (head h reads kv
+head h // (H // G); dk, dv sum over the group), q/k/v one width D in {64, 128}, bf16 or fp16, fp32
+accumulation. Inputs as `triton_flash.flash_bwd` takes them: lse [B, H, T] fp32 in log2 units of the
+scaled logits (P = exp2(scale log2(e) q.k - lse)), +inf for a row that sees no key (its P is 0).
+
+Two kernels, as the `tl` core's (FA2's split, no atomics, hence deterministic):
+
+    dK/dV, one program per key block (K, V resident, loaded once by TMA), over the query blocks
+    of every head of its GQA group; Q and dO of block i+STAGES stream into the ring slot that
+    block i frees, while block i computes:
+        issue S^T = K Q^T and dP^T = V dO^T (async); wait S^T; P^T = exp2(S^T - lse)
+        wait dP^T; issue dV += P^T dO (P^T from registers); dS^T = P^T (dP^T - Delta)
+        issue dK += dS^T Q; wait both; refill the slot
+    dQ, one program per query block (Q, dO resident), over its key blocks with K and V streamed
+    through separate rings: S = Q K^T, dP = dO V^T, dQ += dS K.
+
+Rows are keys in dK/dV and queries in dQ, so every product has its long side as the wgmma M (64
+rows a warpgroup). Delta = rowsum(dO * O) comes from the `tl` row kernel (triton_common.do_o_rows).
+Causal programs visit only blocks with a visible pair and mask only the diagonal ones; reads past T
+or S through the flattened [rows, D] descriptors land in a neighbouring head (masked: lse = +inf for
+query rows, a column mask for keys in dQ, unstored key rows in dK/dV) or are zero-filled by TMA.
+
+The module imports without Gluon (CPU machines, other Triton versions): `supported` says why the
+kernels cannot run, and nothing Gluon runs under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from phaselab.kernels.common.triton_common import LOG2E, do_o_rows
+
+try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
+    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+HEAD_DIMS = (64, 128)
+_DTYPES = (torch.bfloat16, torch.float16)
+# (BLOCK_M queries, BLOCK_N keys, STAGES, warps) per head dim; the resident tile is the long one
+# (keys in dK/dV, queries in dQ) and takes the warps along its rows. ptxas for sm_90a
+# (benchmarks/gluon_compile_bwd.py) prints registers and spills of each.
+DKDV_TILES = {64: (64, 128, 2, 8), 128: (64, 128, 2, 8)}
+DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
+    """None when the Gluon backward can run on these inputs, else a short reason (for routing logs).
+    What the inputs say is checked before the machine, so the reasons read the same everywhere."""
+    if pos_q is not None or pos_k is not None:
+        return "explicit positions (the Gluon backward is index-causal)"
+    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
+        return "q, k, v must be 4-D tensors"
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (needs bf16 or fp16, one for q, k, v)"
+    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return f"head dims q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} (needs one of {HEAD_DIMS})"
+    B, H, T, _ = q.shape
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[1] == 0 or H % k.shape[1] or T == 0 or k.shape[2] == 0:
+        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (need [B,H,T,D], [B,G,S,D], G | H)"
+    if _IMPORT_ERROR is not None:
+        return f"gluon unavailable ({_IMPORT_ERROR[:80]})"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
+    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
+        return f"device {q.device} (needs CUDA, one device)"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
+    return None
+
+
+if _IMPORT_ERROR is None:
+
+    @gluon.constexpr_function
+    def _acc_layout(num_warps, n):
+        """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def _rows_layout(num_warps, d):
+        """16-byte vectors along the head dim for the epilogues' global stores."""
+        cols = min(32, d // 8)
+        return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+    @gluon.jit
+    def _a_operand(x, dtype: gl.constexpr, acc_layout: gl.constexpr):
+        """A fp32 tile in the input dtype, in the register layout of wgmma's A operand."""
+        return gl.convert_layout(x.to(dtype), gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2))
+
+    @gluon.jit
+    def _store_rows(ptr, x, row_base, r0, n_rows, num_warps: gl.constexpr):
+        """Rows r0.. of x (fp32, scaled already) into rows row_base + r0.. of a [*, D] matrix, in
+        ptr's dtype; rows at or past n_rows are not stored."""
+        R: gl.constexpr = x.shape[0]
+        D: gl.constexpr = x.shape[1]
+        layout: gl.constexpr = _rows_layout(num_warps, D)
+        y = gl.convert_layout(x.to(ptr.dtype.element_ty), layout)
+        r = r0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        gl.store(ptr + (row_base + r.to(gl.int64))[:, None] * D + c[None, :], y, mask=(r < n_rows)[:, None])
+
+    # ------------------------------------------------------------------------- dK / dV
+
+    @gluon.jit
+    def _q_row(it, nblk, lo, bh0, T, BLOCK_M: gl.constexpr):
+        """Flat row of the query block visited at step `it` (head bh0 + it // nblk, block lo + it % nblk)."""
+        return (bh0 + it // nblk) * T + (lo + it % nblk) * BLOCK_M
+
+    @gluon.jit
+    def _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it, nblk, lo, bh0, T, total, STAGES: gl.constexpr):
+        """TMA Q and dO of step it into ring slot it % STAGES, if it < total."""
+        slot = it % STAGES
+        row = _q_row(it, nblk, lo, bh0, T, q_smem.shape[1])
+        mbarrier.expect(bars.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes, pred=it < total)
+        tma.async_copy_global_to_shared(q_desc, [row, 0], bars.index(slot), q_smem.index(slot), pred=it < total)
+        tma.async_copy_global_to_shared(do_desc, [row, 0], bars.index(slot), do_smem.index(slot), pred=it < total)
+
+    @gluon.jit
+    def _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc,
+                   lse_ptr, dlt_ptr, n0, qk_scale, MASKED: gl.constexpr, STAGES: gl.constexpr,
+                   st_layout: gl.constexpr, kv_layout: gl.constexpr):
+        """One query block of the dK/dV schedule (module docstring); MASKED: the causal diagonal."""
+        BLOCK_M: gl.constexpr = q_smem.shape[1]
+        BLOCK_N: gl.constexpr = k_smem.shape[0]
+        slot = it % STAGES
+        m0 = (lo + it % nblk) * BLOCK_M
+        bh = bh0 + it // nblk
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        lse = gl.load(lse_ptr + bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))  # past T: P = 0
+        dlt = gl.load(dlt_ptr + bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
+        mbarrier.wait(bars.index(slot), (it // STAGES) & 1)
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        st_tok = warpgroup_mma(k_smem, q_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        dpt_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st_tok,))
+        pt = gl.exp2(st * qk_scale - lse[None, :])
+        if MASKED:
+            keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+            pt = gl.where(keys[:, None] <= (rows + (S - T))[None, :], pt, 0.0)
+        dpt = warpgroup_mma_wait(0, deps=(dpt_tok,))
+        dv_tok = warpgroup_mma(_a_operand(pt, k_smem.dtype, kv_layout), do_smem.index(slot), dv, is_async=True)
+        dst = pt * (dpt - dlt[None, :])
+        dk_tok = warpgroup_mma(_a_operand(dst, k_smem.dtype, kv_layout), q_smem.index(slot), dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+        _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+        return dk, dv
+
+    @gluon.jit
+    def _query_range(n0, T, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(lo, mid, n_qb) for the key block at n0: query blocks [lo, mid) see some of its keys
+        (masked), [mid, n_qb) all of them; lo < n_qb (query T - 1 sees every key)."""
+        n_qb = gl.cdiv(T, BLOCK_M)
+        if CAUSAL:
+            lo = gl.minimum(gl.maximum(n0 - (S - T), 0), T) // BLOCK_M
+            full = gl.minimum(gl.maximum(gl.minimum(n0 + BLOCK_N, S) - 1 - (S - T), 0), T)
+            mid = gl.minimum(gl.cdiv(full, BLOCK_M), n_qb)
+        else:
+            lo = 0
+            mid = 0
+        return lo, gl.maximum(mid, lo), n_qb
+
+    @gluon.jit
+    def gluon_flash_bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr, dv_ptr,
+                                    T, S, H, GROUP, qk_scale, sm_scale,
+                                    CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of
+        every query head of its group; descriptors over the contiguous [B*H*T, D] / [B*G*S, D] views."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
+        kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
+        i_bg = gl.program_id(1)
+        bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
+        lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        nblk = n_qb - lo
+        total = GROUP * nblk
+
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [i_bg * S + n0, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [i_bg * S + n0, 0], kv_bar, v_smem)
+        for i in gl.static_range(STAGES):
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, i, nblk, lo, bh0, T, total, STAGES)
+
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+        mbarrier.wait(kv_bar, 0)
+        for hg in range(GROUP):  # every query head reading this kv head: no atomics
+            base = hg * nblk
+            for it in range(base, base + mid - lo):  # diagonal blocks
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars,
+                                    q_desc, do_desc, lse_ptr, dlt_ptr, n0, qk_scale, CAUSAL, STAGES, st_layout,
+                                    kv_layout)
+            for it in range(base + mid - lo, base + nblk):  # fully visible blocks
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars,
+                                    q_desc, do_desc, lse_ptr, dlt_ptr, n0, qk_scale, False, STAGES, st_layout,
+                                    kv_layout)
+
+        mbarrier.invalidate(kv_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        _store_rows(dk_ptr, dk * sm_scale, i_bg.to(gl.int64) * S, n0, S, num_warps)
+        _store_rows(dv_ptr, dv, i_bg.to(gl.int64) * S, n0, S, num_warps)
+
+    # ------------------------------------------------------------------------- dQ
+
+    @gluon.jit
+    def _load_kv(desc, row, bars, smem, j, hi, STAGES: gl.constexpr):
+        """TMA key block j (rows row..row+BLOCK_N) into ring slot j % STAGES, if j < hi."""
+        slot = j % STAGES
+        mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=j < hi)
+        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(slot), smem.index(slot), pred=j < hi)
+
+    @gluon.jit
+    def _dq_step(j, hi, dq, rows, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row,
+                 T, S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                 s_layout: gl.constexpr, dq_layout: gl.constexpr):
+        """Key block j of the dQ schedule; MASKED: keys past S and, causally, past each row's limit."""
+        BLOCK_M: gl.constexpr = q_smem.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        slot = j % STAGES
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+        dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(s * qk_scale - lse[:, None])
+        if MASKED:
+            cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            vis = (cols < S)[None, :]
+            if CAUSAL:
+                vis = vis & (cols[None, :] <= (rows + (S - T))[:, None])
+            p = gl.where(vis, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        _load_kv(v_desc, kv_row + (j + STAGES) * BLOCK_N, v_bars, v_smem, j + STAGES, hi, STAGES)
+        ds = p * (dp - dlt[:, None])
+        dq_tok = warpgroup_mma(_a_operand(ds, k_smem.dtype, dq_layout), k_smem.index(slot), dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq_tok,))
+        _load_kv(k_desc, kv_row + (j + STAGES) * BLOCK_N, k_bars, k_smem, j + STAGES, hi, STAGES)
+        return dq
+
+    @gluon.jit
+    def _key_range(m0, T, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(mid, hi): key blocks [0, mid) are visible to every query of the block at m0 (no mask),
+        [mid, hi) to some; hi = 0 for a block whose queries see no key (its dQ is 0)."""
+        if CAUSAL:
+            n_lo = gl.minimum(gl.maximum(m0 + S - T + 1, 0), S)
+            n_hi = gl.minimum(gl.maximum(gl.minimum(m0 + BLOCK_M, T) + S - T, 0), S)
+            mid = n_lo // BLOCK_N
+            hi = gl.cdiv(n_hi, BLOCK_N)
+        else:
+            mid = S // BLOCK_N
+            hi = gl.cdiv(S, BLOCK_N)
+        return mid, hi
+
+    @gluon.jit
+    def gluon_flash_bwd_dq_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dq_ptr,
+                                  T, S, H, GROUP, qk_scale, sm_scale,
+                                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """dQ of one BLOCK_M block of query rows of one (batch, head) over its key blocks."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        s_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_N)
+        dq_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # longest (causal) rows first
+        i_bh = gl.program_id(1)
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _key_range(m0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [BLOCK_M, HEAD_D], do_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+        fence_async_shared()
+
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [i_bh * T + m0, 0], q_bar, q_smem)
+        tma.async_copy_global_to_shared(do_desc, [i_bh * T + m0, 0], q_bar, do_smem)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
+            _load_kv(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = gl.load(lse_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))
+        dlt = gl.load(dlt_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
+        dq = gl.zeros([BLOCK_M, HEAD_D], gl.float32, dq_layout)
+        mbarrier.wait(q_bar, 0)
+        for j in range(mid):
+            dq = _dq_step(j, hi, dq, rows, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                          kv_row, T, S, qk_scale, False, CAUSAL, STAGES, s_layout, dq_layout)
+        for j in range(mid, hi):
+            dq = _dq_step(j, hi, dq, rows, lse, dlt, q_smem, do_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc,
+                          kv_row, T, S, qk_scale, True, CAUSAL, STAGES, s_layout, dq_layout)
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_bars.index(i))
+            mbarrier.invalidate(v_bars.index(i))
+        _store_rows(dq_ptr, dq * sm_scale, i_bh.to(gl.int64) * T, m0, T, num_warps)
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """TMA descriptor of a contiguous [..., L, D] tensor as a [rows_total, D] matrix, blocks of
+    `rows` rows and the whole head dim."""
+    D = t.shape[-1]
+    flat = t.reshape(-1, D)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], _gl_dtype(t.dtype))
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout)
+
+
+def _check_tile(tile: tuple[int, int, int, int]) -> None:
+    block_m, block_n, stages, warps = tile
+    if warps not in (4, 8) or min(block_m, block_n) < 16 * warps or stages < 1:
+        raise ValueError(f"tile {tile}: warps 4 or 8 and blocks of at least 16 rows a warp")
+
+
+def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                    lse: torch.Tensor, *, scale: float, causal: bool, dkdv_tile: tuple | None = None,
+                    dq_tile: tuple | None = None, grads: tuple | None = None) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) in the inputs' dtype of out = softmax(scale q k^T, index-causal) v, given dO,
+    the forward's out and lse (log2 units, `triton_flash.flash_fwd`'s). q [B,H,T,D], k, v [B,G,S,D];
+    `supported` must hold. dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
+    DKDV_TILES[D] / DQ_TILES[D]; grads: optional preallocated contiguous (dq, dk, dv) (tests poison them)."""
+    reason = supported(q, k, v)
+    if reason is not None:
+        raise ValueError(f"gluon_flash_bwd: {reason}")
+    q, k, v, do, out = (t.contiguous() for t in (q, k, v, do, out))
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    if do.shape != q.shape or out.shape != q.shape or lse.shape != (B, H, T) or lse.dtype != torch.float32:
+        raise ValueError("gluon_flash_bwd: do and out must be like q, lse fp32 [B, H, T]")
+    dkdv_tile, dq_tile = dkdv_tile or DKDV_TILES[D], dq_tile or DQ_TILES[D]
+    _check_tile(dkdv_tile)
+    _check_tile(dq_tile)
+    dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    if any(g.shape != t.shape or g.dtype != t.dtype or not g.is_contiguous() for g, t in zip((dq, dk, dv), (q, k, v))):
+        raise ValueError("gluon_flash_bwd: grads must be contiguous and like q, k, v")
+    lse = lse.contiguous()
+    dlt = do_o_rows(do, out)
+    cfg = {"qk_scale": scale * LOG2E, "sm_scale": scale}
+    bm, bn, stages, warps = dkdv_tile
+    gluon_flash_bwd_dkdv_kernel[(triton.cdiv(S, bn), B * G)](
+        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv,
+        T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    bm, bn, stages, warps = dq_tile
+    gluon_flash_bwd_dq_kernel[(triton.cdiv(T, bm), B * H)](
+        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,
+        T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    return dq, dk, dv
