@@ -34,8 +34,9 @@ def _signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype:
     ptr = mangle_type(x)
     sig = {"q_desc": qd, "do_desc": qd, "k_desc": kd, "v_desc": kd, "lse_ptr": "*fp32", "dlt_ptr": "*fp32",
            "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-    outs = ("dk_ptr", "dv_ptr") if kernel_name == "dkdv" else ("dq_ptr",)
-    return {**sig, **dict.fromkeys(outs, ptr)}
+    if kernel_name == "dq":
+        return {**sig, "dq_ptr": ptr}
+    return {**sig, "dk_ptr": ptr, "dv_ptr": ptr, "dq_ptr": "*fp32"}
 
 
 def _ptxas(ptx_text: str) -> str:
@@ -56,9 +57,11 @@ def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], c
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel = {"dkdv": bwd.gluon_flash_bwd_dkdv_kernel, "dq": bwd.gluon_flash_bwd_dq_kernel}[kernel_name]
+    kernel = bwd.gluon_flash_bwd_dq_kernel if kernel_name == "dq" else bwd.gluon_flash_bwd_dkdv_kernel
     sig = _signature(kernel_name, D, tile, dtype)
     consts = {"CAUSAL": causal, "STAGES": tile[2], "num_warps": tile[3]}
+    if kernel_name != "dq":  # "dkdv-atomic": the dK/dV kernel that also adds dQ shares
+        consts["ATOMIC_DQ"] = kernel_name == "dkdv-atomic"
     names = kernel.arg_names
     sig = {n: ("constexpr" if n in consts else sig[n]) for n in names}
     src = GluonASTSource(kernel, sig, constexprs={(names.index(n),): c for n, c in consts.items()})
@@ -81,7 +84,10 @@ def parse_tile(text: str) -> tuple[int, int, int, int]:
     return parts
 
 
-def compile_check(dims=bwd.HEAD_DIMS, kernels=("dkdv", "dq"), tiles=None, causal=(1, 0), dtypes=("bf16",)) -> int:
+KERNELS = ("dkdv", "dq", "dkdv-atomic")
+
+
+def compile_check(dims=bwd.HEAD_DIMS, kernels=KERNELS, tiles=None, causal=(1, 0), dtypes=("bf16",)) -> int:
     """Compile every variant, print one table row each; returns the number that failed."""
     import triton
 
@@ -90,7 +96,7 @@ def compile_check(dims=bwd.HEAD_DIMS, kernels=("dkdv", "dq"), tiles=None, causal
           "wgmma.wait |\n|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     failed = 0
     for name in kernels:
-        default = {"dkdv": bwd.DKDV_TILES, "dq": bwd.DQ_TILES}[name]
+        default = bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES
         for D in dims:
             for tile in tiles or [default[D]]:
                 for c in causal:
@@ -113,7 +119,7 @@ def compile_check(dims=bwd.HEAD_DIMS, kernels=("dkdv", "dq"), tiles=None, causal
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", type=int, nargs="+", default=list(bwd.HEAD_DIMS))
-    p.add_argument("--kernels", nargs="+", default=["dkdv", "dq"], choices=["dkdv", "dq"])
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
                    help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: the module's tile of each kernel and D)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])

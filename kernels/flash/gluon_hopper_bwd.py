@@ -19,6 +19,10 @@ Two kernels, as the `tl` core's (FA2's split, no atomics, hence deterministic):
     dQ, one program per query block (Q, dO resident), over its key blocks with K and V streamed
     through separate rings: S = Q K^T, dP = dO V^T, dQ += dS K.
 
+`deterministic=False` drops the dQ kernel (FA3's schedule, S and dP computed once): the dK/dV kernel
+also stores dS^T to shared memory and adds dQ_i += dS_i K, read as wgmma's transposed A operand, to
+an fp32 buffer by atomics, whose order varies run to run.
+
 Rows are keys in dK/dV and queries in dQ, so every product has its long side as the wgmma M (64
 rows a warpgroup). Delta = rowsum(dO * O) comes from the `tl` row kernel (triton_common.do_o_rows).
 Causal programs visit only blocks with a visible pair and mask only the diagonal ones; reads past T
@@ -101,6 +105,14 @@ if _IMPORT_ERROR is None:
         cols = min(32, d // 8)
         return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
 
+    @gluon.constexpr_function
+    def _dq_part_layout(num_warps, block_m, d):
+        """Accumulator of a [block_m, d] dQ share: warpgroups along M up to block_m // 64, the rest
+        of the warps split d (wgmma takes 64 rows a warpgroup)."""
+        wm = min(num_warps, block_m // 16)
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[wm, num_warps // wm],
+                                         instr_shape=[16, d // (num_warps // wm), 16])
+
     @gluon.jit
     def _a_operand(x, dtype: gl.constexpr, acc_layout: gl.constexpr):
         """A fp32 tile in the input dtype, in the register layout of wgmma's A operand."""
@@ -135,18 +147,20 @@ if _IMPORT_ERROR is None:
         tma.async_copy_global_to_shared(do_desc, [row, 0], bars.index(slot), do_smem.index(slot), pred=it < total)
 
     @gluon.jit
-    def _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars, q_desc, do_desc,
-                   lse_ptr, dlt_ptr, n0, qk_scale, MASKED: gl.constexpr, STAGES: gl.constexpr,
-                   st_layout: gl.constexpr, kv_layout: gl.constexpr):
-        """One query block of the dK/dV schedule (module docstring); MASKED: the causal diagonal."""
+    def _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc,
+                   do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, MASKED: gl.constexpr,
+                   ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr, st_layout: gl.constexpr, kv_layout: gl.constexpr,
+                   dq_layout: gl.constexpr):
+        """One query block of the dK/dV schedule (module docstring); MASKED: the causal diagonal;
+        ATOMIC_DQ: dS^T also goes through shared memory to add this block's dQ share (`_dq_share`)."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         BLOCK_N: gl.constexpr = k_smem.shape[0]
+        HEAD_D: gl.constexpr = k_smem.shape[1]
         slot = it % STAGES
         m0 = (lo + it % nblk) * BLOCK_M
         bh = bh0 + it // nblk
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
         lse = gl.load(lse_ptr + bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))  # past T: P = 0
-        dlt = gl.load(dlt_ptr + bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
         mbarrier.wait(bars.index(slot), (it // STAGES) & 1)
         zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         st_tok = warpgroup_mma(k_smem, q_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -156,13 +170,34 @@ if _IMPORT_ERROR is None:
         if MASKED:
             keys = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
             pt = gl.where(keys[:, None] <= (rows + (S - T))[None, :], pt, 0.0)
+        # loaded once lse is dead (fewer live registers), its latency under dP^T's wgmma
+        dlt = gl.load(dlt_ptr + bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
         dpt = warpgroup_mma_wait(0, deps=(dpt_tok,))
         dv_tok = warpgroup_mma(_a_operand(pt, k_smem.dtype, kv_layout), do_smem.index(slot), dv, is_async=True)
         dst = pt * (dpt - dlt[None, :])
-        dk_tok = warpgroup_mma(_a_operand(dst, k_smem.dtype, kv_layout), q_smem.index(slot), dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-        _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+        if ATOMIC_DQ:
+            ds_smem.store(dst.to(k_smem.dtype))
+            fence_async_shared()
+            dk_tok = warpgroup_mma(ds_smem, q_smem.index(slot), dk, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, dq_layout),
+                                   use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+            _dq_share(dq_ptr, dq * sm_scale, bh, m0, T, dq_layout)
+        else:
+            dk_tok = warpgroup_mma(_a_operand(dst, k_smem.dtype, kv_layout), q_smem.index(slot), dk, is_async=True)
+            dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
         return dk, dv
+
+    @gluon.jit
+    def _dq_share(dq_ptr, dq, bh, m0, T, layout: gl.constexpr):
+        """Rows m0.. of head bh of the fp32 dQ buffer += dq (relaxed atomics; rows past T belong to
+        the next head and are left out)."""
+        r = m0 + gl.arange(0, dq.shape[0], layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, layout))
+        ptrs = dq_ptr + (bh.to(gl.int64) * T + r)[:, None] * dq.shape[1] + c[None, :]
+        gl.atomic_add(ptrs, dq, mask=(r < T)[:, None], sem="relaxed")
 
     @gluon.jit
     def _query_range(n0, T, S, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -179,16 +214,19 @@ if _IMPORT_ERROR is None:
         return lo, gl.maximum(mid, lo), n_qb
 
     @gluon.jit
-    def gluon_flash_bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr, dv_ptr,
+    def gluon_flash_bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr, dv_ptr, dq_ptr,
                                     T, S, H, GROUP, qk_scale, sm_scale,
-                                    CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                                    CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr,
+                                    num_warps: gl.constexpr):
         """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of
-        every query head of its group; descriptors over the contiguous [B*H*T, D] / [B*G*S, D] views."""
+        every query head of its group; descriptors over the contiguous [B*H*T, D] / [B*G*S, D] views.
+        ATOMIC_DQ: also adds every block's dQ share to dq_ptr (fp32 [B*H*T, D], zeroed)."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
         HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
         kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, HEAD_D)
         n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
         i_bg = gl.program_id(1)
         bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
@@ -200,6 +238,8 @@ if _IMPORT_ERROR is None:
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N if ATOMIC_DQ else 16, BLOCK_M], ds_layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
@@ -219,13 +259,13 @@ if _IMPORT_ERROR is None:
         for hg in range(GROUP):  # every query head reading this kv head: no atomics
             base = hg * nblk
             for it in range(base, base + mid - lo):  # diagonal blocks
-                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars,
-                                    q_desc, do_desc, lse_ptr, dlt_ptr, n0, qk_scale, CAUSAL, STAGES, st_layout,
-                                    kv_layout)
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
+                                    bars, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, CAUSAL,
+                                    ATOMIC_DQ, STAGES, st_layout, kv_layout, dq_layout)
             for it in range(base + mid - lo, base + nblk):  # fully visible blocks
-                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, bars,
-                                    q_desc, do_desc, lse_ptr, dlt_ptr, n0, qk_scale, False, STAGES, st_layout,
-                                    kv_layout)
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
+                                    bars, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, False,
+                                    ATOMIC_DQ, STAGES, st_layout, kv_layout, dq_layout)
 
         mbarrier.invalidate(kv_bar)
         for i in gl.static_range(STAGES):
@@ -363,11 +403,14 @@ def _check_tile(tile: tuple[int, int, int, int]) -> None:
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, *, scale: float, causal: bool, dkdv_tile: tuple | None = None,
-                    dq_tile: tuple | None = None, grads: tuple | None = None) -> tuple[torch.Tensor, ...]:
+                    dq_tile: tuple | None = None, grads: tuple | None = None,
+                    deterministic: bool = True) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in the inputs' dtype of out = softmax(scale q k^T, index-causal) v, given dO,
     the forward's out and lse (log2 units, `triton_flash.flash_fwd`'s). q [B,H,T,D], k, v [B,G,S,D];
     `supported` must hold. dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
-    DKDV_TILES[D] / DQ_TILES[D]; grads: optional preallocated contiguous (dq, dk, dv) (tests poison them)."""
+    DKDV_TILES[D] / DQ_TILES[D]; grads: optional preallocated contiguous (dq, dk, dv) (tests poison
+    them). deterministic=False: no dQ kernel; the dK/dV kernel adds each block's dQ share to an fp32
+    buffer by atomics (FA3's schedule: S and dP computed once; the sum's order varies run to run)."""
     reason = supported(q, k, v)
     if reason is not None:
         raise ValueError(f"gluon_flash_bwd: {reason}")
@@ -379,16 +422,23 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     dkdv_tile, dq_tile = dkdv_tile or DKDV_TILES[D], dq_tile or DQ_TILES[D]
     _check_tile(dkdv_tile)
     _check_tile(dq_tile)
+    if not deterministic and dkdv_tile[0] < 64:
+        raise ValueError(f"gluon_flash_bwd: atomic dQ needs BLOCK_M >= 64 (a warpgroup's wgmma rows), tile {dkdv_tile}")
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     if any(g.shape != t.shape or g.dtype != t.dtype or not g.is_contiguous() for g, t in zip((dq, dk, dv), (q, k, v))):
         raise ValueError("gluon_flash_bwd: grads must be contiguous and like q, k, v")
     lse = lse.contiguous()
     dlt = do_o_rows(do, out)
     cfg = {"qk_scale": scale * LOG2E, "sm_scale": scale}
+    dq_acc = dlt if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     bm, bn, stages, warps = dkdv_tile
     gluon_flash_bwd_dkdv_kernel[(triton.cdiv(S, bn), B * G)](
-        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv,
-        T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
+        T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), ATOMIC_DQ=not deterministic, STAGES=stages,
+        num_warps=warps)
+    if not deterministic:
+        dq.copy_(dq_acc)
+        return dq, dk, dv
     bm, bn, stages, warps = dq_tile
     gluon_flash_bwd_dq_kernel[(triton.cdiv(T, bm), B * H)](
         descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,

@@ -122,11 +122,11 @@ def reference(q, k, v, do, *, causal):
     return out.detach(), lse, *(t.grad for t in leaves)
 
 
-def gluon_backward(do, q, k, v, out, lse, *, causal, **tiles):
+def gluon_backward(do, q, k, v, out, lse, *, causal, **options):
     """dq, dk, dv into NaN-poisoned buffers (a row the kernels skip stays NaN and fails)."""
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     return bwd.gluon_flash_bwd(do, q, k, v, out, lse, scale=q.shape[-1] ** -0.5, causal=causal, grads=grads,
-                               **tiles)
+                               **options)
 
 
 CASES = [  # (B, H, G, T, S, D, causal, dtype)
@@ -145,13 +145,13 @@ CASES = [  # (B, H, G, T, S, D, causal, dtype)
 RATIO = {torch.bfloat16: 2e-2, torch.float16: 4e-3}  # relative RMS error of a gradient vs float64
 
 
-def check_backward(q, k, v, do, *, causal, label="gluon", **tiles):
+def check_backward(q, k, v, do, *, causal, label="gluon", **options):
     """Gradients against float64 and against the tl backward, both fed the tl forward's out, lse."""
     D = q.shape[-1]
     _, _, *want = reference(q, k, v, do, causal=causal)
     cfg = {"scale": D**-0.5, "causal": causal}
     out, lse = triton_flash.flash_fwd(q, k, v, None, None, None, **cfg)
-    got = gluon_backward(do, q, k, v, out, lse, causal=causal, **tiles)
+    got = gluon_backward(do, q, k, v, out, lse, causal=causal, **options)
     tl_grads = triton_flash.flash_bwd(do, q, k, v, out, lse, None, None, None, **cfg)
     for name, ref, g, t in zip(("dq", "dk", "dv"), want, got, tl_grads):
         assert g.dtype == q.dtype and not g.isnan().any(), f"{label}-{name}: NaN or wrong dtype"
@@ -172,6 +172,20 @@ def test_gluon_backward_matches_float64(B, H, G, T, S, D, causal, dtype):
     check_backward(q, k, v, do, causal=causal)
 
 
+ATOMIC_CASES = [CASES[i] for i in (1, 3, 4, 5, 6, 7, 8)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", ATOMIC_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
+                              for c in ATOMIC_CASES])
+def test_gluon_backward_atomic_dq(B, H, G, T, S, D, causal, dtype):
+    """deterministic=False: dQ shares added by atomics in the dK/dV kernel, same accuracy."""
+    q, k, v, do = make_inputs(B, H, G, T, S, D, dtype)
+    check_backward(q, k, v, do, causal=causal, label="atomic", deterministic=False)
+
+
 @pytest.mark.gpu
 @hopper
 def test_rows_that_see_no_key():
@@ -179,10 +193,11 @@ def test_rows_that_see_no_key():
     add nothing to dk, dv; out and lse from the float64 reference (the tl forward needs T <= S)."""
     q, k, v, do = make_inputs(1, 4, 2, 300, 77, 64, torch.bfloat16)
     out, lse, *want = reference(q, k, v, do, causal=True)
-    got = gluon_backward(do, q, k, v, out.to(q.dtype), lse.float(), causal=True)
-    assert (got[0][:, :, :223] == 0).all()
-    for name, ref, g in zip(("dq", "dk", "dv"), want, got):
-        assert_close(f"no-key-{name}", ref, g, RATIO[q.dtype])
+    for deterministic in (True, False):
+        got = gluon_backward(do, q, k, v, out.to(q.dtype), lse.float(), causal=True, deterministic=deterministic)
+        assert (got[0][:, :, :223] == 0).all()
+        for name, ref, g in zip(("dq", "dk", "dv"), want, got):
+            assert_close(f"no-key-{name}-{deterministic}", ref, g, RATIO[q.dtype])
 
 
 TILES = {"dkdv_tile": [(64, 128, 2, 8), (32, 128, 2, 8), (64, 64, 2, 4), (64, 128, 3, 8)],
