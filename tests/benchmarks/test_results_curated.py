@@ -25,10 +25,10 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "pope-backward-tuning": "pope_backward_tuning.py", "train": "train_throughput.py",
            "small-models": "small_models.py", "ensemble": "ensemble.py", "gpu-sharing": "gpu_sharing.py",
            "scaling": "scaling.py", "orchestrator-overhead": "orchestrator_overhead.py",
-           "grid-efficiency": "grid_efficiency.py",
+           "grid-efficiency": "grid_efficiency.py", "encoding-walk": "encoding_walk.py",
            "gpu-tests": None}   # the GPU test suite through run_on_gpu.sh: a .md only
 CARDS = ("h200", "cpu")
-CARDLESS = {"orchestrator-overhead"}   # measures the orchestrator on the CPU machine, no card
+CARDLESS = {"orchestrator-overhead", "encoding-walk"}   # measure our code on the CPU machine, no card
 # flags that set how long, where or against what a run is written, not what it measures
 NOT_CONFIG = {"--out", "--versus", "--warmup", "--iters", "--steps", "--budget-s", "--pack-steps",
               "--seconds", "--work-dir"}
