@@ -107,7 +107,7 @@ if _IMPORT_ERROR is None:
 
     @gluon.constexpr_function
     def _dq_part_layout(num_warps, block_m, d):
-        """Accumulator of a [block_m, d] dQ share: warpgroups along M up to block_m // 64, the rest
+        """Accumulator of a [block_m, d] dQ chunk: warpgroups along M up to block_m // 64, the rest
         of the warps split d (wgmma takes 64 rows a warpgroup)."""
         wm = min(num_warps, block_m // 16)
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[wm, num_warps // wm],
@@ -156,6 +156,7 @@ if _IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         BLOCK_N: gl.constexpr = k_smem.shape[0]
         HEAD_D: gl.constexpr = k_smem.shape[1]
+        DQ_CHUNK: gl.constexpr = dq_layout.instr_shape[1] * dq_layout.warps_per_cta[1]
         slot = it % STAGES
         m0 = (lo + it % nblk) * BLOCK_M
         bh = bh0 + it // nblk
@@ -179,11 +180,18 @@ if _IMPORT_ERROR is None:
             ds_smem.store(dst.to(k_smem.dtype))
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem, q_smem.index(slot), dk, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, dq_layout),
+            # dQ in column chunks of DQ_CHUNK: the share and its atomics' addresses stay small
+            # beside the dK, dV accumulators (D = 128 spilled 320 B in one piece)
+            zero_dq = gl.zeros([BLOCK_M, DQ_CHUNK], gl.float32, dq_layout)
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(0, DQ_CHUNK, dim=1), zero_dq,
                                    use_acc=False, is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
             _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
-            _dq_share(dq_ptr, dq * sm_scale, bh, m0, T, dq_layout)
+            _dq_share(dq_ptr, dq * sm_scale, bh, m0, 0, T, HEAD_D, dq_layout)
+            for c in gl.static_range(1, HEAD_D // DQ_CHUNK):
+                dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, dim=1), zero_dq,
+                                   use_acc=False)
+                _dq_share(dq_ptr, dq * sm_scale, bh, m0, c * DQ_CHUNK, T, HEAD_D, dq_layout)
         else:
             dk_tok = warpgroup_mma(_a_operand(dst, k_smem.dtype, kv_layout), q_smem.index(slot), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
@@ -191,12 +199,12 @@ if _IMPORT_ERROR is None:
         return dk, dv
 
     @gluon.jit
-    def _dq_share(dq_ptr, dq, bh, m0, T, layout: gl.constexpr):
-        """Rows m0.. of head bh of the fp32 dQ buffer += dq (relaxed atomics; rows past T belong to
-        the next head and are left out)."""
+    def _dq_share(dq_ptr, dq, bh, m0, c0, T, HEAD_D: gl.constexpr, layout: gl.constexpr):
+        """Rows m0.., columns c0.. of head bh of the fp32 dQ buffer [*, HEAD_D] += dq (relaxed
+        atomics; rows past T belong to the next head and are left out)."""
         r = m0 + gl.arange(0, dq.shape[0], layout=gl.SliceLayout(1, layout))
-        c = gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, layout))
-        ptrs = dq_ptr + (bh.to(gl.int64) * T + r)[:, None] * dq.shape[1] + c[None, :]
+        c = c0 + gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, layout))
+        ptrs = dq_ptr + (bh.to(gl.int64) * T + r)[:, None] * HEAD_D + c[None, :]
         gl.atomic_add(ptrs, dq, mask=(r < T)[:, None], sem="relaxed")
 
     @gluon.jit
@@ -226,7 +234,7 @@ if _IMPORT_ERROR is None:
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
         kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
-        dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, HEAD_D)
+        dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, min(HEAD_D, 64))
         n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
         i_bg = gl.program_id(1)
         bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
