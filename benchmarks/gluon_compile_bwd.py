@@ -57,11 +57,15 @@ def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], c
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel = bwd.gluon_flash_bwd_dq_kernel if kernel_name == "dq" else bwd.gluon_flash_bwd_dkdv_kernel
+    ws = kernel_name.endswith("-ws")
+    kernel = {"dq": bwd.gluon_flash_bwd_dq_kernel, False: bwd.gluon_flash_bwd_dkdv_kernel,
+              True: bwd.gluon_flash_bwd_dkdv_ws_kernel}["dq" if kernel_name == "dq" else ws]
     sig = _signature(kernel_name, D, tile, dtype)
     consts = {"CAUSAL": causal, "STAGES": tile[2], "num_warps": tile[3]}
-    if kernel_name != "dq":  # "dkdv-atomic": the dK/dV kernel that also adds dQ shares
-        consts["ATOMIC_DQ"] = kernel_name == "dkdv-atomic"
+    if kernel_name != "dq":  # "-atomic": the dK/dV kernel that also adds dQ shares; "-ws": producer warp
+        consts["ATOMIC_DQ"] = "-atomic" in kernel_name
+    if ws:
+        consts["PRODUCER_REGS"] = bwd.PRODUCER_REGS
     names = kernel.arg_names
     sig = {n: ("constexpr" if n in consts else sig[n]) for n in names}
     src = GluonASTSource(kernel, sig, constexprs={(names.index(n),): c for n, c in consts.items()})
@@ -84,7 +88,7 @@ def parse_tile(text: str) -> tuple[int, int, int, int]:
     return parts
 
 
-KERNELS = ("dkdv", "dq", "dkdv-atomic")
+KERNELS = ("dkdv", "dq", "dkdv-atomic", "dkdv-ws", "dkdv-atomic-ws")
 
 
 def compile_check(dims=bwd.HEAD_DIMS, kernels=KERNELS, tiles=None, causal=(1, 0), dtypes=("bf16",)) -> int:

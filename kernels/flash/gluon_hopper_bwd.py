@@ -23,6 +23,12 @@ Two kernels, as the `tl` core's (FA2's split, no atomics, hence deterministic):
 also stores dS^T to shared memory and adds dQ_i += dS_i K, read as wgmma's transposed A operand, to
 an fp32 buffer by atomics, whose order varies run to run.
 
+`warp_specialize=True` runs the dK/dV kernel's loads in a one-warp producer partition
+(gl.warp_specialize, PRODUCER_REGS registers) that refills ring slots as the wgmma warps release
+them through "empty" mbarriers; the wgmma warps get 240 registers a thread (setmaxnreg), and ptxas
+reports no spill at D = 128, where the single-partition kernel spills 12 bytes
+(benchmarks/gluon_compile_bwd.py).
+
 Rows are keys in dK/dV and queries in dQ, so every product has its long side as the wgmma M (64
 rows a warpgroup). Delta = rowsum(dO * O) comes from the `tl` row kernel (triton_common.do_o_rows).
 Causal programs visit only blocks with a visible pair and mask only the diagonal ones; reads past T
@@ -65,6 +71,7 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # (benchmarks/gluon_compile_bwd.py) prints registers and spills of each.
 DKDV_TILES = {64: (64, 128, 2, 8), 128: (64, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
+PRODUCER_REGS = 24  # the producer warp of the warp-specialized dK/dV kernel only issues TMA (FA3: 24-32)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
@@ -147,10 +154,10 @@ if _IMPORT_ERROR is None:
         tma.async_copy_global_to_shared(do_desc, [row, 0], bars.index(slot), do_smem.index(slot), pred=it < total)
 
     @gluon.jit
-    def _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, q_desc,
-                   do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, MASKED: gl.constexpr,
-                   ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr, st_layout: gl.constexpr, kv_layout: gl.constexpr,
-                   dq_layout: gl.constexpr):
+    def _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem, bars, empty,
+                   q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, MASKED: gl.constexpr,
+                   ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, st_layout: gl.constexpr,
+                   kv_layout: gl.constexpr, dq_layout: gl.constexpr):
         """One query block of the dK/dV schedule (module docstring); MASKED: the causal diagonal;
         ATOMIC_DQ: dS^T also goes through shared memory to add this block's dQ share (`_dq_share`)."""
         BLOCK_M: gl.constexpr = q_smem.shape[1]
@@ -186,7 +193,7 @@ if _IMPORT_ERROR is None:
             dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(0, DQ_CHUNK, dim=1), zero_dq,
                                    use_acc=False, is_async=True)
             dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
-            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+            _release_qdo(q_desc, do_desc, bars, empty, q_smem, do_smem, it, nblk, lo, bh0, T, total, STAGES, WS)
             _dq_share(dq_ptr, dq * sm_scale, bh, m0, 0, T, HEAD_D, dq_layout)
             for c in gl.static_range(1, HEAD_D // DQ_CHUNK):
                 dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem.slice(c * DQ_CHUNK, DQ_CHUNK, dim=1), zero_dq,
@@ -195,8 +202,19 @@ if _IMPORT_ERROR is None:
         else:
             dk_tok = warpgroup_mma(_a_operand(dst, k_smem.dtype, kv_layout), q_smem.index(slot), dk, is_async=True)
             dv, dk = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok))
-            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+            _release_qdo(q_desc, do_desc, bars, empty, q_smem, do_smem, it, nblk, lo, bh0, T, total, STAGES, WS)
         return dk, dv
+
+    @gluon.jit
+    def _release_qdo(q_desc, do_desc, bars, empty, q_smem, do_smem, it, nblk, lo, bh0, T, total,
+                     STAGES: gl.constexpr, WS: gl.constexpr):
+        """Slot it % STAGES is read: refill it with step it + STAGES, or (WS) tell the producer,
+        once every consumer warp is past its wgmma."""
+        if WS:
+            gl.thread_barrier()
+            mbarrier.arrive(empty.index(it % STAGES))
+        else:
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it + STAGES, nblk, lo, bh0, T, total, STAGES)
 
     @gluon.jit
     def _dq_share(dq_ptr, dq, bh, m0, c0, T, HEAD_D: gl.constexpr, layout: gl.constexpr):
@@ -222,6 +240,79 @@ if _IMPORT_ERROR is None:
         return lo, gl.maximum(mid, lo), n_qb
 
     @gluon.jit
+    def _dkdv_setup(q_desc, k_desc, H, GROUP, T, S, CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr,
+                    STAGES: gl.constexpr):
+        """Block bounds, shared memory and barriers of one dK/dV program (K/V resident, Q/dO ring,
+        dS^T for ATOMIC_DQ; `empty` barriers tell a producer partition which slots are read)."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
+        i_bg = gl.program_id(1)
+        bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
+        lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
+        ds_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N if ATOMIC_DQ else 16, BLOCK_M], ds_layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+        return n0, i_bg, bh0, lo, mid, n_qb - lo, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty
+
+    @gluon.jit
+    def _load_kv_once(k_desc, v_desc, kv_bar, k_smem, v_smem, row):
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(v_desc, [row, 0], kv_bar, v_smem)
+
+    @gluon.jit
+    def _dkdv_produce(q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, bars, empty, kv_row,
+                      nblk, lo, bh0, T, total, STAGES: gl.constexpr):
+        """Producer partition (one warp): K, V once, then Q, dO of every step into the ring, each
+        slot once the consumers have released its previous contents."""
+        _load_kv_once(k_desc, v_desc, kv_bar, k_smem, v_smem, kv_row)
+        for it in range(total):
+            mbarrier.wait(empty.index(it % STAGES), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, it, nblk, lo, bh0, T, total, STAGES)
+
+    @gluon.jit
+    def _dkdv_consume(q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty, lse_ptr, dlt_ptr,
+                      dk_ptr, dv_ptr, dq_ptr, n0, i_bg, bh0, lo, mid, nblk, T, S, GROUP, qk_scale, sm_scale,
+                      CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
+                      num_warps: gl.constexpr):
+        """The wgmma warps: every query block of every head of the group, then the epilogue."""
+        BLOCK_M: gl.constexpr = q_smem.shape[1]
+        BLOCK_N: gl.constexpr = k_smem.shape[0]
+        HEAD_D: gl.constexpr = k_smem.shape[1]
+        st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
+        kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, min(HEAD_D, 64))
+        total = GROUP * nblk
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+        mbarrier.wait(kv_bar, 0)
+        for hg in range(GROUP):  # every query head reading this kv head: no atomics on dK, dV
+            base = hg * nblk
+            for it in range(base, base + mid - lo):  # diagonal blocks
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
+                                    bars, empty, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale,
+                                    CAUSAL, ATOMIC_DQ, STAGES, WS, st_layout, kv_layout, dq_layout)
+            for it in range(base + mid - lo, base + nblk):  # fully visible blocks
+                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
+                                    bars, empty, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale,
+                                    False, ATOMIC_DQ, STAGES, WS, st_layout, kv_layout, dq_layout)
+        _store_rows(dk_ptr, dk * sm_scale, i_bg.to(gl.int64) * S, n0, S, num_warps)
+        _store_rows(dv_ptr, dv, i_bg.to(gl.int64) * S, n0, S, num_warps)
+
+    @gluon.jit
     def gluon_flash_bwd_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr, dv_ptr, dq_ptr,
                                     T, S, H, GROUP, qk_scale, sm_scale,
                                     CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr,
@@ -229,57 +320,31 @@ if _IMPORT_ERROR is None:
         """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of
         every query head of its group; descriptors over the contiguous [B*H*T, D] / [B*G*S, D] views.
         ATOMIC_DQ: also adds every block's dQ share to dq_ptr (fp32 [B*H*T, D], zeroed)."""
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
-        kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
-        dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, min(HEAD_D, 64))
-        n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
-        i_bg = gl.program_id(1)
-        bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
-        lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
-        nblk = n_qb - lo
-        total = GROUP * nblk
-
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [BLOCK_N, HEAD_D], v_desc.layout)
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
-        ds_smem = gl.allocate_shared_memory(k_desc.dtype, [BLOCK_N if ATOMIC_DQ else 16, BLOCK_M], ds_layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
+        n0, i_bg, bh0, lo, mid, nblk, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty = _dkdv_setup(
+            q_desc, k_desc, H, GROUP, T, S, CAUSAL, ATOMIC_DQ, STAGES)
+        _load_kv_once(k_desc, v_desc, kv_bar, k_smem, v_smem, i_bg * S + n0)
         for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        fence_async_shared()
+            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, i, nblk, lo, bh0, T, GROUP * nblk, STAGES)
+        _dkdv_consume(q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty, lse_ptr, dlt_ptr,
+                      dk_ptr, dv_ptr, dq_ptr, n0, i_bg, bh0, lo, mid, nblk, T, S, GROUP, qk_scale, sm_scale,
+                      CAUSAL, ATOMIC_DQ, STAGES, False, num_warps)
 
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [i_bg * S + n0, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [i_bg * S + n0, 0], kv_bar, v_smem)
-        for i in gl.static_range(STAGES):
-            _load_qdo(q_desc, do_desc, bars, q_smem, do_smem, i, nblk, lo, bh0, T, total, STAGES)
-
-        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
-        mbarrier.wait(kv_bar, 0)
-        for hg in range(GROUP):  # every query head reading this kv head: no atomics
-            base = hg * nblk
-            for it in range(base, base + mid - lo):  # diagonal blocks
-                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
-                                    bars, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, CAUSAL,
-                                    ATOMIC_DQ, STAGES, st_layout, kv_layout, dq_layout)
-            for it in range(base + mid - lo, base + nblk):  # fully visible blocks
-                dk, dv = _dkdv_step(it, nblk, lo, bh0, T, S, total, dk, dv, k_smem, v_smem, q_smem, do_smem, ds_smem,
-                                    bars, q_desc, do_desc, lse_ptr, dlt_ptr, dq_ptr, n0, qk_scale, sm_scale, False,
-                                    ATOMIC_DQ, STAGES, st_layout, kv_layout, dq_layout)
-
-        mbarrier.invalidate(kv_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-        _store_rows(dk_ptr, dk * sm_scale, i_bg.to(gl.int64) * S, n0, S, num_warps)
-        _store_rows(dv_ptr, dv, i_bg.to(gl.int64) * S, n0, S, num_warps)
+    @gluon.jit
+    def gluon_flash_bwd_dkdv_ws_kernel(q_desc, do_desc, k_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr, dv_ptr, dq_ptr,
+                                       T, S, H, GROUP, qk_scale, sm_scale,
+                                       CAUSAL: gl.constexpr, ATOMIC_DQ: gl.constexpr, STAGES: gl.constexpr,
+                                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """`gluon_flash_bwd_dkdv_kernel` with the loads in a one-warp producer partition holding
+        PRODUCER_REGS registers a thread (FA3's producer / consumer split)."""
+        n0, i_bg, bh0, lo, mid, nblk, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty = _dkdv_setup(
+            q_desc, k_desc, H, GROUP, T, S, CAUSAL, ATOMIC_DQ, STAGES)
+        gl.warp_specialize([
+            (_dkdv_consume, (q_desc, do_desc, k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, bars, empty, lse_ptr,
+                             dlt_ptr, dk_ptr, dv_ptr, dq_ptr, n0, i_bg, bh0, lo, mid, nblk, T, S, GROUP, qk_scale,
+                             sm_scale, CAUSAL, ATOMIC_DQ, STAGES, True, num_warps)),
+            (_dkdv_produce, (q_desc, do_desc, k_desc, v_desc, k_smem, v_smem, q_smem, do_smem, kv_bar, bars, empty,
+                             i_bg * S + n0, nblk, lo, bh0, T, GROUP * nblk, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
     # ------------------------------------------------------------------------- dQ
 
@@ -412,13 +477,14 @@ def _check_tile(tile: tuple[int, int, int, int]) -> None:
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, *, scale: float, causal: bool, dkdv_tile: tuple | None = None,
                     dq_tile: tuple | None = None, grads: tuple | None = None,
-                    deterministic: bool = True) -> tuple[torch.Tensor, ...]:
+                    deterministic: bool = True, warp_specialize: bool = False) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in the inputs' dtype of out = softmax(scale q k^T, index-causal) v, given dO,
     the forward's out and lse (log2 units, `triton_flash.flash_fwd`'s). q [B,H,T,D], k, v [B,G,S,D];
     `supported` must hold. dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
     DKDV_TILES[D] / DQ_TILES[D]; grads: optional preallocated contiguous (dq, dk, dv) (tests poison
     them). deterministic=False: no dQ kernel; the dK/dV kernel adds each block's dQ share to an fp32
-    buffer by atomics (FA3's schedule: S and dP computed once; the sum's order varies run to run)."""
+    buffer by atomics (FA3's schedule: S and dP computed once; the sum's order varies run to run).
+    warp_specialize: the dK/dV kernel's loads run in a one-warp producer partition."""
     reason = supported(q, k, v)
     if reason is not None:
         raise ValueError(f"gluon_flash_bwd: {reason}")
@@ -440,10 +506,13 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     cfg = {"qk_scale": scale * LOG2E, "sm_scale": scale}
     dq_acc = dlt if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     bm, bn, stages, warps = dkdv_tile
-    gluon_flash_bwd_dkdv_kernel[(triton.cdiv(S, bn), B * G)](
+    kernel, extra = gluon_flash_bwd_dkdv_kernel, {}
+    if warp_specialize:
+        kernel, extra = gluon_flash_bwd_dkdv_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
+    kernel[(triton.cdiv(S, bn), B * G)](
         descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
         T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), ATOMIC_DQ=not deterministic, STAGES=stages,
-        num_warps=warps)
+        num_warps=warps, **extra)
     if not deterministic:
         dq.copy_(dq_acc)
         return dq, dk, dv

@@ -5,7 +5,7 @@ GPU (`gpu`, sm_90 only): dq, dk, dv against the float64 reference's autograd gra
 RMS error, and no worse than the Triton `tl` backward's own error), equal to the `tl` backward's
 within bf16/fp16 rounding, from the lse of the `tl` forward; NaN-poisoned gradient buffers, lengths
 no block divides, T < S, T > S (rows that see no key), GQA, both widths and dtypes, causal and not,
-every shipped tile, bitwise repeatable.
+every shipped tile, bitwise repeatable; the atomic-dQ and warp-specialized variants likewise.
 """
 
 from __future__ import annotations
@@ -186,6 +186,21 @@ def test_gluon_backward_atomic_dq(B, H, G, T, S, D, causal, dtype):
     check_backward(q, k, v, do, causal=causal, label="atomic", deterministic=False)
 
 
+WS_CASES = [CASES[i] for i in (0, 2, 3, 5, 8, 9)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("deterministic", [True, False], ids=["dq-kernel", "atomic-dq"])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", WS_CASES,
+                         ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
+                              for c in WS_CASES])
+def test_gluon_backward_warp_specialized(B, H, G, T, S, D, causal, dtype, deterministic):
+    """warp_specialize=True: the dK/dV kernel's loads in a producer warp, same gradients."""
+    q, k, v, do = make_inputs(B, H, G, T, S, D, dtype)
+    check_backward(q, k, v, do, causal=causal, label="ws", deterministic=deterministic, warp_specialize=True)
+
+
 @pytest.mark.gpu
 @hopper
 def test_rows_that_see_no_key():
@@ -193,11 +208,12 @@ def test_rows_that_see_no_key():
     add nothing to dk, dv; out and lse from the float64 reference (the tl forward needs T <= S)."""
     q, k, v, do = make_inputs(1, 4, 2, 300, 77, 64, torch.bfloat16)
     out, lse, *want = reference(q, k, v, do, causal=True)
-    for deterministic in (True, False):
-        got = gluon_backward(do, q, k, v, out.to(q.dtype), lse.float(), causal=True, deterministic=deterministic)
+    for deterministic, ws in ((True, False), (False, False), (True, True)):
+        got = gluon_backward(do, q, k, v, out.to(q.dtype), lse.float(), causal=True, deterministic=deterministic,
+                             warp_specialize=ws)
         assert (got[0][:, :, :223] == 0).all()
         for name, ref, g in zip(("dq", "dk", "dv"), want, got):
-            assert_close(f"no-key-{name}-{deterministic}", ref, g, RATIO[q.dtype])
+            assert_close(f"no-key-{name}-{deterministic}-{ws}", ref, g, RATIO[q.dtype])
 
 
 TILES = {"dkdv_tile": [(64, 128, 2, 8), (32, 128, 2, 8), (64, 64, 2, 4), (64, 128, 3, 8)],
