@@ -18,6 +18,9 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
                    compiled once per length and mode, the compile excluded from the timing)
     flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
                    the PoPE expand path runs on, against cuDNN / FlashAttention-2
+    flash-gluon    the Gluon Hopper forward of the same core (kernels/flash/gluon_hopper.py: TMA,
+                   async wgmma, FA3's intra-warpgroup overlap); its fwd+bwd row runs flash-plain's
+                   Triton backward on the Gluon forward's out and lse; sm_90 only, else an error row
     flex-plain     compiled FlexAttention, causal block mask, no score_mod (the score-mod baseline)
     flex-alibi     the same with ALiBi as a score_mod (fixed slopes: 2**(-8j/H))
     flex-learned   the same with a score_mod reading a learnable per-head slope (requires_grad): the
@@ -79,7 +82,8 @@ OPTIONS = AttentionOptions(autotune=True)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-flex": "pope",
-               "flash-plain": "plain", "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
+               "flash-plain": "plain", "flash-gluon": "plain",
+               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
                "tapa-public": "tapa", "flex-plain": "plain", "flex-alibi": "plain", "flex-learned": "plain",
                "relbias-alibi": "plain", "relbias-learned": "plain"}
 
@@ -197,6 +201,15 @@ def flash_plain(q, k, v, pos, ctx):
     return flash_attention(q, k, v, causal=True, options=ctx["options"])
 
 
+def flash_gluon(q, k, v, pos, ctx):
+    from phaselab.kernels.flash import gluon_hopper
+
+    reason = gluon_hopper.supported(q, k, v)
+    if reason is not None:
+        raise RuntimeError(f"gluon core: {reason}")
+    return gluon_hopper.gluon_flash_attention(q, k, v, causal=True, autotune=ctx["options"].autotune)
+
+
 def pope_unfused(q, k, v, pos, ctx):
     qh, kh = pope_reference.pope_expand(q, k, pos_q_BT=pos, pos_k_BS=pos, inv_freq_D=ctx["inv_freq"],
                                    delta_HD=ctx["delta"])
@@ -245,7 +258,7 @@ def tapa_public(q, k, v, pos, ctx):
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand, "pope-cudnn": pope_cudnn,
            "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-cudnn-dv": pope_expand_cudnn_dv,
-           "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain,
+           "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain, "flash-gluon": flash_gluon,
            "tapa-fused": tapa_fused,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material,
