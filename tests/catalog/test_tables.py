@@ -131,6 +131,16 @@ def test_aggregation_numbers_bold_holes_and_missing_seeds() -> None:
     assert "| alibi | — |" in md
 
 
+def test_footnote_names_the_seeds_used_where_they_are_not_the_specs() -> None:
+    from phaselab.catalog.reports.tables.spec import render_markdown
+
+    five = build(_ii_spec(), _rows({("pope", s): v for s, v in enumerate((0.8, 0.3, 0.9, 0.7, 0.9))}))
+    assert five.cells[(("pope",), "ii")].n == 5
+    assert "over seeds {0, 1, 2, 3, 4} (the spec expects {0, 1, 2});" in render_markdown(five, NOW)
+    three = build(_ii_spec(), _rows({("pope", s): 0.9 for s in (0, 1, 2)}))
+    assert "over seeds {0, 1, 2};" in render_markdown(three, NOW)
+
+
 def test_gap_to_paper_row_per_result_with_a_paper_number() -> None:
     from phaselab.catalog.reports.tables.spec import render_latex, render_markdown
 

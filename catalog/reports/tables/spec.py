@@ -5,9 +5,10 @@ seeds). A :class:`TableSpec` binds rows and columns to fields of ``CatalogStore.
 rows: ``axes.<name>`` for a grid axis (``axes.pe``, ``axes.size``, ``axes.seed``, ...) or a
 metric field (``context_len``, ``task``, ``split``, ``stage_kind``, ``role``, ...).
 
-Aggregation: per (row, column) the values of the expected seeds → mean ± sample std (ddof=1),
+Aggregation: per (row, column) the values of every seed found → mean ± sample std (ddof=1),
 with n. A cell with no value is a **hole** (``—``); a cell with fewer seeds than expected says so
-(``(n=2/3)``); nothing is silently dropped. Two values for the same (row, column, seed) are an
+(``(n=2/3)``); nothing is silently dropped, and the footnote names the seeds used where they are
+not the spec's. Two values for the same (row, column, seed) are an
 error naming both stages: the spec must filter more tightly (``where``).
 
 Rendering: the best mean per column (within ``bold_group`` if set) is bold; the published numbers
@@ -129,6 +130,7 @@ class BuiltTable:
     also: list[tuple[str, BuiltTable]] = field(default_factory=list)   # (label, its rows) with values
     # what ran, over the input stages: field of catalog.store.fingerprint.what_ran -> distinct values
     ran: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    seeds_used: tuple[Any, ...] = ()       # every seed that gave a value, in str order
 
     def best(self) -> set[tuple[tuple[Any, ...], Any]]:
         """(row key, column) of the bold cells: best mean per column within its bold group."""
@@ -208,8 +210,9 @@ def build(spec: TableSpec, rows: Sequence[Mapping[str, Any]], *, grid_hash: str 
         if sub.cells:
             also.append((label, sub))
             inputs |= sub.inputs
+    seeds_used = tuple(sorted({s for (_, _, s) in per_seed}, key=str))
     return BuiltTable(spec, row_keys, cells, summary, inputs, grid_hash, revision,
-                      _selection(spec, rows, per_seed), also)
+                      _selection(spec, rows, per_seed), also, seeds_used=seeds_used)
 
 
 def _selection(spec: TableSpec, rows: Sequence[Mapping[str, Any]], per_seed: Mapping
@@ -280,12 +283,14 @@ def _ref_text(value: float | tuple[float, float] | None, decimals: int, pm: str,
 def footnote(t: BuiltTable, built_at: datetime, *, code: str = "`") -> str:
     spec = t.spec
     hashes = sorted(h[:12] for h in t.inputs)
-    seeds = ", ".join(map(str, spec.seeds))
+    over = "{" + ", ".join(map(str, spec.seeds)) + "}"
+    if t.seeds_used and set(t.seeds_used) != set(spec.seeds):
+        over = "{" + ", ".join(map(str, t.seeds_used)) + f"}} (the spec expects {over})"
     names = ", ".join(f"{code}{g}{code}" for g in spec.grids)
     source = f"Source: phaselab catalog, grid{'s' if spec.extra_grids else ''} {names}"
     parts = [source + (f" (hash {t.grid_hash})" if t.grid_hash else ""),
              f"Alembic revision {t.revision or '?'}", f"built {built_at.isoformat(timespec='seconds')}",
-             f"mean ± sample std over seeds {{{seeds}}}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
+             f"mean ± sample std over seeds {over}; {HOLE_MD} = no result; (n=k/N) = seeds missing"]
     if spec.reference:
         parts.append(f"(paper) rows: {spec.reference_source}; (gap to paper) = 100 (ours - paper) / paper")
     if t.selection:
