@@ -77,5 +77,5 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
     if name not in _PRESETS:
         raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESET_NAMES)}")
     plain = {k: to_dict(v) if not isinstance(v, Mapping) else v for k, v in overrides.items()}
-    base = to_dict(from_dict(ModelConfig, _PRESETS[name], path=f"preset[{name}]"))
-    return from_dict(ModelConfig, merge(base, plain), path=f"preset[{name}]")
+    # one conversion: from_dict fills every field the preset and the overrides leave out
+    return from_dict(ModelConfig, merge(_PRESETS[name], plain), path=f"preset[{name}]")
