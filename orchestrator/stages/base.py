@@ -121,7 +121,7 @@ def normalize_model(raw: Mapping[str, Any]) -> dict:
 
         names = list(presets.PRESET_NAMES)
         try:
-            base = to_dict(presets.preset(name))
+            base = presets.preset_fields(name)   # converted once, with the overrides, below
         except (KeyError, ValueError) as err:
             raise SectionError("model.preset", f"unknown model preset {name!r} ({err})",
                                suggest(str(name), names)) from None

@@ -24,6 +24,7 @@ Excluding the embedding (`num_params(exclude_embeddings=True)`): 84,953,856; 201
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,11 +72,17 @@ _PRESETS: dict[str, dict[str, Any]] = {
 PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
 
+def preset_fields(name: str) -> dict[str, Any]:
+    """The fields preset `name` sets, as a fresh plain mapping (the rest are ModelConfig's
+    defaults); unknown names raise ValueError."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESET_NAMES)}")
+    return copy.deepcopy(_PRESETS[name])
+
+
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The ModelConfig of preset `name`, with field overrides (nested mappings are merged; config
     dataclass instances replace the whole sub-config). Unknown names/keys raise ValueError."""
-    if name not in _PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; known: {', '.join(PRESET_NAMES)}")
     plain = {k: to_dict(v) if not isinstance(v, Mapping) else v for k, v in overrides.items()}
     # one conversion: from_dict fills every field the preset and the overrides leave out
-    return from_dict(ModelConfig, merge(_PRESETS[name], plain), path=f"preset[{name}]")
+    return from_dict(ModelConfig, merge(preset_fields(name), plain), path=f"preset[{name}]")
