@@ -8,6 +8,10 @@ where the local Triton is another version, e.g. with a 3.6.0 install on PYTHONPA
 
     PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile.py
     python benchmarks/gluon_compile.py --dims 128 --tiles 128x64x2x8 128x128x2x8 --causal 1
+
+On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens
+a batch, CUDA events, median of 30) against SDPA cuDNN at those lengths: the tile sweep behind
+gluon_hopper.TILES.
 """
 
 from __future__ import annotations
@@ -73,6 +77,34 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype
             "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
 
 
+def time_forward(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, ws: bool = False) -> float:
+    """Median ms of one forward (tile None: SDPA cuDNN) at B = 65536 // N, H = 16, bf16."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    if tile is None:
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    else:
+        def fn():
+            gluon_hopper.gluon_flash_fwd(q, k, v, scale=D**-0.5, causal=causal, tile=tile, warp_specialize=ws)
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
 def parse_tile(text: str) -> tuple[int, int, int, int]:
     parts = tuple(int(x) for x in text.split("x"))
     if len(parts) != 4:
@@ -84,10 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", type=int, nargs="+", default=list(gluon_hopper.HEAD_DIMS))
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
-                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_hopper.TILES[D] of each D)")
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_hopper.TILES[D], TILES_WS[D] for ws)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
-    p.add_argument("--variants", nargs="+", default=["pipelined"], choices=["pipelined"])
+    p.add_argument("--variants", nargs="+", default=["pipelined", "ws"], choices=["pipelined", "ws"])
+    p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
+                   help="on an sm_90 GPU, also time each variant's forward at these lengths against cuDNN")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("gluon_compile.py compiles for sm_90a: unset TRITON_INTERPRET")
@@ -101,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = 0
     for variant in args.variants:
         for D in args.dims:
-            for tile in args.tiles or [gluon_hopper.TILES[D]]:
+            for tile in args.tiles or [(gluon_hopper.TILES_WS if variant == "ws" else gluon_hopper.TILES)[D]]:
                 for causal in args.causal:
                     for dt in args.dtypes:
                         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
@@ -116,6 +150,10 @@ def main(argv: list[str] | None = None) -> None:
                               f"{r['bar_sync']} | {r['wgmma_wait']} |")
                         for w in r["warnings"]:
                             print(f"  ptxas: {w}")
+                        for N in args.time if dt == "bf16" else []:
+                            ms, ref = time_forward(D, N, tile, bool(causal), variant == "ws"), \
+                                time_forward(D, N, None, bool(causal))
+                            print(f"  N={N}: {ms:.3f} ms, cuDNN {ref:.3f} ms, x cuDNN {ms / ref:.2f}")
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
 

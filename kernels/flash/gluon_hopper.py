@@ -24,9 +24,10 @@ warpgroups read every slot; Triton's shared-memory barrier analysis puts a CTA b
 refill, so neither overwrites what the other still reads. Causal programs visit only key blocks
 that some of their queries see and mask only the diagonal ones; query blocks run longest-first.
 
-`warp_specialize=True` runs the loads in a one-warp producer partition (gl.warp_specialize) that
-refills slots as the consumer warps release them through "empty" mbarriers, the softmax
-warpgroups keeping the register-resident schedule above.
+`warp_specialize=True` runs the loads in a one-warp producer partition (gl.warp_specialize, 24
+registers a thread, setmaxnreg) that refills slots as the softmax warps release them through
+"empty" mbarriers; the softmax warps keep the schedule above. On the H200 it measured slower than
+the single-partition kernel (TILES_WS), so it is opt-in.
 
 The module imports without Gluon (CPU machines, other Triton versions): `supported` says why the
 core cannot run, and nothing Gluon runs under TRITON_INTERPRET.
@@ -58,9 +59,18 @@ except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon core here
 
 HEAD_DIMS = (64, 128)
 _DTYPES = (torch.bfloat16, torch.float16)
-# (BLOCK_M, BLOCK_N, STAGES, warps) per head dim; ptxas for sm_90a and the H200 decide
-# (benchmarks/gluon_compile.py prints registers and spills of each).
-TILES = {64: (128, 128, 2, 8), 128: (128, 128, 2, 8)}
+# (BLOCK_M, BLOCK_N, STAGES, warps) per head dim: one softmax warpgroup per CTA, 2-3 CTAs an SM.
+# H200, triton 3.6.0, causal bf16 forward, H = 16, 64k tokens a batch, x cuDNN SDPA at N = 4k / 16k
+# (benchmarks/gluon_compile.py --time 4096 16384): D = 64: 64x128x2x4 0.99 / 1.03, 64x64x2x4
+# 1.07 / 1.07, 128x128x2x8 1.45 / 1.18, 128x64x2x8 1.32 / 1.16; D = 128: 64x128x1x4 1.06 / 1.06,
+# 128x128x2x8 1.22 / 1.10, 128x64x2x8 1.33 / 1.16, 64x64x2x4 1.24 / 1.18. STAGES = 1 still overlaps:
+# K_{j+1} loads once QK^T_j retires, V_j once PV_{j-1} does, each a step ahead of its use.
+TILES = {64: (64, 128, 2, 4), 128: (64, 128, 1, 4)}
+# The warp-specialised kernel measured no better at 8 warps (D = 64: 1.41 / 1.20, D = 128: 1.28 /
+# 1.17) and worse with one softmax warpgroup (D = 64, 64x128x3x4: 1.74 / 1.49; ptxas drops its
+# maxnreg there), so it stays opt-in with its best tile.
+TILES_WS = {64: (128, 128, 2, 8), 128: (128, 128, 2, 8)}
+PRODUCER_REGS = 24  # the producer warp only issues TMA (FA3 gives its producer 24-32)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
@@ -142,9 +152,19 @@ if _IMPORT_ERROR is None:
         return gl.convert_layout(p.to(dtype), gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2))
 
     @gluon.jit
-    def _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars, v_bars, k_desc, v_desc, kv_row,
-              S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
-              s_layout: gl.constexpr, o_layout: gl.constexpr):
+    def _free_k(j, hi, k_desc, k_smem, k_bars, k_empty, kv_row, STAGES: gl.constexpr, WS: gl.constexpr):
+        """The K slot of block j is free (its QK^T retired): refill it with K_{j+STAGES}, or (WS)
+        tell the producer, once both warpgroups are past their wait."""
+        if WS:
+            gl.thread_barrier()
+            mbarrier.arrive(k_empty.index(j % STAGES), count=1)
+        else:
+            _load(k_desc, kv_row + (j + STAGES) * k_smem.shape[1], k_bars, k_smem, j + STAGES, hi, STAGES)
+
+    @gluon.jit
+    def _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars, v_bars, k_empty, v_empty,
+              k_desc, v_desc, kv_row, S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+              STAGES: gl.constexpr, WS: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block j of the software-pipelined schedule (module docstring): enters with P_{j-1}
         and its alpha in registers, leaves with P_j; O holds PV up to block j-1 on return."""
         BLOCK_M: gl.constexpr = q_smem.shape[0]
@@ -154,11 +174,11 @@ if _IMPORT_ERROR is None:
                               gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
         o_tok = _pv(o, p, alpha, v_smem, v_bars, j - 1, STAGES, o_layout)
         s = warpgroup_mma_wait(1, deps=(s_tok,))
-        _load(k_desc, kv_row + (j + STAGES) * BLOCK_N, k_bars, k_smem, j + STAGES, hi, STAGES)
+        _free_k(j, hi, k_desc, k_smem, k_bars, k_empty, kv_row, STAGES, WS)
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, j * BLOCK_N, row_lim, S, qk_scale, MASKED, CAUSAL, s_layout)
         p = _p_operand(p, k_smem.dtype, o_layout)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
-        _load(v_desc, kv_row + (j - 1 + STAGES) * BLOCK_N, v_bars, v_smem, j - 1 + STAGES, hi, STAGES)
+        _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_empty, kv_row, STAGES, WS)  # the V slot of block j-1
         return o, p, alpha, m_i, l_i
 
     @gluon.jit
@@ -195,40 +215,15 @@ if _IMPORT_ERROR is None:
         gl.store(ptrs, out, mask=(r < T)[:, None])
 
     @gluon.jit
-    def gluon_flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
-                               CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """One BLOCK_M block of query rows of one (batch, head); q/k/v descriptors over the
-        contiguous [B*H*T, D] / [B*G*S, D] views (rows of a neighbouring head read past T or S are
-        discarded or masked; TMA zero-fills past the tensor)."""
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    def _consume(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, k_desc, v_desc, o_ptr, lse_ptr,
+                 i_bh, m0, kv_row, mid, hi, T, S, qk_scale, CAUSAL: gl.constexpr, STAGES: gl.constexpr,
+                 WS: gl.constexpr, num_warps: gl.constexpr):
+        """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue."""
+        BLOCK_M: gl.constexpr = q_smem.shape[0]
+        HEAD_D: gl.constexpr = q_smem.shape[1]
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
         s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
         o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_D)
-        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
-        i_bh = gl.program_id(1)
-        m0 = i_m * BLOCK_M
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
-        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
-
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_bars.index(i), count=1)
-            mbarrier.init(v_bars.index(i), count=1)
-
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [i_bh * T + m0, 0], q_bar, q_smem)
-        for i in gl.static_range(STAGES):
-            _load(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
-        for i in gl.static_range(STAGES):
-            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
-
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         row_lim = rows + (S - T)  # the last key index each row sees (causal)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -238,26 +233,96 @@ if _IMPORT_ERROR is None:
         mbarrier.wait(k_bars.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                           use_acc=False)
-        _load(k_desc, kv_row + STAGES * BLOCK_N, k_bars, k_smem, STAGES, hi, STAGES)
+        _free_k(0, hi, k_desc, k_smem, k_bars, k_empty, kv_row, STAGES, WS)
         # block 0 always masked (it may be the diagonal or the ragged end); then the fully
         # visible blocks [1, mid) without a mask, the rest [mid, hi) masked
         p, alpha, m_i, l_i = _softmax(s, m_i, l_i, 0, row_lim, S, qk_scale, True, CAUSAL, s_layout)
         p = _p_operand(p, k_smem.dtype, o_layout)
         for j in range(1, mid):
             o, p, alpha, m_i, l_i = _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars,
-                                          v_bars, k_desc, v_desc, kv_row, S, qk_scale, False, CAUSAL, STAGES,
-                                          s_layout, o_layout)
+                                          v_bars, k_empty, v_empty, k_desc, v_desc, kv_row, S, qk_scale, False,
+                                          CAUSAL, STAGES, WS, s_layout, o_layout)
         for j in range(mid, hi):
             o, p, alpha, m_i, l_i = _step(j, hi, o, p, alpha, m_i, l_i, row_lim, q_smem, k_smem, v_smem, k_bars,
-                                          v_bars, k_desc, v_desc, kv_row, S, qk_scale, True, CAUSAL, STAGES,
-                                          s_layout, o_layout)
+                                          v_bars, k_empty, v_empty, k_desc, v_desc, kv_row, S, qk_scale, True,
+                                          CAUSAL, STAGES, WS, s_layout, o_layout)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha, v_smem, v_bars, hi - 1, STAGES, o_layout),))
-
-        mbarrier.invalidate(q_bar)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(k_bars.index(i))
-            mbarrier.invalidate(v_bars.index(i))
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
+
+    @gluon.jit
+    def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, q_row,
+                 kv_row, hi, STAGES: gl.constexpr):
+        """The producer warp: Q, then K_i and V_i in order, each into its slot once the consumers
+        released the block STAGES earlier (a fresh barrier passes the wait on parity 1)."""
+        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+        for i in range(hi):
+            phase = ((i // STAGES) & 1) ^ 1
+            mbarrier.wait(k_empty.index(i % STAGES), phase)
+            _load(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
+            mbarrier.wait(v_empty.index(i % STAGES), phase)
+            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+
+    @gluon.jit
+    def _setup(q_desc, k_desc, i_bh, T, S, H, GROUP, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """(m0, kv_row, mid, hi, Q / K / V buffers, Q's barrier, the slots' barriers) of this program."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        # ready (TMA landed) and empty (consumers done, WS only) barriers of the K and V slots
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        return i_m * BLOCK_M, kv_row, mid, hi, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty
+
+    @gluon.jit
+    def gluon_flash_fwd_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
+                               CAUSAL: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """One BLOCK_M block of query rows of one (batch, head); q/k/v descriptors over the
+        contiguous [B*H*T, D] / [B*G*S, D] views (rows of a neighbouring head read past T or S are
+        discarded or masked; TMA zero-fills past the tensor). Loads issued by the softmax warps."""
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+        i_bh = gl.program_id(1)
+        m0, kv_row, mid, hi, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty = _setup(
+            q_desc, k_desc, i_bh, T, S, H, GROUP, STAGES, CAUSAL)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [i_bh * T + m0, 0], q_bar, q_smem)
+        for i in gl.static_range(STAGES):
+            _load(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
+            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+        _consume(q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, k_desc, v_desc, o_ptr, lse_ptr,
+                 i_bh, m0, kv_row, mid, hi, T, S, qk_scale, CAUSAL, STAGES, False, num_warps)
+
+    @gluon.jit
+    def gluon_flash_fwd_ws_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
+                                  CAUSAL: gl.constexpr, STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                                  num_warps: gl.constexpr):
+        """`gluon_flash_fwd_kernel` with the loads in a one-warp producer partition holding
+        PRODUCER_REGS registers a thread (the softmax warps get the rest, setmaxnreg)."""
+        i_bh = gl.program_id(1)
+        m0, kv_row, mid, hi, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty = _setup(
+            q_desc, k_desc, i_bh, T, S, H, GROUP, STAGES, CAUSAL)
+        gl.warp_specialize([
+            (_consume, (q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, k_desc, v_desc, o_ptr,
+                        lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, CAUSAL, STAGES, True, num_warps)),
+            (_produce, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty,
+                        i_bh * T + m0, kv_row, hi, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
 
 def _gl_dtype(dtype: torch.dtype):
@@ -277,10 +342,12 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int,
 
 def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, causal: bool,
                     out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                    tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    tile: tuple[int, int, int, int] | None = None,
+                    warp_specialize: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of q [B,H,T,D], k, v [B,G,S,D]
     (`supported` must hold; scale > 0). out / lse: optional preallocated contiguous buffers (tests
-    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]."""
+    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_WS[D] with
+    warp_specialize, which loads K and V from a producer warp)."""
     reason = supported(q, k, v)
     if reason is not None:
         raise ValueError(f"gluon_flash_fwd: {reason}")
@@ -289,7 +356,7 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or TILES[D]
+    block_m, block_n, stages, warps = tile or (TILES_WS if warp_specialize else TILES)[D]
     if out is None:
         out = torch.empty_like(q)
     if lse is None:
@@ -298,9 +365,13 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
             or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError("gluon_flash_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
     q_desc, k_desc, v_desc = descriptors(q, k, v, block_m, block_n)
-    gluon_flash_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
-        q_desc, k_desc, v_desc, out, lse, T, S, H, H // G, scale * LOG2E,
-        CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+    grid = (triton.cdiv(T, block_m), B * H)
+    args = (q_desc, k_desc, v_desc, out, lse, T, S, H, H // G, scale * LOG2E)
+    if warp_specialize:
+        gluon_flash_fwd_ws_kernel[grid](*args, CAUSAL=bool(causal), STAGES=stages, PRODUCER_REGS=PRODUCER_REGS,
+                                        num_warps=warps)
+    else:
+        gluon_flash_fwd_kernel[grid](*args, CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
     return out, lse
 
 

@@ -2,7 +2,8 @@
 
 CPU: the module imports without a GPU and `supported` gives the routing reasons.
 GPU (`gpu`, sm_90 only): out and lse against float64 (relative RMS error, and no worse than the
-Triton `tl` forward's own error), NaN-poisoned output buffers, lengths no block divides, T < S,
+Triton `tl` forward's own error), NaN-poisoned output buffers, both schedules (loads by the softmax warps or a producer
+warp), lengths no block divides, T < S,
 GQA, rows that see no key, both widths and dtypes, causal and not; the lse fed to the `tl`
 backward gives the gradients of the `tl` path.
 """
@@ -92,12 +93,12 @@ def index_positions(T, S):
     return (torch.arange(T, device="cuda") + S - T)[None], torch.arange(S, device="cuda")[None]
 
 
-def gluon_forward(q, k, v, *, causal, tile=None):
+def gluon_forward(q, k, v, *, causal, tile=None, ws=False):
     """out, lse of the Gluon core into NaN-poisoned buffers (a row it skips stays NaN and fails)."""
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
     return gluon_hopper.gluon_flash_fwd(q, k, v, scale=q.shape[-1] ** -0.5, causal=causal, out=out, lse=lse,
-                                        tile=tile)
+                                        tile=tile, warp_specialize=ws)
 
 
 CASES = [  # (B, H, G, T, S, D, causal, dtype)
@@ -115,10 +116,10 @@ CASES = [  # (B, H, G, T, S, D, causal, dtype)
 RATIO = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
-def check_forward(q, k, v, *, causal, tile=None, label="gluon"):
+def check_forward(q, k, v, *, causal, tile=None, ws=False, label="gluon"):
     T, S, D = q.shape[2], k.shape[2], q.shape[-1]
     rq, rk = index_positions(T, S)
-    out, lse = gluon_forward(q, k, v, causal=causal, tile=tile)
+    out, lse = gluon_forward(q, k, v, causal=causal, tile=tile, ws=ws)
     ref = flash_reference.flash_attention(q.double(), k.double(), v.double(), pos_q_BT=rq, pos_k_BS=rk,
                                           causal=causal, compute_dtype=torch.float64)
     err = assert_close(f"{label}-out", ref, out, RATIO[q.dtype])
@@ -140,21 +141,23 @@ def check_forward(q, k, v, *, causal, tile=None, label="gluon"):
 @pytest.mark.parametrize("B,H,G,T,S,D,causal,dtype", CASES,
                          ids=[shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], dtype=c[7])
                               for c in CASES])
-def test_gluon_forward_matches_float64(B, H, G, T, S, D, causal, dtype):
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
+def test_gluon_forward_matches_float64(B, H, G, T, S, D, causal, dtype, ws):
     q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
-    check_forward(q, k, v, causal=causal)
+    check_forward(q, k, v, causal=causal, ws=ws, label="gluon-ws" if ws else "gluon")
 
 
-TILES = [(128, 64, 2, 8), (128, 128, 2, 8), (128, 64, 3, 8), (64, 64, 2, 4), (64, 128, 2, 4)]
+TILES = [(128, 64, 2, 8), (128, 128, 2, 8), (128, 64, 3, 8), (64, 64, 2, 4), (64, 128, 2, 4), (64, 128, 1, 4)]
 
 
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
 @pytest.mark.parametrize("D", [64, 128])
-def test_gluon_forward_every_tile(tile, D):
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
+def test_gluon_forward_every_tile(tile, D, ws):
     q, k, v, _ = make_inputs(1, 8, 2, 1000, 1003, D, torch.bfloat16)
-    check_forward(q, k, v, causal=True, tile=tile, label=f"gluon-{'x'.join(map(str, tile))}")
+    check_forward(q, k, v, causal=True, tile=tile, ws=ws, label=f"gluon-{'x'.join(map(str, tile))}-ws{int(ws)}")
 
 
 BWD_CASES = [(1, 8, 2, 1000, 1000, 64, True, torch.bfloat16), (1, 4, 4, 77, 300, 128, True, torch.float16),
