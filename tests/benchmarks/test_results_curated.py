@@ -26,7 +26,8 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "small-models": "small_models.py", "ensemble": "ensemble.py", "gpu-sharing": "gpu_sharing.py",
            "scaling": "scaling.py", "orchestrator-overhead": "orchestrator_overhead.py",
            "grid-efficiency": "grid_efficiency.py", "encoding-walk": "encoding_walk.py",
-           "gpu-tests": None}   # the GPU test suite through run_on_gpu.sh: a .md only
+           "gpu-tests": None,   # the GPU test suite through run_on_gpu.sh: a .md only
+           "gluon-fwd": None}   # gluon_compile.py --time: its printed table, a .md only
 CARDS = ("h200", "cpu")
 CARDLESS = {"orchestrator-overhead", "encoding-walk"}   # measure our code on the CPU machine, no card
 # flags that set how long, where or against what a run is written, not what it measures
