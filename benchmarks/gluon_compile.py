@@ -114,7 +114,7 @@ def parse_tile(text: str) -> tuple[int, int, int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_hopper.HEAD_DIMS))
+    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_hopper.gluon_common.HEAD_DIMS))
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
                    help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_hopper.TILES[D], TILES_WS[D] for ws)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("gluon_compile.py compiles for sm_90a: unset TRITON_INTERPRET")
-    if gluon_hopper._IMPORT_ERROR is not None:
-        raise SystemExit(f"no Gluon here: {gluon_hopper._IMPORT_ERROR}")
+    if gluon_hopper.gluon_common.IMPORT_ERROR is not None:
+        raise SystemExit(f"no Gluon here: {gluon_hopper.gluon_common.IMPORT_ERROR}")
     import triton
 
     print(f"triton {triton.__version__}, sm_90a")

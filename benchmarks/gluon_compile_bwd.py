@@ -91,7 +91,7 @@ def parse_tile(text: str) -> tuple[int, int, int, int]:
 KERNELS = ("dkdv", "dq", "dkdv-atomic", "dkdv-ws", "dkdv-atomic-ws")
 
 
-def compile_check(dims=bwd.HEAD_DIMS, kernels=KERNELS, tiles=None, causal=(1, 0), dtypes=("bf16",)) -> int:
+def compile_check(dims=bwd.gluon_common.HEAD_DIMS, kernels=KERNELS, tiles=None, causal=(1, 0), dtypes=("bf16",)) -> int:
     """Compile every variant, print one table row each; returns the number that failed."""
     import triton
 
@@ -122,7 +122,7 @@ def compile_check(dims=bwd.HEAD_DIMS, kernels=KERNELS, tiles=None, causal=(1, 0)
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dims", type=int, nargs="+", default=list(bwd.HEAD_DIMS))
+    p.add_argument("--dims", type=int, nargs="+", default=list(bwd.gluon_common.HEAD_DIMS))
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
                    help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: the module's tile of each kernel and D)")
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("gluon_compile_bwd.py compiles for sm_90a: unset TRITON_INTERPRET")
-    if bwd._IMPORT_ERROR is not None:
-        raise SystemExit(f"no Gluon here: {bwd._IMPORT_ERROR}")
+    if bwd.gluon_common.IMPORT_ERROR is not None:
+        raise SystemExit(f"no Gluon here: {bwd.gluon_common.IMPORT_ERROR}")
     failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.dtypes)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")

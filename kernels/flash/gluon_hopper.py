@@ -35,30 +35,23 @@ core cannot run, and nothing Gluon runs under TRITON_INTERPRET.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from phaselab.kernels.common.triton_common import LOG2E
+from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
 
-try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
-    import triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
+    from phaselab.kernels.flash.gluon_common import (
+        gl,
+        gluon,
         mbarrier,
         tma,
+        triton,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    _IMPORT_ERROR = None
-except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon core here"
-    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-HEAD_DIMS = (64, 128)
-_DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M, BLOCK_N, STAGES, warps) per head dim: one softmax warpgroup per CTA, 2-3 CTAs an SM.
 # H200, triton 3.6.0, causal bf16 forward, H = 16, 64k tokens a batch, x cuDNN SDPA at N = 4k / 16k
 # (benchmarks/gluon_compile.py --time 4096 16384): D = 64: 64x128x2x4 0.99 / 1.03, 64x64x2x4
@@ -70,34 +63,14 @@ TILES = {64: (64, 128, 2, 4), 128: (64, 128, 1, 4)}
 # 1.17) and worse with one softmax warpgroup (D = 64, 64x128x3x4: 1.74 / 1.49; ptxas drops its
 # maxnreg there), so it stays opt-in with its best tile.
 TILES_WS = {64: (128, 128, 2, 8), 128: (128, 128, 2, 8)}
-PRODUCER_REGS = 24  # the producer warp only issues TMA (FA3 gives its producer 24-32)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
-    """None when the Gluon core can run on these inputs, else a short reason (for routing logs)."""
-    if _IMPORT_ERROR is not None:
-        return f"gluon unavailable ({_IMPORT_ERROR[:80]})"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
-    if pos_q is not None or pos_k is not None:
-        return "explicit positions (the Gluon core is index-causal)"
-    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
-        return "q, k, v must be 4-D tensors"
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtype {q.dtype} (needs bf16 or fp16, one for q, k, v)"
-    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
-        return f"head dims q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} (needs one of {HEAD_DIMS})"
-    B, H, T, _ = q.shape
-    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[1] == 0 or H % k.shape[1] or T == 0 or k.shape[2] == 0:
-        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (need [B,H,T,D], [B,G,S,D], G | H)"
-    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
-        return f"device {q.device} (needs CUDA, one device)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
-    return None
+    """None when the Gluon forward can run on these inputs, else a short reason (gluon_common.supported)."""
+    return gluon_common.supported(q, k, v, pos_q, pos_k, what="the Gluon forward")
 
 
-if _IMPORT_ERROR is None:
+if gluon_common.IMPORT_ERROR is None:
 
     @gluon.constexpr_function
     def _mma_layout(num_warps, n):
@@ -325,19 +298,9 @@ if _IMPORT_ERROR is None:
         ], [1], [PRODUCER_REGS])
 
 
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
     """TMA descriptors of q [B,H,T,D], k, v [B,G,S,D] (contiguous) as [rows, D] matrices."""
-    D = q.shape[-1]
-    out = []
-    for t, rows in ((q, block_m), (k, block_n), (v, block_n)):
-        flat = t.reshape(-1, D)
-        layout = gl.NVMMASharedLayout.get_default_for([rows, D], _gl_dtype(t.dtype))
-        out.append(TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout))
-    return tuple(out)
+    return descriptor(q, block_m), descriptor(k, block_n), descriptor(v, block_n)
 
 
 def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float, causal: bool,

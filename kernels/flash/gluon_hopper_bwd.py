@@ -41,65 +41,37 @@ kernels cannot run, and nothing Gluon runs under TRITON_INTERPRET.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from phaselab.kernels.common.triton_common import LOG2E, do_o_rows
+from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
 
-try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
-    import triton
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
+if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
+    from phaselab.kernels.flash.gluon_common import (
         fence_async_shared,
+        gl,
+        gluon,
         mbarrier,
         tma,
+        triton,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    _IMPORT_ERROR = None
-except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
-    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-HEAD_DIMS = (64, 128)
-_DTYPES = (torch.bfloat16, torch.float16)
 # (BLOCK_M queries, BLOCK_N keys, STAGES, warps) per head dim; the resident tile is the long one
 # (keys in dK/dV, queries in dQ) and takes the warps along its rows. ptxas for sm_90a
 # (benchmarks/gluon_compile_bwd.py) prints registers and spills of each.
 DKDV_TILES = {64: (64, 128, 2, 8), 128: (64, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
-PRODUCER_REGS = 24  # the producer warp of the warp-specialized dK/dV kernel only issues TMA (FA3: 24-32)
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None) -> str | None:
-    """None when the Gluon backward can run on these inputs, else a short reason (for routing logs).
-    What the inputs say is checked before the machine, so the reasons read the same everywhere."""
-    if pos_q is not None or pos_k is not None:
-        return "explicit positions (the Gluon backward is index-causal)"
-    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
-        return "q, k, v must be 4-D tensors"
-    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        return f"dtype {q.dtype} (needs bf16 or fp16, one for q, k, v)"
-    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
-        return f"head dims q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} (needs one of {HEAD_DIMS})"
-    B, H, T, _ = q.shape
-    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[1] == 0 or H % k.shape[1] or T == 0 or k.shape[2] == 0:
-        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (need [B,H,T,D], [B,G,S,D], G | H)"
-    if _IMPORT_ERROR is not None:
-        return f"gluon unavailable ({_IMPORT_ERROR[:80]})"
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
-    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
-        return f"device {q.device} (needs CUDA, one device)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
-    return None
+    """None when the Gluon backward can run on these inputs, else a short reason (gluon_common.supported)."""
+    return gluon_common.supported(q, k, v, pos_q, pos_k, what="the Gluon backward")
 
 
-if _IMPORT_ERROR is None:
+if gluon_common.IMPORT_ERROR is None:
 
     @gluon.constexpr_function
     def _acc_layout(num_warps, n):
@@ -453,19 +425,6 @@ if _IMPORT_ERROR is None:
 
 
 # ----------------------------------------------------------------------------- host
-
-
-def _gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
-
-
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """TMA descriptor of a contiguous [..., L, D] tensor as a [rows_total, D] matrix, blocks of
-    `rows` rows and the whole head dim."""
-    D = t.shape[-1]
-    flat = t.reshape(-1, D)
-    layout = gl.NVMMASharedLayout.get_default_for([rows, D], _gl_dtype(t.dtype))
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout)
 
 
 def _check_tile(tile: tuple[int, int, int, int]) -> None:

@@ -24,7 +24,7 @@ from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
 
 def test_module_imports_without_gpu():
     module = importlib.reload(gluon_hopper)
-    assert module.HEAD_DIMS == (64, 128)
+    assert module.gluon_common.HEAD_DIMS == (64, 128)
     q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
     assert isinstance(module.supported(q, q, q), str)  # no CUDA tensor here: a reason, no exception
 
@@ -32,7 +32,7 @@ def test_module_imports_without_gpu():
 @pytest.fixture
 def gluon_importable(monkeypatch):
     """`supported` as on a machine whose Gluon imports and that does not interpret."""
-    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(gluon_hopper.gluon_common, "IMPORT_ERROR", None)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
@@ -45,7 +45,7 @@ def test_supported_reasons(gluon_importable):
     q, k, v = _qkv()
     assert gluon_hopper.supported(q, k, v) == "device cpu (needs CUDA, one device)"
     assert gluon_hopper.supported(q, k, v, torch.arange(8)[None], torch.arange(8)[None]) == \
-        "explicit positions (the Gluon core is index-causal)"
+        "explicit positions (the Gluon forward is index-causal)"
     assert gluon_hopper.supported(*_qkv(dtype=torch.float32)) == \
         "dtype torch.float32 (needs bf16 or fp16, one for q, k, v)"
     assert gluon_hopper.supported(q, k.half(), v).startswith("dtype torch.bfloat16")
@@ -57,9 +57,9 @@ def test_supported_reasons(gluon_importable):
 
 def test_supported_without_gluon_or_under_interpreter(monkeypatch):
     q, k, v = _qkv()
-    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", "ImportError: no module named gluon")
+    monkeypatch.setattr(gluon_hopper.gluon_common, "IMPORT_ERROR", "ImportError: no module named gluon")
     assert gluon_hopper.supported(q, k, v) == "gluon unavailable (ImportError: no module named gluon)"
-    monkeypatch.setattr(gluon_hopper, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(gluon_hopper.gluon_common, "IMPORT_ERROR", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert gluon_hopper.supported(q, k, v).startswith("TRITON_INTERPRET is set")
 

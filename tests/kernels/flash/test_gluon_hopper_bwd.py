@@ -26,7 +26,7 @@ from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
 
 def test_module_imports_without_gpu():
     module = importlib.reload(bwd)
-    assert module.HEAD_DIMS == (64, 128)
+    assert module.gluon_common.HEAD_DIMS == (64, 128)
     q = torch.zeros(1, 2, 8, 64, dtype=torch.bfloat16)
     assert isinstance(module.supported(q, q, q), str)  # no CUDA tensor here: a reason, no exception
 
@@ -35,21 +35,23 @@ def test_module_imports_without_gluon(monkeypatch):
     """A Triton without Gluon: the module still imports and every input gets the import reason."""
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)
     try:
+        importlib.reload(bwd.gluon_common)
         module = importlib.reload(bwd)
-        assert module._IMPORT_ERROR.startswith(("ImportError", "ModuleNotFoundError"))
+        assert module.gluon_common.IMPORT_ERROR.startswith(("ImportError", "ModuleNotFoundError"))
         q, k, v = _qkv()
         assert module.supported(q, k, v).startswith("gluon unavailable (")
         with pytest.raises(ValueError, match="gluon_flash_bwd: gluon unavailable"):
             module.gluon_flash_bwd(q, q, k, v, q, q[..., 0].float(), scale=0.125, causal=True)
     finally:
         monkeypatch.undo()
+        importlib.reload(bwd.gluon_common)
         importlib.reload(bwd)
 
 
 @pytest.fixture
 def gluon_importable(monkeypatch):
     """`supported` as on a machine whose Gluon imports and that does not interpret."""
-    monkeypatch.setattr(bwd, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(bwd.gluon_common, "IMPORT_ERROR", None)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
@@ -73,11 +75,11 @@ def test_supported_reasons(gluon_importable):
 
 def test_input_reasons_come_before_the_machine(monkeypatch):
     """What the inputs say reads the same with or without Gluon (routing logs compare across machines)."""
-    monkeypatch.setattr(bwd, "_IMPORT_ERROR", "ImportError: no module named gluon")
+    monkeypatch.setattr(bwd.gluon_common, "IMPORT_ERROR", "ImportError: no module named gluon")
     assert bwd.supported(*_qkv(D=96)).startswith("head dims q 96")
     assert bwd.supported(*_qkv(), torch.arange(8)[None], torch.arange(8)[None]).startswith("explicit positions")
     assert bwd.supported(*_qkv()) == "gluon unavailable (ImportError: no module named gluon)"
-    monkeypatch.setattr(bwd, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(bwd.gluon_common, "IMPORT_ERROR", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert bwd.supported(*_qkv()).startswith("TRITON_INTERPRET is set")
 

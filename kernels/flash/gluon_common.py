@@ -1,0 +1,77 @@
+"""What the Gluon Hopper kernels (gluon_hopper.py forward, gluon_hopper_bwd.py backward) share on
+the host: Gluon's Hopper API or why it is missing, the head dims and dtypes they take, the routing
+check and the TMA descriptors.
+
+The module imports without Gluon (CPU machines, other Triton versions): `IMPORT_ERROR` says why,
+`supported` turns it into a routing reason, and nothing Gluon runs under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
+    IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
+
+__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
+           "fence_async_shared", "gl", "gl_dtype", "gluon", "mbarrier", "supported", "tma", "triton",
+           "warpgroup_mma", "warpgroup_mma_wait"]
+
+HEAD_DIMS = (64, 128)
+DTYPES = (torch.bfloat16, torch.float16)
+PRODUCER_REGS = 24  # a warp-specialised kernel's producer warp only issues TMA (FA3 gives it 24-32)
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None, *,
+              what: str = "a Gluon kernel") -> str | None:
+    """None when a Gluon kernel can run on these inputs, else a short reason (for routing logs).
+    What the inputs say is checked before the machine, so the reasons read the same everywhere."""
+    if pos_q is not None or pos_k is not None:
+        return f"explicit positions ({what} is index-causal)"
+    if not all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
+        return "q, k, v must be 4-D tensors"
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype} (needs bf16 or fp16, one for q, k, v)"
+    if q.shape[-1] not in HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        return f"head dims q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} (needs one of {HEAD_DIMS})"
+    B, H, T, _ = q.shape
+    if k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[1] == 0 or H % k.shape[1] or T == 0 or k.shape[2] == 0:
+        return f"shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} (need [B,H,T,D], [B,G,S,D], G | H)"
+    if IMPORT_ERROR is not None:
+        return f"gluon unavailable ({IMPORT_ERROR[:80]})"
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
+    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
+        return f"device {q.device} (needs CUDA, one device)"
+    if torch.cuda.get_device_capability(q.device) != (9, 0):
+        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
+    return None
+
+
+def gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
+
+
+def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """TMA descriptor of a contiguous [..., L, D] tensor as a [rows_total, D] matrix, blocks of
+    `rows` rows and the whole head dim."""
+    D = t.shape[-1]
+    flat = t.reshape(-1, D)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(t.dtype))
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout)
