@@ -52,6 +52,7 @@ Usage (on a GPU machine; benchmarks/README.md):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -198,16 +199,11 @@ METHOD_SETS = {"distance-bias": ["sdpa-cudnn", "flex-plain", "flex-alibi", "relb
 
 
 def flash_plain(q, k, v, pos, ctx):
-    return flash_attention(q, k, v, causal=True, options=ctx["options"])
+    return flash_attention(q, k, v, causal=True, options=dataclasses.replace(ctx["options"], flash_impl="tl"))
 
 
-def flash_gluon(q, k, v, pos, ctx):
-    from phaselab.kernels.flash import gluon_hopper
-
-    reason = gluon_hopper.supported(q, k, v)
-    if reason is not None:
-        raise RuntimeError(f"gluon core: {reason}")
-    return gluon_hopper.gluon_flash_attention(q, k, v, causal=True, autotune=ctx["options"].autotune)
+def flash_gluon(q, k, v, pos, ctx):   # the Gluon forward (an error where it cannot run), the tl backward
+    return flash_attention(q, k, v, causal=True, options=dataclasses.replace(ctx["options"], flash_impl="gluon"))
 
 
 def pope_unfused(q, k, v, pos, ctx):

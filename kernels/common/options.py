@@ -14,6 +14,9 @@ provenance (`options_used`):
   "mufu" (the special-function unit), "poly" (a polynomial on the FMA pipe), "split" (half each).
 - autotune: time every Triton config at each new shape (seconds per kernel and shape, results
   kept in Triton's cache) instead of the measured tile (triton_common.TUNE_DEFAULTS).
+- flash_impl: the plain flash core's forward (kernels/flash/function.py): "tl" (triton_flash.py),
+  "gluon" (gluon_hopper.py, sm_90 only: an error elsewhere), or "auto" ("gluon" where
+  `gluon_common.supported` holds, else "tl"); the backward is the `tl` one either way.
 
 Example:
     >>> opts = AttentionOptions(pope_impl="expand", autotune=True)
@@ -29,8 +32,10 @@ from typing import Any, Literal
 
 PopeImpl = Literal["auto", "fused", "expand", "cudnn"]
 Exp2Mode = Literal["mufu", "poly", "split"]
+FlashImpl = Literal["auto", "tl", "gluon"]
 POPE_IMPL_CHOICES: tuple[str, ...] = typing.get_args(PopeImpl)
 EXP2_CHOICES: tuple[str, ...] = typing.get_args(Exp2Mode)
+FLASH_IMPL_CHOICES: tuple[str, ...] = typing.get_args(FlashImpl)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,10 +47,13 @@ class AttentionOptions:
     tapa_series: bool = True
     exp2: Exp2Mode = "mufu"
     autotune: bool = False
+    flash_impl: FlashImpl = "auto"
 
     def __post_init__(self) -> None:
         if self.pope_impl not in POPE_IMPL_CHOICES:
             raise ValueError(f"pope_impl={self.pope_impl!r}: expected one of {list(POPE_IMPL_CHOICES)}")
+        if self.flash_impl not in FLASH_IMPL_CHOICES:
+            raise ValueError(f"flash_impl={self.flash_impl!r}: expected one of {list(FLASH_IMPL_CHOICES)}")
         if self.exp2 not in EXP2_CHOICES:
             raise ValueError(f"exp2={self.exp2!r}: expected one of {list(EXP2_CHOICES)}")
         for name in ("tapa_series", "autotune"):

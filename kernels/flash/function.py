@@ -9,6 +9,8 @@ import math
 import torch
 
 from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
+from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash.gluon_hopper import GluonFlashFunction
 from phaselab.kernels.flash.triton_flash import flash_bwd, flash_fwd, pos_flags
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -69,10 +71,28 @@ def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Te
         pos_q_BT, pos_k_BS: int64 positions [B or 1, T] / [B or 1, S], or None for index positions
             (the queries are the last T of the S keys). scale: default 1/sqrt(DK).
         causal: key s visible to query t iff pos_k[s] <= pos_q[t] (default True).
-        options: `AttentionOptions`; the flash core reads `autotune`.
+        options: `AttentionOptions`; the flash core reads `autotune` and `flash_impl` (the Gluon
+            forward on sm_90 for plain bf16/fp16 attention at D 64/128 by index, else the `tl` one).
     Returns out [B, H, T, DV] in q's dtype; a row that sees no key is 0.
     """
     (q, k, v), pos_q, pos_k = _check(q_BHTD, k_BGSD, v_BGSD, pos_q_BT, pos_k_BS)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    record_options("flash", autotune=options.autotune)
+    impl = forward_impl(q, k, v, pos_q, pos_k, options)
+    record_options("flash", autotune=options.autotune, forward=impl)
+    if impl == "gluon":
+        return GluonFlashFunction.apply(q, k, v, scale, bool(causal), options.autotune)
     return FlashAttentionFunction.apply(q, k, v, pos_q, pos_k, scale, bool(causal), options.autotune)
+
+
+def forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q: torch.Tensor | None,
+                 pos_k: torch.Tensor | None, options: AttentionOptions) -> str:
+    """"gluon" or "tl": which forward `flash_attention` runs (`AttentionOptions.flash_impl`);
+    ValueError when "gluon" is asked for where it cannot run, with the reason."""
+    if options.flash_impl == "tl":
+        return "tl"
+    reason = gluon_common.supported(q, k, v, pos_q, pos_k, what="the Gluon forward")
+    if reason is None:
+        return "gluon"
+    if options.flash_impl == "gluon":
+        raise ValueError(f"flash_impl='gluon': {reason}")
+    return "tl"

@@ -70,6 +70,28 @@ def test_launcher_refuses_what_is_not_supported(gluon_importable):
         gluon_hopper.gluon_flash_fwd(q, k, v, scale=0.125, causal=True)
 
 
+def test_flash_attention_routes_by_flash_impl(monkeypatch):
+    """`flash_attention` takes the Gluon forward where it runs ("auto", "gluon"), the `tl` one
+    elsewhere or when told ("tl"), says why "gluon" cannot run, and records which ran."""
+    from phaselab.kernels.common.options import AttentionOptions, options_used, reset_options
+    from phaselab.kernels.flash import function
+
+    q, k, v = _qkv()
+    assert function.forward_impl(q, k, v, None, None, AttentionOptions()) == "tl"   # CPU: no Gluon
+    with pytest.raises(ValueError, match="flash_impl='gluon': (TRITON_INTERPRET|device cpu|gluon unavailable)"):
+        function.forward_impl(q, k, v, None, None, AttentionOptions(flash_impl="gluon"))
+    monkeypatch.setattr(function.gluon_common, "supported", lambda *a, **kw: None)   # as on an H200
+    assert function.forward_impl(q, k, v, None, None, AttentionOptions()) == "gluon"
+    assert function.forward_impl(q, k, v, None, None, AttentionOptions(flash_impl="tl")) == "tl"
+    calls = []
+    monkeypatch.setattr(function.GluonFlashFunction, "apply", lambda *a: calls.append(a) or a[0])
+    reset_options()
+    function.flash_attention(q, k, v, options=AttentionOptions(flash_impl="gluon"))
+    assert len(calls) == 1 and options_used()["flash"]["forward"] == "gluon"
+    with pytest.raises(ValueError, match="flash_impl='nope'"):
+        AttentionOptions(flash_impl="nope")
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
