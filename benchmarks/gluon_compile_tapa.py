@@ -1,0 +1,172 @@
+"""Offline compile check of the Gluon Hopper TAPA forward (kernels/tapa/gluon_tapa.py): compiles each
+variant for sm_90a with the Triton in this environment (no GPU needed: Triton's bundled ptxas) and
+prints ptxas' registers, spills and shared memory per variant, the CTA barriers (bar.sync) and
+wgmma waits in its PTX, and any ptxas performance warning (C7514: wgmma serialised).
+
+The GPU machine runs Triton 3.6.0; check against it where the local Triton is another version:
+
+    PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile_tapa.py
+    python benchmarks/gluon_compile_tapa.py --dims 128 --tiles 64x64x2x4 128x64x2x8 --phases quadratic
+
+On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
+batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
+and the Triton `tl` TAPA forward at those lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from gluon_compile import parse_tile, time_forward  # the sibling script (benchmarks/ is on sys.path)
+
+from phaselab.kernels.tapa import gluon_tapa
+
+PHASES = ("quadratic", "linear")
+
+
+def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tuple[dict, dict]:
+    """(signature, constexprs) of one variant, from descriptors over small CPU tensors (the shapes
+    are run-time values; only the block shapes and layouts enter the signature)."""
+    from triton.runtime.jit import mangle_type
+
+    block_m, block_n, stages, _ = tile
+    q = torch.zeros(1, 1, 256, D, dtype=dtype)
+    names = ("qa_desc", "qp_desc", "ka_desc", "kp_desc", "v_desc")
+    sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa.descriptors(q, q, q, block_m, block_n))}
+    sig |= {"o_ptr": mangle_type(q), "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
+    sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5")}
+    sig["r_min"] = "i32"
+    return sig, {"STAGES": stages, "num_warps": tile[3]}
+
+
+def ptxas_report(ptx_text: str) -> str:
+    """ptxas -v's stderr for the PTX, compiled for sm_90a with Triton's bundled ptxas."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(ptx_text)
+        return subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=True).stderr
+
+
+def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
+                    dtype: torch.dtype = torch.bfloat16) -> dict:
+    """ptxas' report of one variant for sm_90a: registers, spill bytes, shared memory, PTX counts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = gluon_tapa.gluon_tapa_fwd_kernel
+    sig, consts = signature(D, tile, dtype)
+    consts |= {"CAUSAL": causal, "LINEAR": linear}
+    names = kernel.arg_names
+    for name in consts:
+        sig[name] = "constexpr"
+    sig = {n: sig[n] for n in names}
+    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile[3]})
+    ptx_text = compiled.asm["ptx"]
+    report = ptxas_report(ptx_text)
+    regs = re.findall(r"Used (\d+) registers", report)
+    spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    return {"regs": max(map(int, regs)) if regs else None,
+            "spill_st": sum(int(s) for s, _ in spill), "spill_ld": sum(int(ld) for _, ld in spill),
+            "smem": compiled.metadata.shared, "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx_text)),
+            "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
+            "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
+            "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
+
+
+def _median_ms(fn) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str) -> float:
+    """Median ms of one TAPA forward at B = 65536 // N, H = 16, bf16: the Gluon kernel with `tile`,
+    or (tile None) the Triton `tl` forward (triton_tapa.tapa_fwd, its defaults)."""
+    from phaselab.kernels.tapa import triton_tapa
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B = max(1, 65536 // N)
+    q, k, v = (torch.randn(B, 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    if tile is None:
+        pos = torch.arange(N, device="cuda")[None]
+        return _median_ms(lambda: triton_tapa.tapa_fwd(q, k, v, pos, pos, d_amp=D // 2, alpha=0.1,
+                                                       phase_scale=2 * math.pi, linear=phase == "linear",
+                                                       scale=1.0, causal=causal))
+    return _median_ms(lambda: gluon_tapa.gluon_tapa_fwd(q, k, v, phase=phase, causal=causal, tile=tile))
+
+
+def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int]) -> None:
+    for N in lengths:
+        ms = time_tapa(D, N, tile, causal, phase)
+        tl_ms, ref = time_tapa(D, N, None, causal, phase), time_forward(D, N, None, causal)
+        print(f"  N={N}: {ms:.3f} ms, tl TAPA {tl_ms:.3f} ms, cuDNN {ref:.3f} ms, x cuDNN {ms / ref:.2f} "
+              f"(tl x cuDNN {tl_ms / ref:.2f})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_tapa.TILES))
+    p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa.TILES[D])")
+    p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
+    p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
+                   help="on an sm_90 GPU, also time each variant's forward at these lengths")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("gluon_compile_tapa.py compiles for sm_90a: unset TRITON_INTERPRET")
+    if gluon_tapa.gluon_common.IMPORT_ERROR is not None:
+        raise SystemExit(f"no Gluon here: {gluon_tapa.gluon_common.IMPORT_ERROR}")
+    import triton
+
+    print(f"triton {triton.__version__}, sm_90a")
+    print("| D | tile (MxNxstagesxwarps) | causal | phase | dtype | regs | spill st/ld B | smem B | bar.sync | "
+          "wgmma.wait | ex2 | cos |\n|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    failed = 0
+    for D in args.dims:
+        for tile in args.tiles or [gluon_tapa.TILES[D]]:
+            for causal in args.causal:
+                for phase in args.phases:
+                    for dt in args.dtypes:
+                        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+                        label = f"| {D} | {'x'.join(map(str, tile))} | {causal} | {phase} | {dt} |"
+                        try:
+                            r = compile_variant(D, tile, bool(causal), phase == "linear", dtype)
+                        except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                            failed += 1
+                            print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | | | |")
+                            continue
+                        print(f"{label} {r['regs']} | {r['spill_st']}/{r['spill_ld']} | {r['smem']} | "
+                              f"{r['bar_sync']} | {r['wgmma_wait']} | {r['ex2']} | {r['cos']} |")
+                        for w in r["warnings"]:
+                            print(f"  ptxas: {w}")
+                        if dt == "bf16" and args.time:
+                            _print_timings(D, tile, bool(causal), phase, args.time)
+    if failed:
+        raise SystemExit(f"{failed} variant(s) failed to compile")
+
+
+if __name__ == "__main__":
+    main()

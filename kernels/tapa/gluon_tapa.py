@@ -1,0 +1,366 @@
+"""Hopper (sm_90) forward of TAPA attention in Gluon (MATH §4.2, §4.3), on the skeleton of the plain
+Gluon forward (kernels/flash/gluon_hopper.py: TMA rings for K and V, asynchronous wgmma, one softmax
+warpgroup a CTA, every wgmma retired within its step, ptxas warning C7514 otherwise).
+
+Spec: `reference.attention` with a tapa `ScoreMod` and index positions (the T queries are the last
+T of the S keys: query t sits at m = t + S - T, key s at n = s; key s is visible iff n <= m when
+causal), GQA (head h reads kv head h // (H // G)), D in {64, 128} split D_A = D_P = D / 2
+(theta = 0.5, the `tl` kernel's default), bf16 or fp16, scale > 0. TAPA's score depends on the
+positions only through |m - n| (MATH §4.6), so the absolute offset of the positions is irrelevant
+and the launcher takes none; the distance is the int32 difference of the two indices, converted to
+fp32 once (correctly rounded at any length). Returns (out [B, H, T, D] in q's dtype, lse [B, H, T]
+fp32) in the convention of `triton_tapa.tapa_fwd`: log2 units of scale * score * log2 e, +inf for a
+row that sees no key (its output 0), so `triton_tapa.tapa_bwd` consumes it unchanged.
+
+Per key block j (BLOCK_N keys) of a query block (BLOCK_M rows), as in triton_tapa.py:
+    S_P = Q_P K_P^T  (linear phase: ones K_P^T, plus the row sums of Q_P; see `_linear_setup`)
+    S_A = Q_A K_A^T
+    W   = k_turn |m - n|^alpha,  k_turn = phase_scale / (2 pi sqrt(D_P))   (turns per unit of S_P)
+    logit * log2 e = qk_scale * S_A * cos(2 pi (t - rint t)),  t = W S_P,  qk_scale = scale log2 e / sqrt(D_A)
+Schedule of step j (FA3's intra-warpgroup overlap, https://arxiv.org/abs/2407.08608 section 3.2):
+
+    issue S_P, S_A (async); O *= alpha_{j-1}; issue PV_{j-1} (async)
+    W of the tile (FMA pipe, overlaps the three wgmmas)
+    wait S_P  | refill K_P slot;  cos of the phase (overlaps S_A and PV)
+    wait S_A  | refill K_A slot;  online softmax of S_A cos (exp2 domain)
+    wait PV   | refill V slot of block j-1
+
+W comes three ways. Tiles whose central distance D_c (|D_c| >= r_min) dwarfs the in-tile spread
+take phase.py's binomial series about the centre: |m - n|^alpha = |D_c|^alpha (1 + u)^alpha with
+u = e / D_c, e = (i - j') - (BLOCK_M - BLOCK_N) / 2 for in-tile row i, column j' (|e| <= (BLOCK_M +
+BLOCK_N - 2) / 2), so u is one add of a row and a column vector and the series, its coefficients
+pre-multiplied by k_turn |D_c|^alpha (one exact power per tile), is five FMAs; `phase._taylor`'s
+radius u_max bounds the tail below 1.4e-7 relative and sets r_min. Tiles near the diagonal take
+exp2(alpha lg2 d) (lg2(0) = -inf gives 0^alpha = 0); masked tiles (the diagonal, ragged ends) too.
+The phase is reduced in turns, t - rint(t) exact in fp32 (MATH §7.4), rint by the 1.5 * 2**23
+shifter on the FMA pipe (identical to cvt.rni for |t| < 2**22; beyond, where t's own ulp is half a
+turn and the phase carries no information, it still returns t minus an integer or half-integer).
+
+The module imports without Gluon (CPU machines, other Triton versions): `supported` says why the
+kernel cannot run, and nothing Gluon runs under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
+from phaselab.kernels.common.triton_common import LOG2E
+from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash.gluon_common import descriptor
+from phaselab.kernels.tapa.phase import _taylor
+
+if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
+    from phaselab.kernels.flash.gluon_common import (
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        tma,
+        triton,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from phaselab.kernels.flash.gluon_hopper import (
+        _block_range,
+        _epilogue,
+        _free_k,
+        _mma_layout,
+        _p_operand,
+        _pv,
+        _softmax,
+        _store_layout,
+    )
+
+# (BLOCK_M, BLOCK_N, STAGES, warps) per head dim. Two fp32 score accumulators (S_A, S_P) live
+# beside O, so the plain core's 64x128 tile at D = 128 does not fit in registers; the tiles below
+# compile without spills for sm_90a with triton 3.6.0 (benchmarks/gluon_compile_tapa.py). Untimed.
+TILES = {64: (64, 128, 2, 4), 128: (64, 64, 2, 4)}
+# r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
+_R_MIN_CAP = 2**29
+_MAX_LEN = 2**29
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None, *,
+              theta: float = 0.5, scale: float = 1.0) -> str | None:
+    """None when the Gluon TAPA forward can run on these inputs, else a short reason: the TAPA
+    split and scale first, then gluon_common.supported (index positions, dtypes, widths, machine)."""
+    if pos_q is None and pos_k is None and all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
+        D = q.shape[-1]
+        if 2 * int(theta * D) != D:
+            return f"theta={theta} with head dim {D} gives D_A={int(theta * D)} (the Gluon TAPA forward needs D_A = D / 2)"
+        if not scale > 0:
+            return f"scale={scale} (the Gluon TAPA forward needs scale > 0: the row max is taken before scaling)"
+        if max(q.shape[2], k.shape[2]) >= _MAX_LEN or max(q.shape[:3].numel(), k.shape[:3].numel()) >= 2**31:
+            return f"lengths T={q.shape[2]}, S={k.shape[2]} (int32 block arithmetic and TMA rows)"
+    return gluon_common.supported(q, k, v, pos_q, pos_k, what="the Gluon TAPA forward")
+
+
+if gluon_common.IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _lg2(x):
+        return gl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
+
+    @gluon.jit
+    def _cos_turns(t):
+        """cos(2 pi t) of fp32 turns t: t - rint(t) by the shifter (module docstring), cos.approx."""
+        r = t - ((t + 12582912.0) - 12582912.0)
+        return gl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r * 6.283185307179586],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _w_exact(row_pos, n0, cols, alpha, k_turn):
+        """W = k_turn |m - n|^alpha [BM, BN]: the integer distance, one conversion, exp2(alpha lg2 d)."""
+        d = gl.abs(row_pos[:, None] - (n0 + cols)[None, :]).to(gl.float32)
+        return k_turn * gl.exp2(alpha * _lg2(d))
+
+    @gluon.jit
+    def _w_series(x0, n0, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5):
+        """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
+        (|D_c| >= r_min): ia = i, jc = j' + (BM - BN) / 2 as fp32 vectors, u = (i - jc) / D_c."""
+        dc = (x0 - n0).to(gl.float32)
+        inv = 1.0 / dc
+        f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
+        u = (ia * inv)[:, None] - (jc * inv)[None, :]
+        w = (f * c5) * u + f * c4
+        w = w * u + f * c3
+        w = w * u + f * c2
+        w = w * u + f * c1
+        return w * u + f
+
+    @gluon.jit
+    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr):
+        """W of key block j: MODE 0 the series, else the exact power."""
+        x0, row_pos, ia, cols, _sq = geo
+        alpha, k_turn, c1, c2, c3, c4, c5 = ph
+        if MODE == 0:
+            CENTRE: gl.constexpr = (ia.shape[0] - BLOCK_N) // 2
+            jc = (cols + CENTRE).to(gl.float32)
+            w = _w_series(x0, j * BLOCK_N, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5)
+        else:
+            w = _w_exact(row_pos, j * BLOCK_N, cols, alpha, k_turn)
+        return w
+
+    @gluon.jit
+    def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
+              CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr):
+        """Key block j (module docstring's schedule); MODE 0 series, 1 exact, 2 exact and masked.
+        Enters with P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return."""
+        qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
+        ka_desc, kp_desc, v_desc = descs
+        BLOCK_M: gl.constexpr = qa_smem.shape[0]
+        BLOCK_N: gl.constexpr = ka_smem.shape[1]
+        slot = j % STAGES
+        zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(kp_bars.index(slot), (j // STAGES) & 1)
+        sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        mbarrier.wait(ka_bars.index(slot), (j // STAGES) & 1)
+        sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, j - 1, STAGES, o_layout)
+        sp = warpgroup_mma_wait(2, deps=(sp_tok,))
+        _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+        if LINEAR:
+            sp = sp + geo[4][:, None]
+        # W after the wait: computed before it, the tile sat beside three accumulators in flight
+        # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
+        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N) * sp)
+        sa = warpgroup_mma_wait(1, deps=(sa_tok,))
+        _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
+                                        s_layout)
+        p = _p_operand(p, ka_smem.dtype, o_layout)
+        o = warpgroup_mma_wait(0, deps=(o_tok,))
+        _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)  # the V slot of block j-1
+        return o, p, alpha_r, m_i, l_i
+
+    @gluon.jit
+    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL: gl.constexpr,
+                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
+        qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
+        ka_desc, kp_desc = descs[0], descs[1]
+        BLOCK_M: gl.constexpr = qa_smem.shape[0]
+        BLOCK_N: gl.constexpr = ka_smem.shape[1]
+        zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(kp_bars.index(0), 0)
+        mbarrier.wait(ka_bars.index(0), 0)
+        sp = warpgroup_mma(qp_smem, kp_smem.index(0).permute((1, 0)), zeros, use_acc=False)
+        sa = warpgroup_mma(qa_smem, ka_smem.index(0).permute((1, 0)), zeros, use_acc=False)
+        _free_k(0, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+        _free_k(0, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+        if LINEAR:
+            sp = sp + geo[4][:, None]
+        c = _cos_turns(_weight(0, geo, ph, 1, BLOCK_N) * sp)
+        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, True, CAUSAL, s_layout)
+        return _p_operand(p, ka_smem.dtype, o_layout), alpha_r, m_i, l_i
+
+    @gluon.jit
+    def _linear_setup(qp_smem, s_layout: gl.constexpr, num_warps: gl.constexpr):
+        """The linear phase (MATH §4.3): returns sum_j q_P[m, j] per row (fp32) and overwrites Q_P's
+        buffer with ones, so that its wgmma gives sum_j k_P[n, j] for every row (fp32 accumulation)."""
+        BLOCK_M: gl.constexpr = qp_smem.shape[0]
+        DP: gl.constexpr = qp_smem.shape[1]
+        ld: gl.constexpr = _store_layout(num_warps, DP)
+        x = qp_smem.load(ld)
+        sq = gl.convert_layout(gl.sum(x.to(gl.float32), 1), gl.SliceLayout(1, s_layout))
+        gl.thread_barrier()  # every row read before any is overwritten
+        qp_smem.store(gl.full([BLOCK_M, DP], 1.0, qp_smem.dtype, ld))
+        fence_async_shared()  # generic-proxy stores made visible to wgmma (async proxy)
+        gl.thread_barrier()
+        return sq
+
+    @gluon.jit
+    def _near_range(x0, r_min, mid, BLOCK_N: gl.constexpr):
+        """(a, b): blocks [a, b) within [1, mid) have |D_c| < r_min (exact W); [1, a) and [b, mid)
+        take the series. D_c = x0 - j BLOCK_N decreases with j."""
+        lo = x0 - r_min
+        a = gl.where(lo >= 0, lo // BLOCK_N + 1, 0)
+        b = gl.cdiv(gl.maximum(x0 + r_min, 0), BLOCK_N)
+        a = gl.minimum(gl.maximum(a, 1), mid)
+        return a, gl.minimum(gl.maximum(b, a), mid)
+
+    @gluon.jit
+    def _geometry(m0, T, S, LINEAR: gl.constexpr, qp_smem, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+                  num_warps: gl.constexpr):
+        """(x0, row_pos, ia, cols, sq): the central distance of block 0, each row's position
+        m = t + S - T (int32), the fp32 row offsets of the series, the column offsets, and the
+        linear phase's row sums (zeros for the quadratic phase)."""
+        BLOCK_M: gl.constexpr = qp_smem.shape[0]
+        CENTRE: gl.constexpr = (BLOCK_M - BLOCK_N) // 2
+        r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if LINEAR:
+            sq = _linear_setup(qp_smem, s_layout, num_warps)
+        else:
+            sq = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        return (m0 + S - T + CENTRE, m0 + r + (S - T), r.to(gl.float32), cols, sq)
+
+    @gluon.jit
+    def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min,
+                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue."""
+        BLOCK_M: gl.constexpr = bufs[0].shape[0]
+        BLOCK_N: gl.constexpr = bufs[2].shape[1]
+        HEAD_D: gl.constexpr = bufs[4].shape[2]
+        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_D)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        mbarrier.wait(q_bar, 0)
+        geo = _geometry(m0, T, S, LINEAR, bufs[1], BLOCK_N, s_layout, num_warps)
+        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL, LINEAR,
+                                            STAGES, s_layout, o_layout)
+        a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
+        for j in range(1, a):  # far before the diagonal: the series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
+                                            qk_scale, 0, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+        for j in range(a, b):  # near the diagonal, unmasked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
+                                            qk_scale, 1, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+        for j in range(b, mid):  # far after the diagonal (non-causal): the series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
+                                            qk_scale, 0, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+        for j in range(mid, hi):  # masked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
+                                            qk_scale, 2, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+        o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
+        _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
+
+    @gluon.jit
+    def _ring(desc, STAGES: gl.constexpr):
+        """A STAGES-slot ring of desc's blocks and its ready barriers."""
+        smem = gl.allocate_shared_memory(desc.dtype, [STAGES, desc.block_type.shape[0], desc.block_type.shape[1]],
+                                         desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        return smem, bars
+
+    @gluon.jit
+    def gluon_tapa_fwd_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
+                              alpha, k_turn, c1, c2, c3, c4, c5, r_min, CAUSAL: gl.constexpr,
+                              LINEAR: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
+        columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
+        head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        i_bh = gl.program_id(1)
+        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
+        m0 = i_m * BLOCK_M
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
+        qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        ka_smem, ka_bars = _ring(ka_desc, STAGES)
+        kp_smem, kp_bars = _ring(kp_desc, STAGES)
+        v_smem, v_bars = _ring(v_desc, STAGES)
+        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(qa_desc, [i_bh * T + m0, 0], q_bar, qa_smem)
+        tma.async_copy_global_to_shared(qp_desc, [i_bh * T + m0, 0], q_bar, qp_smem)
+        for i in gl.static_range(STAGES):
+            _free_k(i - STAGES, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+            _free_k(i - STAGES, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+            _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
+        bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
+        _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5), q_bar, o_ptr, lse_ptr,
+                 i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, CAUSAL, LINEAR, STAGES, num_warps)
+
+
+def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
+    """TMA descriptors of the amplitude and phase halves of q [B,H,T,D] and k [B,G,S,D] and of the
+    whole v (all contiguous): [rows, D/2] views with row stride D (no copy), and [rows, D]."""
+    half = q.shape[-1] // 2
+    return (descriptor(q[..., :half], block_m), descriptor(q[..., half:], block_m),
+            descriptor(k[..., :half], block_n), descriptor(k[..., half:], block_n), descriptor(v, block_n))
+
+
+def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block_m: int, block_n: int) -> tuple:
+    """(qk_scale, alpha, k_turn, c_1 .. c_5, r_min) of the kernel: qk_scale = scale log2 e / sqrt(D_A),
+    k_turn = phase_scale / (2 pi sqrt(D_P)), the series' coefficients binom(alpha, k) and the
+    smallest |D_c| at which the series' radius u_max covers a tile's spread (BM + BN - 2) / 2."""
+    d_amp, d_phase = tapa_split(D, 0.5)
+    u_max, *coef = _taylor(float(alpha))
+    spread = (block_m + block_n - 2) / 2
+    r_min = _R_MIN_CAP if u_max <= 0 else min(_R_MIN_CAP, math.ceil(spread / u_max))
+    return (scale * LOG2E / math.sqrt(d_amp), float(alpha), phase_scale / (2.0 * math.pi * math.sqrt(d_phase)),
+            *coef, r_min)
+
+
+def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,
+                   phase_scale: float = 2.0 * math.pi, phase: str = "quadratic", scale: float = 1.0,
+                   causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                   tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of TAPA attention with index
+    positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
+    same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
+    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]."""
+    params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
+                                           "phase": phase}).params
+    reason = supported(q, k, v, theta=params["theta"], scale=scale)
+    if reason is not None:
+        raise ValueError(f"gluon_tapa_fwd: {reason}")
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = tile or TILES[D]
+    if out is None:
+        out = torch.empty_like(q)
+    if lse is None:
+        lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or lse.shape != (B, H, T) \
+            or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError("gluon_tapa_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
+    scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
+    gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
+        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, CAUSAL=bool(causal),
+        LINEAR=params["phase"] == "linear", STAGES=stages, num_warps=warps)
+    return out, lse
