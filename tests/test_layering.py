@@ -44,15 +44,15 @@ ROOMS = {
     "phaselab.catalog.store": _TRACKER,
     "phaselab.catalog.reports": (*_TRACKER, "phaselab.catalog.store"),
     "phaselab.catalog.tracking": ("phaselab.catalog",),
-    # kernels: common is the floor; each operator folder imports common and the cores it runs on;
-    # attention (the front door) routes to the operators. flash's backward carries PoPE's chain
+    # kernels: common is the floor; each operator folder imports common and the cores it runs on
+    # (pope, relbias and TAPA's Gluon forward run on flash); attention, the front door, routes to them. flash's backward carries PoPE's chain
     # rule in its epilogues, so flash may import that one module of pope (and pope runs on flash).
     "phaselab.kernels.common": (),
     "phaselab.kernels.rotary": (),
     "phaselab.kernels.registry": (_K_COMMON,),
     "phaselab.kernels.testing": (_K_COMMON,),
     "phaselab.kernels.loss": (_K_COMMON,),
-    "phaselab.kernels.tapa": (_K_COMMON, "phaselab.kernels.registry"),
+    "phaselab.kernels.tapa": (_K_COMMON, "phaselab.kernels.registry", "phaselab.kernels.flash"),
     "phaselab.kernels.flash": (_K_COMMON, "phaselab.kernels.pope.triton_expand_bwd"),
     "phaselab.kernels.pope": (_K_COMMON, "phaselab.kernels.registry", "phaselab.kernels.flash"),
     "phaselab.kernels.relbias": (_K_COMMON, "phaselab.kernels.flash"),
