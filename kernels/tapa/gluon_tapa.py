@@ -30,7 +30,7 @@ take phase.py's binomial series about the centre: |m - n|^alpha = |D_c|^alpha (1
 u = e / D_c, e = (i - j') - (BLOCK_M - BLOCK_N) / 2 for in-tile row i, column j' (|e| <= (BLOCK_M +
 BLOCK_N - 2) / 2), so u is one add of a row and a column vector and the series, its coefficients
 pre-multiplied by k_turn |D_c|^alpha (one exact power per tile), is five FMAs; `phase._taylor`'s
-radius u_max bounds the tail below 1.4e-7 relative and sets r_min. Tiles near the diagonal take
+radius u_max bounds the tail below 1.4e-7 of |D_c|^alpha and sets r_min. Tiles near the diagonal take
 exp2(alpha lg2 d) (lg2(0) = -inf gives 0^alpha = 0); masked tiles (the diagonal, ragged ends) too.
 The phase is reduced in turns, t - rint(t) exact in fp32 (MATH §7.4), rint by the 1.5 * 2**23
 shifter on the FMA pipe (identical to cvt.rni for |t| < 2**22; beyond, where t's own ulp is half a
@@ -75,9 +75,10 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
     )
 
 # (BLOCK_M, BLOCK_N, STAGES, warps) per head dim. Two fp32 score accumulators (S_A, S_P) live
-# beside O, so the plain core's 64x128 tile at D = 128 does not fit in registers; the tiles below
-# compile without spills for sm_90a with triton 3.6.0 (benchmarks/gluon_compile_tapa.py). Untimed.
-TILES = {64: (64, 128, 2, 4), 128: (64, 64, 2, 4)}
+# beside O, so the plain core's 64x128 tile spills (D = 128: 564 / 972 B, D = 64: 156 / 248 B of
+# spill stores / loads); the tiles below compile without spills for sm_90a with triton 3.6.0 (D = 128:
+# 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py). Not yet timed on a GPU.
+TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29

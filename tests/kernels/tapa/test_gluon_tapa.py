@@ -1,0 +1,319 @@
+"""Gluon Hopper TAPA forward (kernels/tapa/gluon_tapa.py) against the float64 reference.
+
+CPU: the module imports without a GPU, `supported` gives the routing reasons, the launcher validates
+like `tapa_attention`, the TMA descriptors of the D/2 halves are views, and the series' radius covers
+every tile the kernel gives the series.
+GPU (`gpu`, sm_90 only): out and lse against float64 (relative RMS error, and no worse than the
+Triton `tl` TAPA forward's own error) into NaN-poisoned buffers, over lengths no block divides
+(1, 77, 1000, 4099), T < S and T > S, GQA 8/2, quadratic and linear phase, bf16 and fp16, causal and
+not, alphas that take the series, the exact series (alpha = 1) and no series (alpha = 7.5), every
+tile; absolute offsets of the positions (the kernel is index-only: TAPA depends on |m - n| alone) up
+to 2**50 and distances beyond 2**24 (S = 2**24 + 77); the lse fed to the `tl` TAPA backward gives
+the `tl` path's gradients.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from phaselab.kernels.attention import reference
+from phaselab.kernels.common.score_mod import ScoreMod
+from phaselab.kernels.tapa import gluon_tapa, phase, triton_tapa
+from phaselab.kernels.tapa.reference import tapa_scores
+from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
+
+LN2 = math.log(2.0)
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def _qkv(D=128, dtype=torch.bfloat16, H=4, G=2, T=8, S=8):
+    return (torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, G, S, D, dtype=dtype),
+            torch.zeros(1, G, S, D, dtype=dtype))
+
+
+@pytest.fixture
+def gluon_importable(monkeypatch):
+    """`supported` as on a machine whose Gluon imports and that does not interpret."""
+    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def test_module_imports_without_gpu():
+    module = importlib.reload(gluon_tapa)
+    assert set(module.TILES) == {64, 128}
+    q, k, v = _qkv()
+    assert isinstance(module.supported(q, k, v), str)  # no CUDA tensor here: a reason, no exception
+
+
+def test_supported_reasons(gluon_importable):
+    q, k, v = _qkv()
+    assert gluon_tapa.supported(q, k, v) == "device cpu (needs CUDA, one device)"
+    assert gluon_tapa.supported(q, k, v, theta=0.25) == \
+        "theta=0.25 with head dim 128 gives D_A=32 (the Gluon TAPA forward needs D_A = D / 2)"
+    assert gluon_tapa.supported(q, k, v, scale=-1.0).startswith("scale=-1.0 (the Gluon TAPA forward needs scale > 0")
+    assert gluon_tapa.supported(q, k, v, torch.arange(8)[None], torch.arange(8)[None]) == \
+        "explicit positions (the Gluon TAPA forward is index-causal)"
+    assert gluon_tapa.supported(*_qkv(dtype=torch.float32)).startswith("dtype torch.float32")
+    assert gluon_tapa.supported(*_qkv(D=96)) == "head dims q 96, k 96, v 96 (needs one of (64, 128))"
+    assert gluon_tapa.supported(*_qkv(D=64)) == "device cpu (needs CUDA, one device)"
+    assert gluon_tapa.supported(*_qkv(H=3, G=2)).startswith("shapes q (1, 3, 8, 128)")
+    assert gluon_tapa.supported(q[0], k, v) == "q, k, v must be 4-D tensors"
+    long_k = torch.zeros(1, 1, 1, 128).expand(1, 1, 2**29, 128)
+    assert gluon_tapa.supported(q, long_k, long_k).startswith("lengths T=8, S=536870912")
+
+
+def test_supported_without_gluon_or_under_interpreter(monkeypatch):
+    q, k, v = _qkv()
+    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", "ImportError: no module named gluon")
+    assert gluon_tapa.supported(q, k, v) == "gluon unavailable (ImportError: no module named gluon)"
+    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gluon_tapa.supported(q, k, v).startswith("TRITON_INTERPRET is set")
+
+
+def test_launcher_validates_and_refuses(gluon_importable):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="gluon_tapa_fwd: device cpu"):
+        gluon_tapa.gluon_tapa_fwd(q, k, v)
+    with pytest.raises(ValueError, match="alpha=0"):
+        gluon_tapa.gluon_tapa_fwd(q, k, v, alpha=0)
+    with pytest.raises(ValueError, match="phase='cubic'"):
+        gluon_tapa.gluon_tapa_fwd(q, k, v, phase="cubic")
+    with pytest.raises(ValueError, match="theta=0.25 with head dim 128"):
+        gluon_tapa.gluon_tapa_fwd(q, k, v, theta=0.25)
+
+
+@pytest.mark.skipif(gluon_tapa.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
+def test_descriptors_are_views_of_the_halves():
+    q = torch.zeros(2, 3, 100, 128, dtype=torch.bfloat16)
+    k = torch.zeros(2, 1, 90, 128, dtype=torch.bfloat16)
+    qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, k, 64, 32)
+    for desc, base, offset, rows in ((qa, q, 0, 600), (qp, q, 64, 600), (ka, k, 0, 180), (kp, k, 64, 180)):
+        assert desc.base.data_ptr() == base.data_ptr() + 2 * offset  # no copy: a strided view
+        assert list(desc.shape) == [rows, 64] and list(desc.strides) == [128, 1]
+    assert list(qa.block_shape) == [64, 64] and list(ka.block_shape) == [32, 64]
+    assert list(vd.shape) == [180, 128] and list(vd.block_shape) == [32, 128]
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.5, 1.0, 2.5, 5.9, 7.5])
+@pytest.mark.parametrize("tile", [(64, 64), (128, 64), (64, 128)])
+def test_series_radius_covers_every_series_tile(alpha, tile):
+    """A tile takes the series iff |D_c| >= r_min; there every in-tile offset e (|e| <= (BM + BN - 2)
+    / 2) has |e / D_c| <= u_max, and the five-term series (the kernel's, in float64) matches
+    |D_c + e|^alpha within `phase._taylor`'s bound, 1.4e-7 of the leading term |D_c|^alpha, at
+    either sign of D_c."""
+    bm, bn = tile
+    qk_scale, a, k_turn, *coef, r_min = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
+    assert a == alpha and k_turn == pytest.approx(1 / 8) and qk_scale == pytest.approx(1 / (8 * LN2))
+    u_max = phase._taylor(alpha)[0]
+    if u_max == 0.0:
+        assert r_min == gluon_tapa._R_MIN_CAP  # no series: every tile exact below 2**29 keys
+        return
+    i = torch.arange(bm, dtype=torch.float64)[:, None]
+    j = torch.arange(bn, dtype=torch.float64)[None, :]
+    e = i - j - (bm - bn) // 2
+    assert e.abs().max().item() == (bm + bn - 2) / 2
+    for dc in (r_min, -r_min, 3 * r_min + 5, -(2**28)):
+        u = e / dc
+        assert u.abs().max().item() <= u_max
+        series = sum(c * u**n for n, c in enumerate([1.0, *coef]))
+        exact = (dc + e).abs() ** alpha / abs(dc) ** alpha
+        assert (series - exact).abs().max().item() < 1.4e-7  # both in units of |D_c|^alpha
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def _on_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+hopper = pytest.mark.skipif(not _on_hopper(), reason="the Gluon TAPA forward needs an sm_90 GPU")
+RATIO = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def make_inputs(B, H, G, T, S, D, dtype, seed=42, phase_std=1.0):
+    gen = generator(seed, "cuda")
+    q, k, v, do = (torch.randn(*shape, generator=gen, device="cuda")
+                   for shape in ((B, H, T, D), (B, G, S, D), (B, G, S, D), (B, H, T, D)))
+    q[..., D // 2:] *= phase_std  # scales |Phi| (the cosine's argument; MATH §4.5)
+    return q.to(dtype), k.to(dtype), v.to(dtype), do.to(dtype)
+
+
+def positions(T, S, offset=0):
+    """Index positions (the T queries are the last T of the S keys) shifted by `offset`, int64."""
+    pos_k = torch.arange(S, device="cuda", dtype=torch.int64)[None] + offset
+    return torch.arange(S - T, S, device="cuda", dtype=torch.int64)[None] + offset, pos_k
+
+
+def ref_out_lse(q, k, v, params, causal, offset=0):
+    """float64 out and lse (log2 units, +inf for a row that sees no key) of the reference."""
+    T, S = q.shape[2], k.shape[2]
+    pos_q, pos_k = positions(T, S, offset)
+    mod = ScoreMod(kind="tapa", params=params)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    out = reference.attention(q64, k64, v64, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0, causal=causal,
+                              score_mod=mod, compute_dtype=torch.float64)
+    logits = reference.logits(q64, k64, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0, score_mod=mod,
+                              compute_dtype=torch.float64)
+    if causal:
+        logits = logits.masked_fill(~reference.visibility(pos_q, pos_k), float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1) / LN2
+    return out, torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+def gluon_forward(q, k, v, params, causal, tile=None):
+    """out, lse of the Gluon kernel into NaN-poisoned buffers (a row it skips stays NaN and fails)."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    return gluon_tapa.gluon_tapa_fwd(q, k, v, causal=causal, out=out, lse=lse, tile=tile, **params)
+
+
+def tl_config(params, D, causal):
+    return {"d_amp": D // 2, "alpha": params.get("alpha", 0.1), "phase_scale": params.get("phase_scale", 2 * math.pi),
+            "linear": params.get("phase", "quadratic") == "linear", "scale": 1.0, "causal": causal}
+
+
+def check_forward(q, k, v, params, *, causal, tile=None, label="gluon-tapa", offset=0):
+    T, S, D = q.shape[2], k.shape[2], q.shape[-1]
+    out, lse = gluon_forward(q, k, v, params, causal, tile)
+    ref, want = ref_out_lse(q, k, v, params, causal, offset)
+    err = assert_close(f"{label}-out", ref, out, RATIO[q.dtype])
+    empty = torch.isposinf(want)
+    assert torch.equal(torch.isposinf(lse), empty) and not lse.isnan().any()
+    assert (out[empty] == 0).all()
+    if (~empty).any():
+        assert_close(f"{label}-lse", want[~empty], lse[~empty], 1e-5)
+    if T <= S:  # the tl forward's own error at the same dtype
+        pos_q, pos_k = positions(T, S)
+        tl_out, _ = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **tl_config(params, D, causal))
+        tl_err = rel_rms(ref, tl_out)
+        assert err <= 1.25 * tl_err + 1e-4, f"{label}: error {err:.3e} vs the tl forward's {tl_err:.3e}"
+    return out, lse
+
+
+CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
+    (2, 4, 4, 1, 1, 128, True, {}, torch.bfloat16),
+    (1, 8, 2, 77, 77, 128, True, {"phase": "linear"}, torch.bfloat16),
+    (1, 8, 2, 1000, 1000, 128, True, {}, torch.bfloat16),
+    (1, 4, 4, 4099, 4099, 128, True, {"alpha": 0.5, "phase_scale": 1.0}, torch.float16),
+    (2, 4, 2, 4099, 4099, 64, False, {}, torch.bfloat16),
+    (1, 4, 4, 4099, 4099, 128, False, {"phase": "linear"}, torch.float16),
+    (1, 4, 4, 100, 733, 128, True, {}, torch.bfloat16),
+    (1, 8, 2, 1, 1000, 64, True, {"phase": "linear"}, torch.float16),
+    (1, 4, 2, 77, 1000, 128, False, {"alpha": 1.0}, torch.float16),
+    (1, 4, 4, 300, 77, 64, True, {}, torch.bfloat16),  # T > S: the first 223 rows see no key
+    (1, 4, 2, 1000, 1003, 128, True, {"alpha": 7.5, "phase_scale": 1.0}, torch.bfloat16),  # no series
+    (2, 16, 16, 1024, 1024, 128, True, {}, torch.bfloat16),
+]
+
+
+def _case_id(c):
+    return shape_id(B=c[0], H=c[1], G=c[2], T=c[3], S=c[4], D=c[5], causal=c[6], phase=c[7].get("phase", "quadratic"),
+                    alpha=c[7].get("alpha", 0.1), dtype=c[8])
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
+def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dtype):
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
+    check_forward(q, k, v, params, causal=causal)
+
+
+TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
+def test_gluon_tapa_every_tile(tile, D, phase_kind):
+    q, k, v, _ = make_inputs(1, 8, 2, 1000, 1003, D, torch.bfloat16)
+    check_forward(q, k, v, {"phase": phase_kind}, causal=True, tile=tile, label=f"gluon-tapa-{'x'.join(map(str, tile))}")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("offset", [2**24 + 7, 2**31 - 100, 2**50 + 3])
+def test_gluon_tapa_large_absolute_offsets(offset):
+    """The kernel takes no positions (index-only); the reference at absolute positions offset by
+    `offset` (int64, beyond fp32's integers) gives the same out and lse: TAPA sees only |m - n|."""
+    q, k, v, _ = make_inputs(1, 4, 2, 300, 1000, 128, torch.bfloat16)
+    check_forward(q, k, v, {"alpha": 0.5}, causal=True, offset=offset, label=f"gluon-tapa-offset{offset}")
+
+
+@pytest.mark.gpu
+@hopper
+def test_gluon_tapa_large_phase():
+    """|w Phi| in the hundreds (MATH §7.4): the range reduction in turns keeps the kernel as close
+    to float64 as the tl forward."""
+    q, k, v, _ = make_inputs(1, 4, 2, 700, 700, 128, torch.bfloat16, phase_std=10.0)
+    check_forward(q, k, v, {}, causal=True, label="gluon-tapa-bigphase")
+
+
+def _chunked_reference(q, k, v, params, chunk=2**20):
+    """float64 out, lse (log2) of causal index-position TAPA over a long S, key chunk by chunk."""
+    T, S = q.shape[2], k.shape[2]
+    pos_q, _ = positions(T, S)
+    lses, parts = [], []
+    for s0 in range(0, S, chunk):
+        pos_k = torch.arange(s0, min(S, s0 + chunk), device="cuda")[None]
+        kc = reference.repeat_kv(k[:, :, s0:s0 + chunk].double(), q.shape[1])
+        logit = tapa_scores(q.double(), kc, pos_q, pos_k, ScoreMod(kind="tapa", params=params).params, torch.float64)
+        logit = logit.masked_fill(~reference.visibility(pos_q, pos_k), float("-inf"))
+        lses.append(torch.logsumexp(logit, -1))
+        parts.append((logit, s0))
+    lse = torch.logsumexp(torch.stack(lses), 0)
+    out = sum(torch.exp(lg - lse[..., None]) @ reference.repeat_kv(v[:, :, s0:s0 + chunk].double(), q.shape[1])
+              for lg, s0 in parts)
+    return out, lse / LN2
+
+
+@pytest.mark.gpu
+@hopper
+def test_gluon_tapa_distances_beyond_fp32_integers():
+    """S = 2**24 + 77 keys, the last 3 as queries: distances up to 2**24 + 76, where fp32 stops
+    holding every integer, are subtracted in int32 and converted once; far tiles take the series
+    at central distances near 2**24. Against a chunked float64 reference."""
+    S, params = 2**24 + 77, {"alpha": 0.5}
+    q, k, v, _ = make_inputs(1, 2, 1, 3, S, 64, torch.bfloat16)
+    out, lse = gluon_forward(q, k, v, params, True)
+    ref, want = _chunked_reference(q, k, v, params)
+    assert_close("gluon-tapa-2**24-out", ref, out, RATIO[q.dtype])
+    assert_close("gluon-tapa-2**24-lse", want, lse, 1e-5)
+
+
+BWD_CASES = [(1, 8, 2, 1000, 1000, 128, True, {}, torch.bfloat16),
+             (1, 4, 4, 77, 300, 128, True, {"phase": "linear"}, torch.float16),
+             (1, 4, 2, 513, 513, 64, False, {"alpha": 0.5}, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", BWD_CASES, ids=[_case_id(c) for c in BWD_CASES])
+def test_gluon_tapa_lse_feeds_tl_backward(B, H, G, T, S, D, causal, params, dtype):
+    """triton_tapa.tapa_bwd on the Gluon forward's (out, lse) gives the tl path's gradients: within
+    bf16/fp16 rounding of them, and no further from float64 than they are."""
+    q, k, v, do = make_inputs(B, H, G, T, S, D, dtype)
+    pos_q, pos_k = positions(T, S)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    reference.attention(*leaves, pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0, causal=causal,
+                        score_mod=ScoreMod(kind="tapa", params=params),
+                        compute_dtype=torch.float64).backward(do.double())
+    cfg = tl_config(params, D, causal)
+    g_out, g_lse = gluon_forward(q, k, v, params, causal)
+    t_out, t_lse = triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, **cfg)
+    grads_gluon = triton_tapa.tapa_bwd(do, q, k, v, g_out, g_lse, pos_q, pos_k, **cfg)
+    grads_tl = triton_tapa.tapa_bwd(do, q, k, v, t_out, t_lse, pos_q, pos_k, **cfg)
+    assert_close("gluon-vs-tl-lse", t_lse, g_lse, 1e-5)
+    for name, ref, g, t in zip(("dq", "dk", "dv"), (x.grad for x in leaves), grads_gluon, grads_tl):
+        assert_close(f"gluon-vs-tl-{name}", t.float(), g.float(), RATIO[dtype])
+        err, tl_err = rel_rms(ref, g), rel_rms(ref, t)
+        assert err <= 1.25 * tl_err + 1e-4, f"{name}: error {err:.3e} vs the tl path's {tl_err:.3e}"
