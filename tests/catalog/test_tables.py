@@ -141,6 +141,25 @@ def test_footnote_names_the_seeds_used_where_they_are_not_the_specs() -> None:
     assert "over seeds {0, 1, 2};" in render_markdown(three, NOW)
 
 
+def test_footnote_says_what_the_trained_model_ran_with(sqlite_store: CatalogStore) -> None:
+    """An evaluation's number is its trained model's too: the record of the training stage above
+    an input stage reaches the footnote (here the eval stages recorded nothing themselves)."""
+    store = sqlite_store
+    spec = get_spec("pope_indirect_indexing")
+    populate(store, spec)
+    first = min(build(spec, store.reads.metrics_frame(grid=spec.grid)).inputs)
+    trained = add_stage(store, store.reads.cells_for_stage(first)[0]["cell_id"], "train-above", kind="pretrain")
+    store.add_edge(trained, first, "evaluates")
+    env = {"git_sha": "0" * 40, "deterministic": False,
+           "provenance": {"attention": {"impls": {"pope": ["cudnn"]}}, "precision": "bf16",
+                          "compile": True, "cuda_graphs": True, "device": "NVIDIA H200"}}
+    store.transition(trained, "READY", expected={"PLANNED"})
+    assert store.claim(trained, "test-controller")
+    store.finalize_success(trained, metrics=[], artifacts=[], env=env, backend="triton", mlflow_run_id=None)
+    text = render_table(store, spec, "md", now=NOW, record=False).text
+    assert "ran with attn_impl pope=cudnn, deterministic false, precision bf16, graph_mode compile+cuda_graphs" in text
+
+
 def test_gap_to_paper_row_per_result_with_a_paper_number() -> None:
     from phaselab.catalog.reports.tables.spec import render_latex, render_markdown
 

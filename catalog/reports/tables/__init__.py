@@ -94,10 +94,15 @@ FOOTNOTE_RAN = ("attn_impl", "deterministic", "precision", "graph_mode", "device
 
 
 def what_ran_summary(store: CatalogStore, stage_hashes: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """Field -> the distinct values the input stages' last attempts recorded (DESIGN §4), so a
-    table says which kernel implementation, determinism and precision produced it."""
+    """Field -> the distinct values the last attempts of the input stages and of every stage above
+    them recorded (DESIGN §4): an evaluation's number is also its trained model's, so a table says
+    which kernel implementation, determinism, precision and graph mode produced it."""
+    from phaselab.catalog.store.walks import ancestors
+
     seen: dict[str, set[str]] = {k: set() for k in FOOTNOTE_RAN}
-    for h in stage_hashes:
+    stage_hashes = list(stage_hashes)
+    above = {a for h in stage_hashes for a, _, _ in ancestors(store, h)}
+    for h in sorted(set(stage_hashes) | above):
         attempts = [a for a in store.reads.attempts_for_stage(h) if a.get("env")]
         if not attempts:
             continue
