@@ -49,7 +49,8 @@ KEY_DEFAULTS: dict[str, Any] = {"model.pe.options": {}}
 KEY_DEFAULTS |= {f"{sec}.real.{k}": None for sec in ("data", "eval.data") for k in ("dtype", "vocab_size")}
 # the attention kernels' options (kernels/common/options.py, model.attention)
 KEY_DEFAULTS |= {"model.attention.pope_impl": "auto", "model.attention.tapa_series": True,
-                 "model.attention.exp2": "mufu", "model.attention.autotune": False}
+                 "model.attention.exp2": "mufu", "model.attention.autotune": False,
+                 "model.attention.flash_impl": "auto"}
 
 
 def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_KEYS,

@@ -14,7 +14,7 @@ from phaselab.workloads.config import ConfigError, flatten, from_dict, to_dict
 from phaselab.workloads.models.config import AttentionConfig, ModelConfig
 
 BASE = {"vocab_size": 66, "block_size": 16, "n_layer": 1, "n_head": 2, "d_model": 32}
-OPTION_KEYS = ("pope_impl", "tapa_series", "exp2", "autotune")
+OPTION_KEYS = ("pope_impl", "tapa_series", "exp2", "autotune", "flash_impl")
 
 
 def test_the_config_fields_are_the_kernels_options_with_the_same_defaults():

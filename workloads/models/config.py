@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from phaselab.kernels.common.options import AttentionOptions, Exp2Mode, PopeImpl
+from phaselab.kernels.common.options import AttentionOptions, Exp2Mode, FlashImpl, PopeImpl
 from phaselab.kernels.rotary.config import RopeConfig
 from phaselab.kernels.rotary.config import Scaling as ScalingRule
 
@@ -116,10 +116,10 @@ class PEConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionConfig:
     """backend: a name in `phaselab.kernels.registry`; never a silent fallback (DESIGN §3.2).
-    "auto" is for interactive use only and records what it picked. pope_impl, tapa_series, exp2
-    and autotune choose how the triton backend's kernels run (`kernels.common.options`:
+    "auto" is for interactive use only and records what it picked. pope_impl, tapa_series, exp2,
+    autotune and flash_impl choose how the triton backend's kernels run (`kernels.common.options`:
     the PoPE implementation, "cudnn" being non-deterministic; TAPA's forward series; the softmax
-    exponentials' pipe; timing every tile config); other backends ignore them. What ran is
+    exponentials' pipe; timing every tile config; the flash core's forward); other backends ignore them. What ran is
     recorded in the stage's provenance."""
 
     backend: Literal["reference", "sdpa", "triton", "auto"] = "reference"
@@ -129,12 +129,13 @@ class AttentionConfig:
     tapa_series: bool = True
     exp2: Exp2Mode = "mufu"
     autotune: bool = False
+    flash_impl: FlashImpl = "auto"
 
     @property
     def options(self) -> AttentionOptions:
         """The kernels' options (validated there too: direct kernel callers share the checks)."""
         return AttentionOptions(pope_impl=self.pope_impl, tapa_series=self.tapa_series, exp2=self.exp2,
-                                autotune=self.autotune)
+                                autotune=self.autotune, flash_impl=self.flash_impl)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
