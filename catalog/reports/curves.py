@@ -141,6 +141,10 @@ def plot_learning_curves(points: Sequence[Mapping[str, Any]], axes_of: Mapping[s
     return save(fig, path_base, formats)
 
 
+# accuracies a run must reach to count as off a ~10 % plateau, halfway, and nearly solved
+ACC_THRESHOLDS = (0.2, 0.5, 0.8)
+
+
 def crossings(points: Iterable[Mapping[str, Any]], axes_of: Mapping[str, Mapping[str, Any]], metric: str,
               thresholds: Sequence[float]) -> list[dict[str, Any]]:
     """When each run left a plateau: one row per (group, seed) with the first logged step at which

@@ -210,8 +210,17 @@ def learning_curves(store: CatalogStore, grid: str, runs_root: Path, path_base: 
             points += [{**row, "stage_hash": h, "stage": name} for row in read_steps(steps)]
     if not points:
         raise ValueError(f"no training steps of grid {grid!r} under {runs_root} ({STEPS_FILE})")
-    return plot_learning_curves(points, axes_of, path_base, metrics=metrics, title=f"{grid}: learning curves",
-                                formats=formats)
+    if "valid/acc" not in metrics and any("valid/acc" in p for p in points):   # an accuracy task
+        metrics = (*metrics, "valid/acc")
+    paths = plot_learning_curves(points, axes_of, path_base, metrics=metrics, title=f"{grid}: learning curves",
+                                 formats=formats)
+    if "valid/acc" in metrics:   # when each run left its plateau, beside the figure
+        from phaselab.catalog.reports.curves import ACC_THRESHOLDS, crossings, crossings_markdown
+
+        table = path_base.with_name(path_base.name + "_crossings.md")
+        table.write_text(crossings_markdown(crossings(points, axes_of, "valid/acc", ACC_THRESHOLDS), "valid/acc"))
+        paths.append(table)
+    return paths
 
 
 def niah_heatmaps(store: CatalogStore, pivot: Pivot, path_base: Path, *,

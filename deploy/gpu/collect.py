@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-ACC_THRESHOLDS = (0.2, 0.5, 0.8)   # accuracy a run must reach to count as off a ~10 % plateau, halfway, done
 COPIED = ("run.json", "tables.md", "curves.jsonl.gz", "log.txt.gz")
 
 
@@ -115,6 +114,7 @@ def learning_curves(dest: Path) -> list[str]:
     """``learning_curves.{png,pdf}`` from ``curves.jsonl.gz`` (training and validation loss, and
     validation accuracy when logged), labelled by the cells' axes; [] without curves."""
     from phaselab.catalog.reports.curves import (
+        ACC_THRESHOLDS,
         crossings,
         crossings_markdown,
         plot_learning_curves,

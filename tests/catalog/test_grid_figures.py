@@ -55,3 +55,27 @@ def test_table_figures_read_like_grid_figures() -> None:
     assert spec.cols.title == "context length [tokens]"
     pe = next(d for d in spec.rows if d.field == "axes.pe")
     assert [pe.label(v) for v in pe.values] == [{"rope": "RoPE", "pope": "PoPE", "tapa": "TAPA"}[v] for v in pe.values]
+
+
+def test_learning_curves_of_an_accuracy_task_add_accuracy_and_crossings(sqlite_store: CatalogStore,
+                                                                        tmp_path: Path) -> None:
+    """A grid whose runs log validation accuracy gets its panel and, beside the figure, the first
+    step each run reached 20 / 50 / 80 % (when it left a plateau)."""
+    import json
+
+    gid = sqlite_store.upsert_grid(name="ii", grid_hash=h("ii"), yaml_submitted="", yaml_resolved="")
+    acc = {0: (0.1, 0.3, 0.9), 1: (0.1, 0.1, 0.25)}
+    for seed, values in acc.items():
+        sid = add_stage(sqlite_store, cell(sqlite_store, gid, {"pe": "pope", "seed": seed}), f"train-{seed}",
+                        kind="pretrain")
+        run_stage(sqlite_store, sid, [MetricRecord(name="acc", value=values[-1], split="valid")])
+        folder = tmp_path / "runs" / sid
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": 1000 * (i + 1), "train/loss": 3.0 - i, "valid/loss": 3.0 - i, "valid/acc": a}) + "\n"
+            for i, a in enumerate(values)))
+    paths = gf.learning_curves(sqlite_store, "ii", tmp_path / "runs", tmp_path / "ii_curves")
+    assert [p.name for p in paths] == ["ii_curves.png", "ii_curves.pdf", "ii_curves_crossings.md"]
+    table = paths[2].read_text()
+    assert "| train-0: pe=pope | 0 | 2k | 3k | 3k | 3k | 0.9 |" in table, table   # stages named apart here
+    assert "| train-1: pe=pope | 1 | 3k | never | never | 3k | 0.25 |" in table, table
