@@ -30,8 +30,8 @@ except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels h
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 __all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
-           "fence_async_shared", "gl", "gl_dtype", "gluon", "mbarrier", "supported", "tma", "triton",
-           "warpgroup_mma", "warpgroup_mma_wait"]
+           "fence_async_shared", "gl", "gl_dtype", "gluon", "mbarrier", "mma_layout", "rows_layout",
+           "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -75,3 +75,17 @@ def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     flat = t.reshape(-1, D)
     layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(t.dtype))
     return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout)
+
+
+if IMPORT_ERROR is None:
+
+    @gluon.constexpr_function
+    def mma_layout(num_warps, n):
+        """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.constexpr_function
+    def rows_layout(num_warps, d):
+        """16-byte vectors along the head dim, for global loads and stores of [rows, d] tiles."""
+        cols = min(32, d // 8)
+        return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])

@@ -46,6 +46,8 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         gl,
         gluon,
         mbarrier,
+        mma_layout,
+        rows_layout,
         tma,
         triton,
         warpgroup_mma,
@@ -71,17 +73,6 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 
 
 if gluon_common.IMPORT_ERROR is None:
-
-    @gluon.constexpr_function
-    def _mma_layout(num_warps, n):
-        """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-    @gluon.constexpr_function
-    def _store_layout(num_warps, d):
-        """16-byte vectors along the head dim for the epilogue's global stores."""
-        cols = min(32, d // 8)
-        return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
 
     @gluon.jit
     def _load(desc, row, bars, smem, i, hi, STAGES: gl.constexpr):
@@ -180,7 +171,7 @@ if gluon_common.IMPORT_ERROR is None:
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         gl.store(lse_ptr + i_bh.to(gl.int64) * T + rows, lse, mask=rows < T)
         inv = gl.convert_layout(1.0 / gl.where(empty, 1.0, l_i), gl.SliceLayout(1, o_layout))
-        st_layout: gl.constexpr = _store_layout(num_warps, HEAD_D)
+        st_layout: gl.constexpr = rows_layout(num_warps, HEAD_D)
         out = gl.convert_layout((o * inv[:, None]).to(o_ptr.dtype.element_ty), st_layout)
         r = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
         c = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, st_layout))
@@ -195,8 +186,8 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = q_smem.shape[0]
         HEAD_D: gl.constexpr = q_smem.shape[1]
         BLOCK_N: gl.constexpr = k_smem.shape[1]
-        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
-        o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_D)
+        s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(num_warps, HEAD_D)
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         row_lim = rows + (S - T)  # the last key index each row sees (causal)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))

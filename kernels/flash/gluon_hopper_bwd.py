@@ -53,6 +53,8 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         gl,
         gluon,
         mbarrier,
+        mma_layout,
+        rows_layout,
         tma,
         triton,
         warpgroup_mma,
@@ -74,17 +76,6 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 if gluon_common.IMPORT_ERROR is None:
 
     @gluon.constexpr_function
-    def _acc_layout(num_warps, n):
-        """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
-
-    @gluon.constexpr_function
-    def _rows_layout(num_warps, d):
-        """16-byte vectors along the head dim for the epilogues' global stores."""
-        cols = min(32, d // 8)
-        return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
-
-    @gluon.constexpr_function
     def _dq_part_layout(num_warps, block_m, d):
         """Accumulator of a [block_m, d] dQ chunk: warpgroups along M up to block_m // 64, the rest
         of the warps split d (wgmma takes 64 rows a warpgroup)."""
@@ -103,7 +94,7 @@ if gluon_common.IMPORT_ERROR is None:
         ptr's dtype; rows at or past n_rows are not stored."""
         R: gl.constexpr = x.shape[0]
         D: gl.constexpr = x.shape[1]
-        layout: gl.constexpr = _rows_layout(num_warps, D)
+        layout: gl.constexpr = rows_layout(num_warps, D)
         y = gl.convert_layout(x.to(ptr.dtype.element_ty), layout)
         r = r0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
         c = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
@@ -264,8 +255,8 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = q_smem.shape[1]
         BLOCK_N: gl.constexpr = k_smem.shape[0]
         HEAD_D: gl.constexpr = k_smem.shape[1]
-        st_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_M)
-        kv_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)
+        kv_layout: gl.constexpr = mma_layout(num_warps, HEAD_D)
         dq_layout: gl.constexpr = _dq_part_layout(num_warps, BLOCK_M, min(HEAD_D, 64))
         total = GROUP * nblk
         dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
@@ -378,8 +369,8 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
         HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-        s_layout: gl.constexpr = _acc_layout(num_warps, BLOCK_N)
-        dq_layout: gl.constexpr = _acc_layout(num_warps, HEAD_D)
+        s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)
+        dq_layout: gl.constexpr = mma_layout(num_warps, HEAD_D)
         m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # longest (causal) rows first
         i_bh = gl.program_id(1)
         kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S

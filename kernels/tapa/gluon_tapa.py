@@ -58,6 +58,8 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         gl,
         gluon,
         mbarrier,
+        mma_layout,
+        rows_layout,
         tma,
         triton,
         warpgroup_mma,
@@ -67,11 +69,9 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _block_range,
         _epilogue,
         _free_k,
-        _mma_layout,
         _p_operand,
         _pv,
         _softmax,
-        _store_layout,
     )
 
 # (BLOCK_M, BLOCK_N, STAGES, warps) per head dim. Two fp32 score accumulators (S_A, S_P) live
@@ -206,7 +206,7 @@ if gluon_common.IMPORT_ERROR is None:
         buffer with ones, so that its wgmma gives sum_j k_P[n, j] for every row (fp32 accumulation)."""
         BLOCK_M: gl.constexpr = qp_smem.shape[0]
         DP: gl.constexpr = qp_smem.shape[1]
-        ld: gl.constexpr = _store_layout(num_warps, DP)
+        ld: gl.constexpr = rows_layout(num_warps, DP)
         x = qp_smem.load(ld)
         sq = gl.convert_layout(gl.sum(x.to(gl.float32), 1), gl.SliceLayout(1, s_layout))
         gl.thread_barrier()  # every row read before any is overwritten
@@ -248,8 +248,8 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
-        s_layout: gl.constexpr = _mma_layout(num_warps, BLOCK_N)
-        o_layout: gl.constexpr = _mma_layout(num_warps, HEAD_D)
+        s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)
+        o_layout: gl.constexpr = mma_layout(num_warps, HEAD_D)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
