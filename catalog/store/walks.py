@@ -10,14 +10,16 @@ from collections.abc import Mapping, Sequence
 from phaselab.catalog.store.api import CatalogStore
 
 
-def _walk(store: CatalogStore, stage_hash: str, *, up: bool) -> list[tuple[str, str, int]]:
+def _walk(store: CatalogStore, stage_hash: str | Sequence[str], *, up: bool) -> list[tuple[str, str, int]]:
+    """BFS from one stage or several (one read of the edges either way)."""
     edges = store.reads.edges()
     nxt: dict[str, list[tuple[str, str]]] = {}
     for u, d, rel in edges:
         src, dst = (d, u) if up else (u, d)
         nxt.setdefault(src, []).append((dst, rel))
     seen: dict[str, tuple[str, int]] = {}
-    queue = deque([(stage_hash, 0)])
+    roots = [stage_hash] if isinstance(stage_hash, str) else list(stage_hash)
+    queue = deque((root, 0) for root in roots)
     while queue:
         node, depth = queue.popleft()
         for other, rel in sorted(nxt.get(node, [])):
@@ -30,6 +32,11 @@ def _walk(store: CatalogStore, stage_hash: str, *, up: bool) -> list[tuple[str, 
 def ancestors(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]]:
     """Every upstream stage as (hash, relation of the first edge found, distance), nearest first."""
     return _walk(store, stage_hash, up=True)
+
+
+def above(store: CatalogStore, stage_hashes: Sequence[str]) -> set[str]:
+    """Every stage upstream of any of ``stage_hashes`` (the edges read once)."""
+    return {h for h, _, _ in _walk(store, stage_hashes, up=True)}
 
 
 def descendants(store: CatalogStore, stage_hash: str) -> list[tuple[str, str, int]]:

@@ -97,12 +97,11 @@ def what_ran_summary(store: CatalogStore, stage_hashes: Iterable[str]) -> dict[s
     """Field -> the distinct values the last attempts of the input stages and of every stage above
     them recorded (DESIGN §4): an evaluation's number is also its trained model's, so a table says
     which kernel implementation, determinism, precision and graph mode produced it."""
-    from phaselab.catalog.store.walks import ancestors
+    from phaselab.catalog.store.walks import above
 
     seen: dict[str, set[str]] = {k: set() for k in FOOTNOTE_RAN}
     stage_hashes = list(stage_hashes)
-    above = {a for h in stage_hashes for a, _, _ in ancestors(store, h)}
-    for h in sorted(set(stage_hashes) | above):
+    for h in sorted(set(stage_hashes) | above(store, stage_hashes)):
         attempts = [a for a in store.reads.attempts_for_stage(h) if a.get("env")]
         if not attempts:
             continue
