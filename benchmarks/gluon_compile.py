@@ -45,22 +45,17 @@ def signature(kernel, D: int, tile: tuple[int, int, int, int], dtype: torch.dtyp
     return sig, consts
 
 
-def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
-                    ws: bool = False) -> dict:
-    """ptxas' report of one variant for sm_90a: registers, spill bytes, shared memory, PTX counts."""
+def compile_report(kernel, sig: dict, consts: dict, num_warps: int) -> dict:
+    """Compile one Gluon kernel for sm_90a (``sig``: argument types, ``consts``: constexpr values)
+    and read ptxas' report: registers, spill bytes, shared memory, and counts in its PTX."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel = gluon_hopper.gluon_flash_fwd_ws_kernel if ws else gluon_hopper.gluon_flash_fwd_kernel
-    sig, consts = signature(kernel, D, tile, dtype, ws)
-    consts["CAUSAL"] = causal
     names = kernel.arg_names
-    for name in consts:
-        sig[name] = "constexpr"
-    sig = {n: sig[n] for n in names}
-    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile[3]})
+    sig = {n: ("constexpr" if n in consts else sig[n]) for n in names}
+    src = GluonASTSource(kernel, sig, constexprs={(names.index(n),): c for n, c in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     ptx_text = compiled.asm["ptx"]
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +69,31 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype
             "spill_st": sum(int(s) for s, _ in spill), "spill_ld": sum(int(ld) for _, ld in spill),
             "smem": compiled.metadata.shared, "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx_text)),
             "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
+            "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
             "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
+
+
+def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
+                    ws: bool = False) -> dict:
+    """ptxas' report of one forward variant for sm_90a (`compile_report`)."""
+    kernel = gluon_hopper.gluon_flash_fwd_ws_kernel if ws else gluon_hopper.gluon_flash_fwd_kernel
+    sig, consts = signature(kernel, D, tile, dtype, ws)
+    return compile_report(kernel, sig, consts | {"CAUSAL": causal}, tile[3])
+
+
+def median_ms(fn) -> float:
+    """Median of 30 CUDA-event timings of ``fn()`` after 5 warm-up calls."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
 
 
 def time_forward(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, ws: bool = False) -> float:
@@ -92,17 +111,25 @@ def time_forward(D: int, N: int, tile: tuple[int, int, int, int] | None, causal:
     else:
         def fn():
             gluon_hopper.gluon_flash_fwd(q, k, v, scale=D**-0.5, causal=causal, tile=tile, warp_specialize=ws)
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return median_ms(fn)
+
+
+def require_gluon(script: str, import_error: str | None) -> None:
+    """Exit with the reason where these scripts cannot compile for sm_90a."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit(f"{script} compiles for sm_90a: unset TRITON_INTERPRET")
+    if import_error is not None:
+        raise SystemExit(f"no Gluon here: {import_error}")
+
+
+def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
+    """One table row of a compile report (``extra``: more of its counts, e.g. ex2, cos), then
+    ptxas' warnings."""
+    cells = [r["regs"], f"{r['spill_st']}/{r['spill_ld']}", r["smem"], r["bar_sync"], r["wgmma_wait"],
+             *(r[k] for k in extra)]
+    print(f"{label} " + " | ".join(map(str, cells)) + " |")
+    for w in r["warnings"]:
+        print(f"  ptxas: {w}")
 
 
 def parse_tile(text: str) -> tuple[int, int, int, int]:
@@ -123,10 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths against cuDNN")
     args = p.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise SystemExit("gluon_compile.py compiles for sm_90a: unset TRITON_INTERPRET")
-    if gluon_hopper.gluon_common.IMPORT_ERROR is not None:
-        raise SystemExit(f"no Gluon here: {gluon_hopper.gluon_common.IMPORT_ERROR}")
+    require_gluon("gluon_compile.py", gluon_hopper.gluon_common.IMPORT_ERROR)
     import triton
 
     print(f"triton {triton.__version__}, sm_90a")
@@ -146,10 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                             failed += 1
                             print(f"{label} error: {str(exc).strip().splitlines()[-1][:160]} | | | | |")
                             continue
-                        print(f"{label} {r['regs']} | {r['spill_st']}/{r['spill_ld']} | {r['smem']} | "
-                              f"{r['bar_sync']} | {r['wgmma_wait']} |")
-                        for w in r["warnings"]:
-                            print(f"  ptxas: {w}")
+                        print_row(label, r)
                         for N in args.time if dt == "bf16" else []:
                             ms, ref = time_forward(D, N, tile, bool(causal), variant == "ws"), \
                                 time_forward(D, N, None, bool(causal))

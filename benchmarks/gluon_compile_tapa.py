@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
-from gluon_compile import parse_tile, time_forward  # the sibling script (benchmarks/ is on sys.path)
+from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
+    compile_report,
+    median_ms,
+    parse_tile,
+    print_row,
+    require_gluon,
+    time_forward,
+)
 
 from phaselab.kernels.tapa import gluon_tapa
 
@@ -46,58 +48,12 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
     return sig, {"STAGES": stages, "num_warps": tile[3]}
 
 
-def ptxas_report(ptx_text: str) -> str:
-    """ptxas -v's stderr for the PTX, compiled for sm_90a with Triton's bundled ptxas."""
-    import triton
-
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(ptx_text)
-        return subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=True).stderr
-
-
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
                     dtype: torch.dtype = torch.bfloat16) -> dict:
-    """ptxas' report of one variant for sm_90a: registers, spill bytes, shared memory, PTX counts."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    kernel = gluon_tapa.gluon_tapa_fwd_kernel
+    """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`)."""
     sig, consts = signature(D, tile, dtype)
-    consts |= {"CAUSAL": causal, "LINEAR": linear}
-    names = kernel.arg_names
-    for name in consts:
-        sig[name] = "constexpr"
-    sig = {n: sig[n] for n in names}
-    src = GluonASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": tile[3]})
-    ptx_text = compiled.asm["ptx"]
-    report = ptxas_report(ptx_text)
-    regs = re.findall(r"Used (\d+) registers", report)
-    spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
-    return {"regs": max(map(int, regs)) if regs else None,
-            "spill_st": sum(int(s) for s, _ in spill), "spill_ld": sum(int(ld) for _, ld in spill),
-            "smem": compiled.metadata.shared, "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx_text)),
-            "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
-            "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
-            "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
-
-
-def _median_ms(fn) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts | {"CAUSAL": causal, "LINEAR": linear},
+                          tile[3])
 
 
 def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str) -> float:
@@ -110,10 +66,10 @@ def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bo
     q, k, v = (torch.randn(B, 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     if tile is None:
         pos = torch.arange(N, device="cuda")[None]
-        return _median_ms(lambda: triton_tapa.tapa_fwd(q, k, v, pos, pos, d_amp=D // 2, alpha=0.1,
+        return median_ms(lambda: triton_tapa.tapa_fwd(q, k, v, pos, pos, d_amp=D // 2, alpha=0.1,
                                                        phase_scale=2 * math.pi, linear=phase == "linear",
                                                        scale=1.0, causal=causal))
-    return _median_ms(lambda: gluon_tapa.gluon_tapa_fwd(q, k, v, phase=phase, causal=causal, tile=tile))
+    return median_ms(lambda: gluon_tapa.gluon_tapa_fwd(q, k, v, phase=phase, causal=causal, tile=tile))
 
 
 def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int]) -> None:
@@ -135,10 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
     args = p.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise SystemExit("gluon_compile_tapa.py compiles for sm_90a: unset TRITON_INTERPRET")
-    if gluon_tapa.gluon_common.IMPORT_ERROR is not None:
-        raise SystemExit(f"no Gluon here: {gluon_tapa.gluon_common.IMPORT_ERROR}")
+    require_gluon("gluon_compile_tapa.py", gluon_tapa.gluon_common.IMPORT_ERROR)
     import triton
 
     print(f"triton {triton.__version__}, sm_90a")
@@ -158,10 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                             failed += 1
                             print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | | | |")
                             continue
-                        print(f"{label} {r['regs']} | {r['spill_st']}/{r['spill_ld']} | {r['smem']} | "
-                              f"{r['bar_sync']} | {r['wgmma_wait']} | {r['ex2']} | {r['cos']} |")
-                        for w in r["warnings"]:
-                            print(f"  ptxas: {w}")
+                        print_row(label, r, extra=("ex2", "cos"))
                         if dt == "bf16" and args.time:
                             _print_timings(D, tile, bool(causal), phase, args.time)
     if failed:
