@@ -58,3 +58,13 @@ def interpreter_on() -> bool:
 
 needs_interpreter = pytest.mark.skipif(
     not interpreter_on(), reason="CPU interpreter tests (TRITON_INTERPRET=1); the gpu tests cover CUDA")
+
+
+@pytest.fixture
+def gluon_importable(monkeypatch):
+    """The Gluon kernels' `supported` as on a machine whose Gluon imports and that does not
+    interpret (kernels/flash/gluon_common.py)."""
+    from phaselab.kernels.flash import gluon_common
+
+    monkeypatch.setattr(gluon_common, "IMPORT_ERROR", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)

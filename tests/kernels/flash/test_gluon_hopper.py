@@ -29,12 +29,6 @@ def test_module_imports_without_gpu():
     assert isinstance(module.supported(q, q, q), str)  # no CUDA tensor here: a reason, no exception
 
 
-@pytest.fixture
-def gluon_importable(monkeypatch):
-    """`supported` as on a machine whose Gluon imports and that does not interpret."""
-    monkeypatch.setattr(gluon_hopper.gluon_common, "IMPORT_ERROR", None)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
 
 def _qkv(D=64, dtype=torch.bfloat16, H=4, G=2, T=8, S=8):
     return (torch.zeros(1, H, T, D, dtype=dtype), torch.zeros(1, G, S, D, dtype=dtype),

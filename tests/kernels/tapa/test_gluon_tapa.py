@@ -36,12 +36,6 @@ def _qkv(D=128, dtype=torch.bfloat16, H=4, G=2, T=8, S=8):
             torch.zeros(1, G, S, D, dtype=dtype))
 
 
-@pytest.fixture
-def gluon_importable(monkeypatch):
-    """`supported` as on a machine whose Gluon imports and that does not interpret."""
-    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", None)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
 
 def test_module_imports_without_gpu():
     module = importlib.reload(gluon_tapa)
