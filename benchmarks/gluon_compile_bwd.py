@@ -7,6 +7,11 @@ where the local Triton is another version, e.g. with a 3.6.0 install on PYTHONPA
 
     PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile_bwd.py
     python benchmarks/gluon_compile_bwd.py --dims 128 --kernels dkdv --tiles 64x128x2x8 128x128x2x8
+
+On an sm_90 GPU, `--time N [N ...]` also times forward+backward (causal, bf16, H = 16, 65536 tokens
+a batch, CUDA events, median of 30) against SDPA cuDNN's forward+backward on the same inputs in the
+same process: the Gluon forward with each backward (the `tl` one, the Gluon deterministic one, the
+Gluon atomic-dQ one and the warp-specialised dK/dV), so the ratios read directly against the target.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
+    median_ms,
     parse_tile,
     print_row,
     require_gluon,
@@ -83,6 +89,58 @@ def compile_check(dims=bwd.gluon_common.HEAD_DIMS, kernels=KERNELS, tiles=None, 
     return failed
 
 
+BACKWARDS = {"tl": {}, "gluon": {"deterministic": True}, "gluon-atomic": {"deterministic": False},
+             "gluon-ws": {"deterministic": True, "warp_specialize": True}}
+
+
+def time_fwd_bwd(D: int, N: int, backward: str | None, causal: bool = True) -> float:
+    """Median ms of forward + backward at B = 65536 // N, H = 16, bf16: SDPA cuDNN's (backward
+    None) or the Gluon forward's followed by the named backward (`BACKWARDS`)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from phaselab.kernels.flash import gluon_hopper
+    from phaselab.kernels.flash.triton_flash import flash_bwd
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    if backward is None:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            torch.autograd.grad(out, (q, k, v), do)
+        return median_ms(fn)
+
+    def fn():
+        out, lse = gluon_hopper.gluon_flash_fwd(q, k, v, scale=D**-0.5, causal=causal)
+        if backward == "tl":
+            flash_bwd(do, q, k, v, out, lse, None, None, None, scale=D**-0.5, causal=causal)
+        else:
+            bwd.gluon_flash_bwd(do, q, k, v, out, lse, scale=D**-0.5, causal=causal, **BACKWARDS[backward])
+    return median_ms(fn)
+
+
+def time_table(dims, lengths) -> None:
+    """One row per (D, N): cuDNN's ms, then each backward's ms and its ratio to cuDNN."""
+    print("\nforward + backward, causal bf16, H = 16, 64k tokens a batch (ms; x cuDNN)")
+    print("| D | N | cuDNN ms | " + " | ".join(f"gluon fwd + {b} bwd" for b in BACKWARDS) + " |")
+    print("|---:|---:|---:|" + "---|" * len(BACKWARDS))
+    for D in dims:
+        for N in lengths:
+            ref = time_fwd_bwd(D, N, None)
+            cells = []
+            for name in BACKWARDS:
+                try:
+                    ms = time_fwd_bwd(D, N, name)
+                    cells.append(f"{ms:.3f} ({ms / ref:.2f}x)")
+                except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
+                    cells.append(f"error: {str(exc).strip().splitlines()[-1][:80]}")
+            print(f"| {D} | {N} | {ref:.3f} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", type=int, nargs="+", default=list(bwd.gluon_common.HEAD_DIMS))
@@ -91,9 +149,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: the module's tile of each kernel and D)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
+                   help="on an sm_90 GPU, also time forward+backward at these lengths against cuDNN")
     args = p.parse_args(argv)
     require_gluon("gluon_compile_bwd.py", bwd.gluon_common.IMPORT_ERROR)
     failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.dtypes)
+    if args.time:
+        time_table(args.dims, args.time)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
 
