@@ -1,0 +1,102 @@
+"""Offline compile check of the Gluon Hopper TAPA backward (kernels/tapa/gluon_tapa_bwd.py): compiles
+the dK/dV and dQ kernels for sm_90a with the Triton in this environment (no GPU needed: Triton's
+bundled ptxas) and prints ptxas' registers, spills and shared memory per variant, the CTA barriers
+(bar.sync), wgmma waits and the ex2 / cos instructions in its PTX, and any ptxas performance warning
+(C7514: wgmma serialised).
+
+The GPU machine runs Triton 3.6.0, whose Gluon API differs from later releases; check against it
+where the local Triton is another version:
+
+    PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile_tapa_bwd.py
+    python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --kernels dkdv --tiles 32x128x2x8 64x64x2x4
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
+    compile_report,
+    parse_tile,
+    print_row,
+    require_gluon,
+)
+
+from phaselab.kernels.tapa import gluon_tapa_bwd as bwd
+
+KERNELS = ("dkdv", "dq")
+PHASES = ("quadratic", "linear")
+
+
+def signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> dict:
+    """Argument types of one variant, from descriptors over small CPU tensors (shapes are run-time
+    values; only the block shapes and layouts enter the signature)."""
+    from triton.runtime.jit import mangle_type
+
+    block_m, block_n, _, _ = tile
+    x = torch.zeros(1, 1, 256, D, dtype=dtype)
+    names = ("qa_desc", "qp_desc", "ka_desc", "kp_desc", "v_desc")
+    sig = {n: mangle_type(d) for n, d in zip(names, bwd.gluon_tapa.descriptors(x, x, x, block_m, block_n))}
+    sig |= {"do_desc": mangle_type(bwd.descriptor(x, block_m)), "lse_ptr": "*fp32", "dlt_ptr": "*fp32"}
+    outs = ("dq_ptr",) if kernel_name == "dq" else ("dk_ptr", "dv_ptr")
+    sig |= {n: mangle_type(x) for n in outs} | {"T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
+    sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5", "ds_scale")}
+    sig["r_min"] = "i32"
+    return sig
+
+
+def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
+                    dtype: torch.dtype = torch.bfloat16) -> dict:
+    """ptxas' report of one backward variant for sm_90a (`gluon_compile.compile_report`)."""
+    kernel = bwd.gluon_tapa_bwd_dq_kernel if kernel_name == "dq" else bwd.gluon_tapa_bwd_dkdv_kernel
+    bwd.check_tile(tile, 0 if kernel_name == "dq" else 1)
+    consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3]}
+    return compile_report(kernel, signature(kernel_name, D, tile, dtype), consts, tile[3])
+
+
+def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASES, dtypes=("bf16",)) -> int:
+    """Compile every variant, print one table row each; returns the number that failed."""
+    import triton
+
+    print(f"triton {triton.__version__}, sm_90a")
+    print("| kernel | D | tile (MxNxstagesxwarps) | causal | phase | dtype | regs | spill st/ld B | smem B | bar.sync | "
+          "wgmma.wait | ex2 | cos |\n|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    failed = 0
+    for name in kernels:
+        default = bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES
+        for D in dims:
+            for tile in tiles or [default[D]]:
+                for c in causal:
+                    for phase in phases:
+                        for dt in dtypes:
+                            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+                            label = f"| {name} | {D} | {'x'.join(map(str, tile))} | {c} | {phase} | {dt} |"
+                            try:
+                                r = compile_variant(name, D, tile, bool(c), phase == "linear", dtype)
+                            except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                                failed += 1
+                                print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | | | |")
+                                continue
+                            print_row(label, r, extra=("ex2", "cos"))
+    return failed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dims", type=int, nargs="+", default=list(bwd.DKDV_TILES))
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: the module's tile of each kernel and D)")
+    p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
+    p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
+    p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    args = p.parse_args(argv)
+    require_gluon("gluon_compile_tapa_bwd.py", bwd.gluon_common.IMPORT_ERROR)
+    failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.phases, args.dtypes)
+    if failed:
+        raise SystemExit(f"{failed} variant(s) failed to compile")
+
+
+if __name__ == "__main__":
+    main()

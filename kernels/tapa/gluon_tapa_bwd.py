@@ -1,0 +1,504 @@
+"""Hopper (sm_90) backward of TAPA attention in Gluon (MATH §4.4), on the skeleton of the plain Gluon
+backward (kernels/flash/gluon_hopper_bwd.py: TMA rings guarded by mbarriers, asynchronous wgmma, the
+softmax recomputed from the forward's log-sum-exp with exp2; FA2's split into a dK/dV and a dQ kernel,
+no atomics, hence deterministic).
+
+Spec: the gradients of `triton_tapa.tapa_bwd` with index positions (the T queries are the last T of
+the S keys: query t sits at m = t + S - T, key s at n = s; key s is visible iff n <= m when causal),
+GQA (head h reads kv head h // (H // G); dk, dv sum over the group), D in {64, 128} split D_A = D_P =
+D / 2, bf16 or fp16, fp32 accumulation, quadratic or linear phase (MATH §4.3). lse is either
+forward's (`triton_tapa.tapa_fwd`, `gluon_tapa.gluon_tapa_fwd`): log2 units of scale * score * log2 e,
++inf for a row that sees no key (its P is 0). TAPA's score depends on the positions only through
+|m - n| (MATH §4.6), so the launcher takes no offset; distances are int32 index differences,
+converted to fp32 once (correctly rounded at any length).
+
+With A = S_A / sqrt(D_A), t = W S_P (turns), W = k_turn |m - n|^alpha, k_turn = phase_scale /
+(2 pi sqrt(D_P)) and dS = P (dP - Delta), dP = dO V^T, Delta = rowsum(dO * O) (triton_tapa.py):
+    d loss / d S_A = scale / sqrt(D_A) * dS cos(2 pi t)
+    d loss / d S_P = -2 pi scale / sqrt(D_A) * dS S_A W sin(2 pi t)
+The per-tile products run without the constant factors (`G_A = dS cos`, `G_P = dS S_A W sin`); the
+accumulators are scaled once in the epilogue, as the plain backward scales dK.
+
+    dK/dV, one program per key block (K_A, K_P, V resident), over the query blocks of every head of
+    its GQA group; Q_A, Q_P, dO of step i + STAGES stream into the ring slot step i frees:
+        issue S_P^T = K_P Q_P^T, S_A^T = K_A Q_A^T, dP^T = V dO^T (async)
+        wait S_P^T; W^T, cos and sin of the phase (overlaps S_A^T and dP^T)
+        wait S_A^T; P^T = exp2(qk_scale S_A^T cos - lse); wait dP^T; issue dV += P^T dO
+        issue dK_A += G_A^T Q_A, dK_P += G_P^T Q_P; wait all; refill the slot
+    dQ, one program per query block (Q_A, Q_P, dO resident), over its key blocks with K_A, K_P and V
+    in separate rings: the same products untransposed, dQ_A += G_A K_A, dQ_P += G_P K_P.
+
+W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >= r_min take the
+binomial series about the centre (`gluon_tapa._w_series`, the radius `phase._taylor`'s), tiles near
+the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
+key ends in dQ) the exact power too. The dK/dV kernel's tiles are transposed (rows keys, columns
+queries): the same helpers take negated offsets (`_weight_t`). The phase is reduced in turns,
+t - rint(t) exact in fp32 by the forward's shifter (MATH §7.4), then cos.approx and sin.approx.
+Linear phase: the phase half of the resident operand (K_P in dK/dV, Q_P in dQ) is replaced by ones
+after its row sums are taken (`gluon_tapa._linear_setup`), so the S_P wgmma gives the streamed
+side's sums; its gradient is a row sum of G_P in fp32 registers, the same on every phase feature.
+
+Reads past T or S through the flattened [rows, D / 2] views land in a neighbouring head or are
+zero-filled by TMA: query rows past T get lse = +inf (P = 0), keys past S are masked in dQ and
+their dK/dV rows are not stored.
+
+The module imports without Gluon (CPU machines, other Triton versions): `supported` says why the
+kernels cannot run, and nothing Gluon runs under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from phaselab.kernels.common.score_mod import ScoreMod
+from phaselab.kernels.common.triton_common import do_o_rows
+from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash.gluon_common import descriptor
+from phaselab.kernels.tapa import gluon_tapa
+
+if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
+    from phaselab.kernels.flash.gluon_common import (
+        fence_async_shared,
+        gl,
+        gluon,
+        mbarrier,
+        mma_layout,
+        rows_layout,
+        tma,
+        triton,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from phaselab.kernels.flash.gluon_hopper import _free_k
+    from phaselab.kernels.flash.gluon_hopper_bwd import (
+        _a_operand,
+        _key_range,
+        _q_row,
+        _query_range,
+        _store_rows,
+    )
+    from phaselab.kernels.tapa.gluon_tapa import (
+        _geometry,
+        _linear_setup,
+        _near_range,
+        _ring,
+        _w_exact,
+        _w_series,
+        _weight,
+    )
+
+# (BLOCK_M queries, BLOCK_N keys, STAGES, warps) per head dim; the resident side (keys in dK/dV,
+# queries in dQ) takes the warps along its rows. Three fp32 [rows, cols] tiles (S_A, S_P, dP) are in
+# flight beside the accumulators, so the streamed side is narrow where the accumulators are wide
+# (dK_A, dK_P, dV: 2 D columns). Registers and spills for sm_90a with triton 3.6.0:
+# benchmarks/gluon_compile_tapa_bwd.py. Not yet run on a GPU.
+DKDV_TILES = {64: (64, 128, 2, 8), 128: (32, 128, 2, 8)}
+DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 32, 2, 8)}
+_TWO_PI = 2.0 * math.pi
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None, *,
+              theta: float = 0.5, scale: float = 1.0) -> str | None:
+    """None when the Gluon TAPA backward can run on these inputs, else a short reason: the
+    forward's restrictions (`gluon_tapa.supported`: the D/2 split, scale > 0, index positions,
+    dtypes, widths, lengths, machine), which the backward's kernels share."""
+    reason = gluon_tapa.supported(q, k, v, pos_q, pos_k, theta=theta, scale=scale)
+    return None if reason is None else reason.replace("Gluon TAPA forward", "Gluon TAPA backward")
+
+
+if gluon_common.IMPORT_ERROR is None:
+
+    @gluon.jit
+    def _sincos_turns(t):
+        """(cos, sin) of 2 pi t for fp32 turns t: t - rint(t) by the forward's shifter
+        (gluon_tapa._cos_turns), then cos.approx and sin.approx on [-pi, pi]."""
+        r = (t - ((t + 12582912.0) - 12582912.0)) * 6.283185307179586
+        c = gl.inline_asm_elementwise("cos.approx.f32 $0, $1;", "=r,r", [r], dtype=gl.float32, is_pure=True, pack=1)
+        s = gl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [r], dtype=gl.float32, is_pure=True, pack=1)
+        return c, s
+
+    @gluon.jit
+    def _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MASKED: gl.constexpr, ROWS_ARE_QUERIES: gl.constexpr):
+        """(P, G_A, G_P) of one tile (module docstring) from S_P, S_A, dP and W; lse and Delta are
+        per query (rows or columns); MASKED: P = 0 where `vis` is false."""
+        c, s = _sincos_turns(w * sp)
+        if ROWS_ARE_QUERIES:
+            p = gl.exp2(sa * c * qk_scale - lse[:, None])
+        else:
+            p = gl.exp2(sa * c * qk_scale - lse[None, :])
+        if MASKED:
+            p = gl.where(vis, p, 0.0)
+        if ROWS_ARE_QUERIES:
+            ds = p * (dp - dlt[:, None])
+        else:
+            ds = p * (dp - dlt[None, :])
+        return p, ds * c, ds * sa * (w * s)
+
+    # ------------------------------------------------------------------------- dK / dV
+
+    @gluon.jit
+    def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr):
+        """W^T [BN keys, BM queries] of query block i: MODE 0 the series about D_c = i BM + xq - n0
+        (u = ((c - r) - CENTRE) / D_c, the forward's helper with negated offsets), else exact."""
+        xq, n0, key_pos, ia_t, cols, jc_t, _sk = geo
+        alpha, k_turn, c1, c2, c3, c4, c5 = ph
+        if MODE == 0:
+            w = _w_series(i * BLOCK_M + xq, n0, ia_t, jc_t, alpha, k_turn, c1, c2, c3, c4, c5)
+        else:
+            CENTRE: gl.constexpr = (BLOCK_M - ia_t.shape[0]) // 2
+            w = _w_exact(key_pos, i * BLOCK_M + xq - CENTRE, cols, alpha, k_turn)
+        return w
+
+    @gluon.jit
+    def _geometry_t(n0, T, S, LINEAR: gl.constexpr, kp_smem, BLOCK_M: gl.constexpr, st_layout: gl.constexpr,
+                    num_warps: gl.constexpr):
+        """(xq, n0, key_pos, ia_t, cols, jc_t, sk) of a dK/dV program: xq = S - T + CENTRE (D_c of
+        query block i is i BM + xq - n0), key indices n0 + r, -(r + CENTRE) and -c as fp32, the
+        query columns c, and the linear phase's key row sums (zeros for the quadratic phase)."""
+        BLOCK_N: gl.constexpr = kp_smem.shape[0]
+        CENTRE: gl.constexpr = (BLOCK_M - BLOCK_N) // 2
+        r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+        cols = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        if LINEAR:
+            sk = _linear_setup(kp_smem, st_layout, num_warps)
+        else:
+            sk = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, st_layout))
+        return (S - T + CENTRE, n0, n0 + r, -(r + CENTRE).to(gl.float32), cols, -cols.to(gl.float32), sk)
+
+    @gluon.jit
+    def _load_q(descs, bufs, it, nblk, lo, bh0, T, total, STAGES: gl.constexpr):
+        """TMA Q_A, Q_P, dO of step it into ring slot it % STAGES, if it < total."""
+        qa_desc, qp_desc, do_desc = descs
+        qa_smem, qp_smem, do_smem, bars = bufs[3], bufs[4], bufs[5], bufs[6]
+        slot = it % STAGES
+        row = _q_row(it, nblk, lo, bh0, T, qa_smem.shape[1])
+        NBYTES: gl.constexpr = qa_desc.block_type.nbytes + qp_desc.block_type.nbytes + do_desc.block_type.nbytes
+        mbarrier.expect(bars.index(slot), NBYTES, pred=it < total)
+        tma.async_copy_global_to_shared(qa_desc, [row, 0], bars.index(slot), qa_smem.index(slot), pred=it < total)
+        tma.async_copy_global_to_shared(qp_desc, [row, 0], bars.index(slot), qp_smem.index(slot), pred=it < total)
+        tma.async_copy_global_to_shared(do_desc, [row, 0], bars.index(slot), do_smem.index(slot), pred=it < total)
+
+    @gluon.jit
+    def _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr, T, S, qk_scale,
+                   MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                   st_layout: gl.constexpr):
+        """One query block of the dK/dV schedule (module docstring); MODE 0 series, 1 exact, 2 exact
+        and masked (the causal diagonal)."""
+        ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars = bufs
+        nblk, lo, bh0, total = sched
+        BLOCK_M: gl.constexpr = qa_smem.shape[1]
+        BLOCK_N: gl.constexpr = ka_smem.shape[0]
+        slot = it % STAGES
+        i = lo + it % nblk
+        bh = bh0 + it // nblk
+        q_idx = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+        lse = gl.load(lse_ptr + bh.to(gl.int64) * T + q_idx, mask=q_idx < T, other=float("inf"))  # past T: P = 0
+        mbarrier.wait(bars.index(slot), (it // STAGES) & 1)
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
+        sp_tok = warpgroup_mma(kp_smem, qp_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        sa_tok = warpgroup_mma(ka_smem, qa_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        sp = warpgroup_mma_wait(2, deps=(sp_tok,))
+        if LINEAR:
+            sp = sp + geo[6][:, None]
+        w = _weight_t(i, geo, ph, MODE, BLOCK_M)
+        vis = (geo[2] < S)[:, None]
+        if CAUSAL:
+            vis = vis & (geo[2][:, None] <= (q_idx + (S - T))[None, :])
+        sa = warpgroup_mma_wait(1, deps=(sa_tok,))
+        dlt = gl.load(dlt_ptr + bh.to(gl.int64) * T + q_idx, mask=q_idx < T, other=0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        p, g_a, g_p = _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MODE == 2, False)
+        dtype: gl.constexpr = ka_smem.dtype
+        dv_layout: gl.constexpr = dv.type.layout
+        h_layout: gl.constexpr = dka.type.layout
+        dv_tok = warpgroup_mma(_a_operand(p, dtype, dv_layout), do_smem.index(slot), dv, is_async=True)
+        dka_tok = warpgroup_mma(_a_operand(g_a, dtype, h_layout), qa_smem.index(slot), dka, is_async=True)
+        if LINEAR:
+            dks = dks + gl.sum(g_p, 1)
+            dv, dka = warpgroup_mma_wait(0, deps=(dv_tok, dka_tok))
+        else:
+            dkp_tok = warpgroup_mma(_a_operand(g_p, dtype, h_layout), qp_smem.index(slot), dkp, is_async=True)
+            dv, dka, dkp = warpgroup_mma_wait(0, deps=(dv_tok, dka_tok, dkp_tok))
+        _load_q(descs, bufs, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+        return dka, dkp, dks, dv
+
+    @gluon.jit
+    def _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """(a, b): unmasked query blocks [a, b) within [mid, n_qb) have |D_c| < r_min (exact W);
+        [mid, a) and [b, n_qb) take the series. D_c = i BM + S - T + CENTRE - n0 grows with i."""
+        x0 = S - T + (BLOCK_M - BLOCK_N) // 2 - n0
+        lo = -r_min - x0   # a: the first i with i BM > lo
+        hi = r_min - x0    # b: the first i with i BM >= hi
+        a = gl.where(lo >= 0, gl.maximum(lo, 0) // BLOCK_M + 1, 0)
+        b = gl.where(hi > 0, gl.cdiv(gl.maximum(hi, 0), BLOCK_M), 0)
+        a = gl.minimum(gl.maximum(a, mid), n_qb)
+        return a, gl.minimum(gl.maximum(b, a), n_qb)
+
+    @gluon.jit
+    def _dkdv_epilogue(dka, dkp, dks, dv, dk_ptr, dv_ptr, i_bg, n0, S, ds_scale, LINEAR: gl.constexpr,
+                       num_warps: gl.constexpr):
+        """dK = (scale / sqrt(D_A)) (dK_A, -2 pi dK_P), dV; rows past S are not stored."""
+        DA: gl.constexpr = dka.shape[1]
+        row_base = i_bg.to(gl.int64) * S
+        _store_half(dk_ptr, dka * ds_scale, row_base, n0, S, 0, num_warps)
+        if LINEAR:
+            h_layout: gl.constexpr = dka.type.layout
+            dkp = dkp + gl.convert_layout(dks, gl.SliceLayout(1, h_layout))[:, None]
+        _store_half(dk_ptr, dkp * (-6.283185307179586 * ds_scale), row_base, n0, S, DA, num_warps)
+        _store_rows(dv_ptr, dv, row_base, n0, S, num_warps)
+
+    @gluon.jit
+    def _store_half(ptr, x, row_base, r0, n_rows, col0, num_warps: gl.constexpr):
+        """Rows r0.. of x [R, D/2] (fp32) into columns col0.. of rows row_base + r0.. of a [*, D]
+        matrix (row stride D = 2 x.shape[1]), in ptr's dtype; rows at or past n_rows are not stored."""
+        R: gl.constexpr = x.shape[0]
+        DH: gl.constexpr = x.shape[1]
+        layout: gl.constexpr = rows_layout(num_warps, DH)
+        y = gl.convert_layout(x.to(ptr.dtype.element_ty), layout)
+        r = r0 + gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+        c = col0 + gl.arange(0, DH, layout=gl.SliceLayout(0, layout))
+        gl.store(ptr + (row_base + r.to(gl.int64))[:, None] * (2 * DH) + c[None, :], y, mask=(r < n_rows)[:, None])
+
+    @gluon.jit
+    def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
+                                   dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
+                                   ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                                   num_warps: gl.constexpr):
+        """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
+        query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
+        views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        DA: gl.constexpr = ka_desc.block_type.shape[1]
+        HEAD_D: gl.constexpr = v_desc.block_type.shape[1]
+        st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)
+        n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
+        i_bg = gl.program_id(1)
+        bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
+        lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        a, b = _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M, BLOCK_N)
+        nblk = n_qb - lo
+        total = GROUP * nblk
+        ka_smem = gl.allocate_shared_memory(ka_desc.dtype, ka_desc.block_type.shape, ka_desc.layout)
+        kp_smem = gl.allocate_shared_memory(kp_desc.dtype, kp_desc.block_type.shape, kp_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+        qa_smem = gl.allocate_shared_memory(qa_desc.dtype, [STAGES, BLOCK_M, DA], qa_desc.layout)
+        qp_smem = gl.allocate_shared_memory(qp_desc.dtype, [STAGES, BLOCK_M, DA], qp_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        fence_async_shared()  # barrier initialisation visible to the TMA unit (async proxy)
+        mbarrier.expect(kv_bar, ka_desc.block_type.nbytes + kp_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(ka_desc, [i_bg * S + n0, 0], kv_bar, ka_smem)
+        tma.async_copy_global_to_shared(kp_desc, [i_bg * S + n0, 0], kv_bar, kp_smem)
+        tma.async_copy_global_to_shared(v_desc, [i_bg * S + n0, 0], kv_bar, v_smem)
+        bufs = (ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars)
+        descs = (qa_desc, qp_desc, do_desc)
+        for s in gl.static_range(STAGES):
+            _load_q(descs, bufs, s, nblk, lo, bh0, T, total, STAGES)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5)
+        sched = (nblk, lo, bh0, total)
+        h_layout: gl.constexpr = mma_layout(num_warps, DA)
+        dka = gl.zeros([BLOCK_N, DA], gl.float32, h_layout)
+        dkp = gl.zeros([BLOCK_N, DA], gl.float32, h_layout)
+        dks = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, st_layout))
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_layout(num_warps, HEAD_D))
+        mbarrier.wait(kv_bar, 0)
+        geo = _geometry_t(n0, T, S, LINEAR, kp_smem, BLOCK_M, st_layout, num_warps)
+        for hg in range(GROUP):  # every query head reading this kv head: no atomics on dK, dV
+            base = hg * nblk - lo
+            for it in range(base + lo, base + mid):  # the causal diagonal: masked, exact
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
+                                               T, S, qk_scale, 2, CAUSAL, LINEAR, STAGES, st_layout)
+            for it in range(base + mid, base + a):  # far before the diagonal (non-causal): the series
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
+                                               T, S, qk_scale, 0, CAUSAL, LINEAR, STAGES, st_layout)
+            for it in range(base + a, base + b):  # near the diagonal, unmasked: the exact power
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
+                                               T, S, qk_scale, 1, CAUSAL, LINEAR, STAGES, st_layout)
+            for it in range(base + b, base + n_qb):  # far after the diagonal: the series
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
+                                               T, S, qk_scale, 0, CAUSAL, LINEAR, STAGES, st_layout)
+        _dkdv_epilogue(dka, dkp, dks, dv, dk_ptr, dv_ptr, i_bg, n0, S, ds_scale, LINEAR, num_warps)
+
+    # ------------------------------------------------------------------------- dQ
+
+    @gluon.jit
+    def _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, MODE: gl.constexpr,
+                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
+        """Key block j of the dQ schedule; MODE 0 series, 1 exact, 2 exact and masked (keys past S
+        and, causally, past each row's limit)."""
+        qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
+        ka_desc, kp_desc, v_desc = descs
+        BLOCK_M: gl.constexpr = qa_smem.shape[0]
+        BLOCK_N: gl.constexpr = ka_smem.shape[1]
+        slot = j % STAGES
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        mbarrier.wait(kp_bars.index(slot), (j // STAGES) & 1)
+        sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(ka_bars.index(slot), (j // STAGES) & 1)
+        sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        mbarrier.wait(v_bars.index(slot), (j // STAGES) & 1)
+        dp_tok = warpgroup_mma(do_smem, v_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
+        sp = warpgroup_mma_wait(2, deps=(sp_tok,))
+        if LINEAR:
+            sp = sp + geo[4][:, None]
+        w = _weight(j, geo, ph, MODE, BLOCK_N)
+        keys = j * BLOCK_N + geo[3]
+        vis = (keys < S)[None, :]
+        if CAUSAL:
+            vis = vis & (keys[None, :] <= geo[1][:, None])
+        sa = warpgroup_mma_wait(1, deps=(sa_tok,))
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        _free_k(j, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
+        _p, g_a, g_p = _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MODE == 2, True)
+        dtype: gl.constexpr = ka_smem.dtype
+        h_layout: gl.constexpr = dqa.type.layout
+        dqa_tok = warpgroup_mma(_a_operand(g_a, dtype, h_layout), ka_smem.index(slot), dqa, is_async=True)
+        if LINEAR:
+            dqs = dqs + gl.sum(g_p, 1)
+            dqa = warpgroup_mma_wait(0, deps=(dqa_tok,))
+        else:
+            dqp_tok = warpgroup_mma(_a_operand(g_p, dtype, h_layout), kp_smem.index(slot), dqp, is_async=True)
+            dqa, dqp = warpgroup_mma_wait(0, deps=(dqa_tok, dqp_tok))
+        _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+        _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+        return dqa, dqp, dqs
+
+    @gluon.jit
+    def gluon_tapa_bwd_dq_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dq_ptr,
+                                 T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, ds_scale,
+                                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                                 num_warps: gl.constexpr):
+        """dQ of one BLOCK_M block of query rows of one (batch, head) over its key blocks: block 0
+        masked (the diagonal or the ragged end, as in the forward), then series / exact / series by
+        distance, then the masked blocks."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        DA: gl.constexpr = qa_desc.block_type.shape[1]
+        s_layout: gl.constexpr = mma_layout(num_warps, BLOCK_N)
+        h_layout: gl.constexpr = mma_layout(num_warps, DA)
+        m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # longest (causal) rows first
+        i_bh = gl.program_id(1)
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _key_range(m0, T, S, BLOCK_M, BLOCK_N, CAUSAL)  # hi = 0: no key visible, dQ = 0
+        qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
+        qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
+        do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        ka_smem, ka_bars = _ring(ka_desc, STAGES)
+        kp_smem, kp_bars = _ring(kp_desc, STAGES)
+        v_smem, v_bars = _ring(v_desc, STAGES)
+        fence_async_shared()  # barrier initialisation visible to the TMA unit (async proxy)
+        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(qa_desc, [i_bh * T + m0, 0], q_bar, qa_smem)
+        tma.async_copy_global_to_shared(qp_desc, [i_bh * T + m0, 0], q_bar, qp_smem)
+        tma.async_copy_global_to_shared(do_desc, [i_bh * T + m0, 0], q_bar, do_smem)
+        for s in gl.static_range(STAGES):
+            _free_k(s - STAGES, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+            _free_k(s - STAGES, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+            _free_k(s - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
+        bufs = (qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
+        descs = (ka_desc, kp_desc, v_desc)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5)
+        rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = gl.load(lse_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))
+        dlt = gl.load(dlt_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
+        dqa = gl.zeros([BLOCK_M, DA], gl.float32, h_layout)
+        dqp = gl.zeros([BLOCK_M, DA], gl.float32, h_layout)
+        dqs = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
+        mbarrier.wait(q_bar, 0)
+        geo = _geometry(m0, T, S, LINEAR, qp_smem, BLOCK_N, s_layout, num_warps)
+        a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
+        for j in range(gl.minimum(hi, 1)):  # block 0: masked, exact
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 2,
+                                     CAUSAL, LINEAR, STAGES, s_layout)
+        for j in range(1, a):  # far before the diagonal: the series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 0,
+                                     CAUSAL, LINEAR, STAGES, s_layout)
+        for j in range(a, b):  # near the diagonal, unmasked: the exact power
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 1,
+                                     CAUSAL, LINEAR, STAGES, s_layout)
+        for j in range(b, mid):  # far after the diagonal (non-causal): the series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 0,
+                                     CAUSAL, LINEAR, STAGES, s_layout)
+        for j in range(gl.maximum(mid, 1), hi):  # masked: the exact power
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 2,
+                                     CAUSAL, LINEAR, STAGES, s_layout)
+        row_base = i_bh.to(gl.int64) * T
+        _store_half(dq_ptr, dqa * ds_scale, row_base, m0, T, 0, num_warps)
+        if LINEAR:
+            dqp = dqp + gl.convert_layout(dqs, gl.SliceLayout(1, h_layout))[:, None]
+        _store_half(dq_ptr, dqp * (-6.283185307179586 * ds_scale), row_base, m0, T, DA, num_warps)
+
+
+# ----------------------------------------------------------------------------- host
+
+
+def check_tile(tile: tuple[int, int, int, int], resident: int) -> None:
+    """A tile's resident side (index `resident`: 1 for dK/dV's keys, 0 for dQ's queries) takes the
+    warps along its rows, 16 a warp (64 a warpgroup: wgmma's M); the streamed side is wgmma's N of
+    the score tiles and K of the gradient products: a multiple of 16."""
+    _, _, stages, warps = tile
+    rows, cols = tile[resident], tile[1 - resident]
+    if warps not in (4, 8) or rows % (16 * warps) or cols % 16 or not 16 <= cols <= 256 or stages < 1:
+        raise ValueError(f"tile {tile}: warps 4 or 8, the resident block a multiple of 16 rows a warp, "
+                         "the streamed block a multiple of 16 up to 256, stages >= 1")
+
+
+def _validated(do, q, k, v, out, lse, grads, params: dict, scale: float) -> tuple:
+    """The inputs made contiguous and the gradient buffers, after `supported` and the shape checks."""
+    reason = supported(q, k, v, theta=params["theta"], scale=scale)
+    if reason is not None:
+        raise ValueError(f"gluon_tapa_bwd: {reason}")
+    q, k, v, do, out = (t.contiguous() for t in (q, k, v, do, out))
+    B, H, T, _ = q.shape
+    if do.shape != q.shape or out.shape != q.shape or lse.shape != (B, H, T) or lse.dtype != torch.float32:
+        raise ValueError("gluon_tapa_bwd: do and out must be like q, lse fp32 [B, H, T]")
+    dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    if any(g.shape != t.shape or g.dtype != t.dtype or not g.is_contiguous() for g, t in zip((dq, dk, dv), (q, k, v))):
+        raise ValueError("gluon_tapa_bwd: grads must be contiguous and like q, k, v")
+    return do, q, k, v, out, lse.contiguous(), (dq, dk, dv)
+
+
+def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block_m: int, block_n: int) -> tuple:
+    """The forward's scalars (`gluon_tapa.kernel_scalars`: qk_scale, alpha, k_turn, c_1 .. c_5,
+    r_min for this tile) and ds_scale = scale / sqrt(D_A), the epilogue's factor (module docstring)."""
+    return (*gluon_tapa.kernel_scalars(D, alpha, phase_scale, scale, block_m, block_n), scale / math.sqrt(D // 2))
+
+
+def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5, phase_scale: float = _TWO_PI,
+                   linear: bool = False, scale: float = 1.0, causal: bool = True, grads: tuple | None = None,
+                   dkdv_tile: tuple | None = None, dq_tile: tuple | None = None) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) in the inputs' dtype of TAPA attention with index positions, given dO, the
+    forward's out and lse (either forward's: log2 units, +inf for a row that sees no key); q
+    [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (linear: the linear phase),
+    validated the same way; `supported` must hold. grads: optional preallocated contiguous (dq, dk,
+    dv) (tests poison them); dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
+    DKDV_TILES[D] / DQ_TILES[D]. Deterministic: no atomics."""
+    params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
+                                           "phase": "linear" if linear else "quadratic"}).params
+    do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
+    B, H, T, D = q.shape
+    G, S = k.shape[1], k.shape[2]
+    dkdv_tile, dq_tile = tuple(dkdv_tile or DKDV_TILES[D]), tuple(dq_tile or DQ_TILES[D])
+    check_tile(dkdv_tile, 1)
+    check_tile(dq_tile, 0)
+    dlt = do_o_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
+    meta = {"CAUSAL": bool(causal), "LINEAR": bool(linear)}
+    for kernel, (bm, bn, stages, warps), grid, outs in (
+            (gluon_tapa_bwd_dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv)),
+            (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,))):
+        scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
+        qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
+        kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars,
+                     STAGES=stages, num_warps=warps, **meta)
+    return dq, dk, dv
