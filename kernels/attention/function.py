@@ -95,4 +95,4 @@ class TritonBackend:
             raise ValueError(f"tapa phase={p['phase']!r}")
         return tapa_attention(q_BHTD, k_BGSD, v_BGSD, pos_q_BT=pos_q, pos_k_BS=pos_k, alpha=p["alpha"],
                               theta=p["theta"], phase_scale=p["phase_scale"], phase=p["phase"], scale=scale,
-                              causal=causal, options=options)
+                              causal=causal, trivial_pos=trivial_pos, options=options)

@@ -14,9 +14,11 @@ provenance (`options_used`):
   "mufu" (the special-function unit), "poly" (a polynomial on the FMA pipe), "split" (half each).
 - autotune: time every Triton config at each new shape (seconds per kernel and shape, results
   kept in Triton's cache) instead of the measured tile (triton_common.TUNE_DEFAULTS).
-- flash_impl: the plain flash core's forward (kernels/flash/function.py): "tl" (triton_flash.py),
-  "gluon" (gluon_hopper.py, sm_90 only: an error elsewhere), or "auto" ("gluon" where
-  `gluon_common.supported` holds, else "tl"); the backward is the `tl` one either way.
+- flash_impl: the attention core the plain flash and the TAPA kernels run on: "tl" (Triton's
+  portable language: flash/triton_flash.py, tapa/triton_tapa.py), "gluon" (the Hopper kernels:
+  flash/gluon_hopper.py, tapa/gluon_tapa.py and gluon_tapa_bwd.py; sm_90, bf16/fp16, D 64/128, index
+  positions: an error elsewhere), or "auto" ("gluon" where it runs, else "tl"). The plain flash
+  core's backward is the `tl` one either way (kernels/flash/function.py, kernels/tapa/function.py).
 
 Example:
     >>> opts = AttentionOptions(pope_impl="expand", autotune=True)

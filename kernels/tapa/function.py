@@ -16,13 +16,18 @@ from phaselab.kernels.common.checks import check_pos, check_qkv, check_scale
 from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
-from phaselab.kernels.tapa import ops
+from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, ops
+
+# The kernels a call can run on (ops.py): forward and backward in `tl`, the Gluon Hopper forward with
+# the `tl` backward, or both in Gluon.
+CORES = ("tl", "gluon-fwd", "gluon")
 
 
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
                    alpha: float = 0.1, theta: float = 0.5, phase_scale: float = 2.0 * math.pi,
                    phase: str = "quadratic", scale: float = 1.0, causal: bool = True,
-                   deterministic: bool = True, options: AttentionOptions = DEFAULT_OPTIONS) -> Tensor:
+                   deterministic: bool = True, trivial_pos: bool = False,
+                   options: AttentionOptions = DEFAULT_OPTIONS) -> Tensor:
     """Fused TAPA attention (MATH §4.2), differentiable in q, k, v.
 
     Args:
@@ -36,7 +41,10 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         deterministic: True (default) computes dQ in its own kernel, bitwise reproducible; False adds
             it with fp32 atomics inside the dK/dV kernel (one backward kernel; on the GPU the order
             of the additions varies from run to run).
-        options: `AttentionOptions` (tapa_series, exp2, autotune; the model's `attention` section).
+        trivial_pos: the caller guarantees index positions (pos_q == pos_k == 0..T-1, T == S), which
+            lets the Gluon Hopper kernels run (`core`).
+        options: `AttentionOptions` (tapa_series, exp2, autotune, flash_impl; the model's `attention`
+            section).
     Returns:
         out_BHTD [B, H, T, D] in q's dtype; a row that sees no key is 0.
     """
@@ -49,9 +57,31 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params  # validated (MATH §4.2)
     d_amp, _ = tapa_split(D, params["theta"])
-    record_impl("tapa", "fused", deterministic=bool(deterministic))
-    record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune)
+    scale = check_scale(scale)
+    run_on = core(q, k, v, trivial_pos, params["theta"], scale, options)
+    record_impl("tapa", "fused", deterministic=bool(deterministic) or run_on == "gluon")
+    if run_on == "tl":
+        record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune,
+                       core=run_on)
+    else:
+        record_options("tapa", core=run_on)
     out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
-                             params["phase"] == "linear", check_scale(scale), bool(causal), bool(deterministic),
-                             options.exp2, options.tapa_series, options.autotune)
+                             params["phase"] == "linear", scale, bool(causal), bool(deterministic),
+                             options.exp2, options.tapa_series, options.autotune, run_on)
     return out
+
+
+def core(q: Tensor, k: Tensor, v: Tensor, trivial_pos: bool, theta: float, scale: float,
+         options: AttentionOptions) -> str:
+    """Which kernels (`CORES`) `tapa_attention` runs: the Gluon ones where `options.flash_impl` allows
+    them and they run on these inputs (index positions, sm_90, bf16/fp16, D 64/128 split in halves),
+    else "tl"; ValueError with the reason where flash_impl="gluon" asks for them and they cannot."""
+    if options.flash_impl == "tl":
+        return "tl"
+    reason = "positions not declared trivial (trivial_pos)" if not trivial_pos or q.shape[2] != k.shape[2] \
+        else gluon_tapa.supported(q, k, v, theta=theta, scale=scale)
+    if reason is not None:
+        if options.flash_impl == "gluon":
+            raise ValueError(f"flash_impl='gluon': {reason}")
+        return "tl"
+    return "gluon" if gluon_tapa_bwd.supported(q, k, v, theta=theta, scale=scale) is None else "gluon-fwd"

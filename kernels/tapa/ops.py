@@ -2,7 +2,10 @@
 with autograd, fake (shape-only) implementations and a vmap rule (why custom ops:
 kernels/common/ops.py). The forward op returns (out, lse) and the backward op takes them back;
 inputs are the validated ones of `function.tapa_attention` (int64 positions); every output is
-contiguous, as the fake implementations say.
+contiguous, as the fake implementations say. `core` names the kernels (`function.CORES`): "tl"
+(triton_tapa.py), "gluon-fwd" (the Gluon Hopper forward, gluon_tapa.py, with the `tl` backward, which
+reads its lse unchanged) or "gluon" (both Gluon; gluon_tapa_bwd.py). The Gluon kernels take index
+positions (the caller's `trivial_pos`); the `tl` backward reads the positions given.
 """
 
 from __future__ import annotations
@@ -11,14 +14,17 @@ import torch
 from torch import Tensor
 
 from phaselab.kernels.common.ops import fold, last_dim_dense, per_member, unfold
-from phaselab.kernels.tapa import triton_tapa
+from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, triton_tapa
 
 
 @torch.library.custom_op("phaselab::tapa_fwd", mutates_args=())
 def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
              phase_scale: float, linear: bool, scale: float, causal: bool,
-             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor]:
+             deterministic: bool, exp2: str, series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
     q, k, v = last_dim_dense(q, k, v)
+    if core != "tl":  # D_A = D / 2 (gluon_tapa.supported), so theta is 0.5
+        return gluon_tapa.gluon_tapa_fwd(q, k, v, alpha=alpha, phase_scale=phase_scale, scale=scale, causal=causal,
+                                         phase="linear" if linear else "quadratic")
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,
                                 linear=linear, scale=scale, causal=causal, series=series, exp2=exp2,
                                 autotune=autotune)
@@ -26,7 +32,7 @@ def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_am
 
 @tapa_fwd.register_fake
 def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic, exp2,
-                   series, autotune):
+                   series, autotune, core):
     B, H, T, _ = q.shape
     return q.new_empty((B, H, T, v.shape[-1])), q.new_empty((B, H, T), dtype=torch.float32)
 
@@ -34,9 +40,12 @@ def _tapa_fwd_fake(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, sca
 @torch.library.custom_op("phaselab::tapa_bwd", mutates_args=())
 def tapa_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, pos_q: Tensor, pos_k: Tensor,
              d_amp: int, alpha: float, phase_scale: float, linear: bool, scale: float, causal: bool,
-             deterministic: bool, exp2: str, series: bool, autotune: bool) -> tuple[Tensor, Tensor, Tensor]:
+             deterministic: bool, exp2: str, series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv); `series` is the forward's only (the backward never takes it)."""
     do, q, k, v, out = last_dim_dense(do, q, k, v, out)
+    if core == "gluon":  # deterministic either way: no atomics
+        return gluon_tapa_bwd.gluon_tapa_bwd(do, q, k, v, out, lse, alpha=alpha, phase_scale=phase_scale,
+                                             linear=linear, scale=scale, causal=causal)
     dq, dk, dv = triton_tapa.tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, d_amp=d_amp, alpha=alpha,
                                       phase_scale=phase_scale, linear=linear, scale=scale, causal=causal,
                                       deterministic=deterministic, exp2=exp2, autotune=autotune)
@@ -57,7 +66,7 @@ def _tapa_setup(ctx, inputs, output):
 def _tapa_backward(ctx, do, _dlse):
     q, k, v, out, lse, pos_q, pos_k = ctx.saved_tensors
     dq, dk, dv = tapa_bwd(do, q, k, v, out, lse, pos_q, pos_k, *ctx.cfg)
-    return dq, dk, dv, *([None] * 12)
+    return dq, dk, dv, *([None] * 13)
 
 
 tapa_fwd.register_autograd(_tapa_backward, setup_context=_tapa_setup)

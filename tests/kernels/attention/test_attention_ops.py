@@ -76,7 +76,7 @@ def test_op_schemas_pass_torch_library_checks():
                                              "poly", False),
                               test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     torch.library.opcheck(tapa_ops.tapa_fwd, (q, k, v, pos_q, pos_k, q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True,
-                                         "split", False, False),
+                                         "split", False, False, "tl"),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -98,7 +98,7 @@ def test_backward_fakes_give_the_real_strides_for_the_models_layout():
         torch.library.opcheck(pope_ops.pope_bwd, (torch.ones_like(out), q, k, v, delta.detach(), out, lse, aux, pos_q,
                                              pos_k, inv_freq, 0.2, True, "softplus", impl, "mufu", False),
                               test_utils=checks)
-    cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True, "mufu", True, False)
+    cfg = (q.shape[-1] // 2, 0.1, 6.28, False, 1.0, True, True, "mufu", True, False, "tl")
     out, lse = tapa_ops.tapa_fwd(q, k, v, pos_q, pos_k, *cfg)
     torch.library.opcheck(tapa_ops.tapa_bwd, (torch.ones_like(out), q, k, v, out, lse, pos_q, pos_k, *cfg),
                           test_utils=checks)
