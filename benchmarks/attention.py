@@ -29,8 +29,11 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     relbias-learned  the same with a KERPLE-log table of learnable r1, r2 (requires_grad): the table
                    built in torch inside the timed call, its gradient reduced by the kernel
     (`--methods distance-bias` runs sdpa-cudnn, flex-plain, flex-alibi, relbias-alibi, relbias-learned)
-    tapa-fused     phaselab's Triton TAPA kernel (alpha 0.1, theta 0.5, phase_scale 2 pi)
+    tapa-fused     phaselab's Triton `tl` TAPA kernels (alpha 0.1, theta 0.5, phase_scale 2 pi)
     tapa-fused-atomic  the same with deterministic=False (dQ by fp32 atomics in one backward kernel)
+    tapa-gluon     phaselab's Gluon Hopper TAPA kernels, forward and backward (kernels/tapa/gluon_tapa.py,
+                   gluon_tapa_bwd.py), as the model runs them (index positions declared, `trivial_pos`);
+                   sm_90 only, else an error row
     tapa-material  the reference (fp32 logits materialised) where it fits in memory
     tapa-public    the TAPA authors' forward-only Triton kernel (AIMRelease/tapa-attention,
                    `tapa_attention_triton`, theta 0.5, alpha 0.1, their default 32 x 32 tiles), loaded
@@ -84,7 +87,7 @@ METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-flex": "pope",
                "flash-plain": "plain", "flash-gluon": "plain",
-               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-material": "tapa",
+               "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-gluon": "tapa", "tapa-material": "tapa",
                "tapa-public": "tapa", "flex-plain": "plain", "flex-alibi": "plain", "flex-learned": "plain",
                "relbias-alibi": "plain", "relbias-learned": "plain"}
 
@@ -216,12 +219,18 @@ def pope_unfused(q, k, v, pos, ctx):
 
 
 def tapa_fused(q, k, v, pos, ctx):
-    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, options=ctx["options"])
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5,
+                          options=dataclasses.replace(ctx["options"], flash_impl="tl"))
+
+
+def tapa_gluon(q, k, v, pos, ctx):
+    return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, trivial_pos=True,
+                          options=dataclasses.replace(ctx["options"], flash_impl="gluon"))
 
 
 def tapa_fused_atomic(q, k, v, pos, ctx):
     return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=False,
-                          options=ctx["options"])
+                          options=dataclasses.replace(ctx["options"], flash_impl="tl"))
 
 
 def tapa_material(q, k, v, pos, ctx):
@@ -255,7 +264,7 @@ METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SD
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand, "pope-cudnn": pope_cudnn,
            "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-cudnn-dv": pope_expand_cudnn_dv,
            "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain, "flash-gluon": flash_gluon,
-           "tapa-fused": tapa_fused,
+           "tapa-fused": tapa_fused, "tapa-gluon": tapa_gluon,
            "tapa-fused-atomic": tapa_fused_atomic,
            "tapa-material": tapa_material,
            "tapa-public": tapa_public,
