@@ -90,11 +90,13 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
     )
 
 # (BLOCK_M queries, BLOCK_N keys, STAGES, warps) per head dim; the resident side (keys in dK/dV,
-# queries in dQ) takes the warps along its rows. Three fp32 [rows, cols] tiles (S_A, S_P, dP) are in
-# flight beside the accumulators, so the streamed side is narrow where the accumulators are wide
-# (dK_A, dK_P, dV: 2 D columns). Registers and spills for sm_90a with triton 3.6.0:
-# benchmarks/gluon_compile_tapa_bwd.py. Not yet run on a GPU.
-DKDV_TILES = {64: (64, 128, 2, 8), 128: (32, 128, 2, 8)}
+# queries in dQ) takes the warps along its rows. Score tiles (S_A, S_P, dP) are in flight beside the
+# accumulators, so the streamed side is narrow where the accumulators are wide (dK_A, dK_P, dV: 2 D
+# columns). For sm_90a with triton 3.6.0 (benchmarks/gluon_compile_tapa_bwd.py) the tiles below
+# compile without spills (dK/dV: D = 128 240 registers, D = 64 211; dQ: 234, 255); dK/dV at
+# 32x128x2x8 and D = 128 spills 4 / 8 B (20 / 24 B non-causal), dQ at 128x64x2x8 and D = 128
+# 76 / 124 B. Not yet run or timed on a GPU.
+DKDV_TILES = {64: (32, 128, 2, 8), 128: (16, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 32, 2, 8)}
 _TWO_PI = 2.0 * math.pi
 
@@ -120,10 +122,15 @@ if gluon_common.IMPORT_ERROR is None:
         return c, s
 
     @gluon.jit
-    def _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MASKED: gl.constexpr, ROWS_ARE_QUERIES: gl.constexpr):
-        """(P, G_A, G_P) of one tile (module docstring) from S_P, S_A, dP and W; lse and Delta are
-        per query (rows or columns); MASKED: P = 0 where `vis` is false."""
+    def _phase(w, sp):
+        """(cos 2 pi t, W sin 2 pi t) of t = W S_P."""
         c, s = _sincos_turns(w * sp)
+        return c, w * s
+
+    @gluon.jit
+    def _grads(c, ws, sa, dp, lse, dlt, qk_scale, vis, MASKED: gl.constexpr, ROWS_ARE_QUERIES: gl.constexpr):
+        """(P, G_A, G_P) of one tile (module docstring) from the phase's (cos, W sin), S_A and dP;
+        lse and Delta are per query (rows or columns); MASKED: P = 0 where `vis` is false."""
         if ROWS_ARE_QUERIES:
             p = gl.exp2(sa * c * qk_scale - lse[:, None])
         else:
@@ -134,7 +141,7 @@ if gluon_common.IMPORT_ERROR is None:
             ds = p * (dp - dlt[:, None])
         else:
             ds = p * (dp - dlt[None, :])
-        return p, ds * c, ds * sa * (w * s)
+        return p, ds * c, ds * sa * ws
 
     # ------------------------------------------------------------------------- dK / dV
 
@@ -194,23 +201,26 @@ if gluon_common.IMPORT_ERROR is None:
         i = lo + it % nblk
         bh = bh0 + it // nblk
         q_idx = i * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
-        lse = gl.load(lse_ptr + bh.to(gl.int64) * T + q_idx, mask=q_idx < T, other=float("inf"))  # past T: P = 0
         mbarrier.wait(bars.index(slot), (it // STAGES) & 1)
         zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, st_layout)
         sp_tok = warpgroup_mma(kp_smem, qp_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         sa_tok = warpgroup_mma(ka_smem, qa_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
-        sp = warpgroup_mma_wait(2, deps=(sp_tok,))
+        sp = warpgroup_mma_wait(1, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[6][:, None]
-        w = _weight_t(i, geo, ph, MODE, BLOCK_M)
+        c, ws = _phase(_weight_t(i, geo, ph, MODE, BLOCK_M), sp)
+        # dP^T issued once S_P^T and W are dead: three [BN, BM] tiles fewer in flight beside the
+        # 2 D accumulator columns (D = 128 spilled otherwise, benchmarks/gluon_compile_tapa_bwd.py)
+        dp_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
         vis = (geo[2] < S)[:, None]
         if CAUSAL:
             vis = vis & (geo[2][:, None] <= (q_idx + (S - T))[None, :])
+        # loaded once W is dead (fewer live registers), its latency under S_A^T's and dP^T's wgmmas
+        lse = gl.load(lse_ptr + bh.to(gl.int64) * T + q_idx, mask=q_idx < T, other=float("inf"))  # past T: P = 0
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         dlt = gl.load(dlt_ptr + bh.to(gl.int64) * T + q_idx, mask=q_idx < T, other=0.0)
         dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-        p, g_a, g_p = _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MODE == 2, False)
+        p, g_a, g_p = _grads(c, ws, sa, dp, lse, dlt, qk_scale, vis, MODE == 2, False)
         dtype: gl.constexpr = ka_smem.dtype
         dv_layout: gl.constexpr = dv.type.layout
         h_layout: gl.constexpr = dka.type.layout
@@ -349,7 +359,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[4][:, None]
-        w = _weight(j, geo, ph, MODE, BLOCK_N)
+        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N), sp)
         keys = j * BLOCK_N + geo[3]
         vis = (keys < S)[None, :]
         if CAUSAL:
@@ -357,7 +367,7 @@ if gluon_common.IMPORT_ERROR is None:
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         _free_k(j, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
-        _p, g_a, g_p = _grads(sp, sa, dp, w, lse, dlt, qk_scale, vis, MODE == 2, True)
+        _p, g_a, g_p = _grads(c, ws, sa, dp, lse, dlt, qk_scale, vis, MODE == 2, True)
         dtype: gl.constexpr = ka_smem.dtype
         h_layout: gl.constexpr = dqa.type.layout
         dqa_tok = warpgroup_mma(_a_operand(g_a, dtype, h_layout), ka_smem.index(slot), dqa, is_async=True)
