@@ -123,8 +123,7 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _phase(w, sp):
-        """(cos 2 pi t, W sin 2 pi t) of t = W S_P."""
-        c, s = _sincos_turns(w * sp)
+        c, s = _sincos_turns(w * sp)  # t = W S_P
         return c, w * s
 
     @gluon.jit
@@ -132,15 +131,13 @@ if gluon_common.IMPORT_ERROR is None:
         """(P, G_A, G_P) of one tile (module docstring) from the phase's (cos, W sin), S_A and dP;
         lse and Delta are per query (rows or columns); MASKED: P = 0 where `vis` is false."""
         if ROWS_ARE_QUERIES:
-            p = gl.exp2(sa * c * qk_scale - lse[:, None])
+            lse, dlt = lse[:, None], dlt[:, None]
         else:
-            p = gl.exp2(sa * c * qk_scale - lse[None, :])
+            lse, dlt = lse[None, :], dlt[None, :]
+        p = gl.exp2(sa * c * qk_scale - lse)
         if MASKED:
             p = gl.where(vis, p, 0.0)
-        if ROWS_ARE_QUERIES:
-            ds = p * (dp - dlt[:, None])
-        else:
-            ds = p * (dp - dlt[None, :])
+        ds = p * (dp - dlt)
         return p, ds * c, ds * sa * ws
 
     # ------------------------------------------------------------------------- dK / dV
