@@ -146,8 +146,9 @@ if gluon_common.IMPORT_ERROR is None:
         dpt = warpgroup_mma_wait(0, deps=(dpt_tok,))
         dv_tok = warpgroup_mma(_a_operand(pt, k_smem.dtype, kv_layout), do_smem.index(slot), dv, is_async=True)
         dst = pt * (dpt - dlt[None, :])
-        if ATOMIC_DQ:
-            ds_smem.store(dst.to(k_smem.dtype))
+        if ATOMIC_DQ:  # keys past S (the next head's rows, or TMA's zeros) must not reach dQ
+            key_rows = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, st_layout))
+            ds_smem.store(gl.where((key_rows < S)[:, None], dst, 0.0).to(k_smem.dtype))
             fence_async_shared()
             dk_tok = warpgroup_mma(ds_smem, q_smem.index(slot), dk, is_async=True)
             # dQ in column chunks of DQ_CHUNK: the share and its atomics' addresses stay small
@@ -418,10 +419,13 @@ if gluon_common.IMPORT_ERROR is None:
 # ----------------------------------------------------------------------------- host
 
 
-def _check_tile(tile: tuple[int, int, int, int]) -> None:
+def _check_tile(tile: tuple[int, int, int, int], rows: int) -> None:
+    """tile[rows] is the block the kernel's accumulators run along (BLOCK_N for dK/dV, BLOCK_M for
+    dQ): the warps stack along it, 16 rows each (gluon_common.mma_layout)."""
     block_m, block_n, stages, warps = tile
-    if warps not in (4, 8) or min(block_m, block_n) < 16 * warps or stages < 1:
-        raise ValueError(f"tile {tile}: warps 4 or 8 and blocks of at least 16 rows a warp")
+    if warps not in (4, 8) or tile[rows] < 16 * warps or min(block_m, block_n) < 16 or stages < 1:
+        raise ValueError(f"tile {tile}: warps 4 or 8, the accumulators' block at least 16 rows a warp "
+                         f"and both blocks at least 16")
 
 
 def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -444,8 +448,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if do.shape != q.shape or out.shape != q.shape or lse.shape != (B, H, T) or lse.dtype != torch.float32:
         raise ValueError("gluon_flash_bwd: do and out must be like q, lse fp32 [B, H, T]")
     dkdv_tile, dq_tile = dkdv_tile or DKDV_TILES[D], dq_tile or DQ_TILES[D]
-    _check_tile(dkdv_tile)
-    _check_tile(dq_tile)
+    _check_tile(dkdv_tile, 1)
+    _check_tile(dq_tile, 0)
     if not deterministic and dkdv_tile[0] < 64:
         raise ValueError(f"gluon_flash_bwd: atomic dQ needs BLOCK_M >= 64 (a warpgroup's wgmma rows), tile {dkdv_tile}")
     dq, dk, dv = grads if grads is not None else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))

@@ -84,6 +84,18 @@ def test_launcher_refuses_what_is_not_supported(gluon_importable):
         bwd.gluon_flash_bwd(q, q, k, v, q, q[..., 0].float(), scale=0.125, causal=True)
 
 
+def test_tiles_are_checked_along_each_kernels_accumulator_rows():
+    """The warps stack along the dK/dV kernel's key block and the dQ kernel's query block, 16 rows
+    each: every shipped default and test tile passes, a block too short for its warps does not."""
+    for tile in [*bwd.DKDV_TILES.values(), *TILES["dkdv_tile"]]:
+        bwd._check_tile(tile, 1)
+    for tile in [*bwd.DQ_TILES.values(), *TILES["dq_tile"]]:
+        bwd._check_tile(tile, 0)
+    for tile, rows in (((128, 64, 2, 8), 1), ((64, 128, 2, 8), 0), ((128, 8, 2, 4), 0), ((64, 64, 2, 6), 0)):
+        with pytest.raises(ValueError, match="at least 16 rows a warp"):
+            bwd._check_tile(tile, rows)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 

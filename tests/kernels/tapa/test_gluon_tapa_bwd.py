@@ -227,7 +227,8 @@ def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tap
         if tl_grads is not None:
             tl_err = rel_rms(ref, tl_grads[idx])
             assert err <= 1.25 * tl_err + 1e-4, f"{label}-{name}: error {err:.3e} vs the tl backward's {tl_err:.3e}"
-            assert_close(f"{label}-{name}-vs-tl", tl_grads[idx].float(), g.float(), RATIO[q.dtype])
+            # two implementations, each within RATIO of float64, differ by up to twice that
+            assert_close(f"{label}-{name}-vs-tl", tl_grads[idx].float(), g.float(), 2 * RATIO[q.dtype])
     return got
 
 
