@@ -212,8 +212,10 @@ def gluon_backward(do, q, k, v, out, lse, params, causal, **tiles):
                                          linear=cfg["linear"], causal=causal, grads=grads, **tiles)
 
 
-def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tapa-bwd", **tiles):
-    """Gradients against float64, and (T <= S) against the tl backward fed the same out and lse."""
+def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tapa-bwd", ratio=None, **tiles):
+    """Gradients against float64 (relative RMS within `ratio`, default RATIO of q's dtype), and
+    (T <= S) against the tl backward fed the same out and lse."""
+    ratio = RATIO[q.dtype] if ratio is None else ratio
     T, S = q.shape[2], k.shape[2]
     want = ref_grads(q, k, v, do, params, causal)
     out, lse = forward(q, k, v, params, causal, fwd)
@@ -223,12 +225,12 @@ def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tap
         tl_grads = triton_tapa.tapa_bwd(do, q, k, v, out, lse, *positions(T, S), **tl_config(params, q.shape[-1], causal))
     for idx, (name, ref, g) in enumerate(zip(("dq", "dk", "dv"), want, got)):
         assert g.dtype == q.dtype and not g.isnan().any(), f"{label}-{name}: NaN or wrong dtype"
-        err = assert_close(f"{label}-{name}", ref, g, RATIO[q.dtype])
+        err = assert_close(f"{label}-{name}", ref, g, ratio)
         if tl_grads is not None:
             tl_err = rel_rms(ref, tl_grads[idx])
             assert err <= 1.25 * tl_err + 1e-4, f"{label}-{name}: error {err:.3e} vs the tl backward's {tl_err:.3e}"
             # two implementations, each within RATIO of float64, differ by up to twice that
-            assert_close(f"{label}-{name}-vs-tl", tl_grads[idx].float(), g.float(), 2 * RATIO[q.dtype])
+            assert_close(f"{label}-{name}-vs-tl", tl_grads[idx].float(), g.float(), 2 * ratio)
     return got
 
 
@@ -242,7 +244,9 @@ CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
     (1, 4, 2, 1, 1000, 128, True, {}, torch.bfloat16),
     (1, 4, 1, 63, 200, 64, False, {"phase": "linear"}, torch.float16),
     (1, 4, 2, 65, 1000, 128, True, {"alpha": 1.0}, torch.float16),  # the series is exact
-    (1, 4, 2, 200, 1000, 64, True, {"alpha": 7.5, "phase_scale": 1.0}, torch.bfloat16),  # no series
+    # no series; |m - n|^7.5 reaches 3e22 here, so phase_scale keeps the phase within a few turns,
+    # where fp32 (and float64) still resolve it
+    (1, 4, 2, 200, 1000, 64, True, {"alpha": 7.5, "phase_scale": 1e-21}, torch.bfloat16),
     (1, 4, 2, 1000, 1000, 128, True, {"phase": "linear"}, torch.float16),
     (1, 4, 1, 1000, 1000, 64, False, {"phase": "linear"}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 128, True, {}, torch.bfloat16),
@@ -311,4 +315,7 @@ def test_gluon_tapa_backward_distances_beyond_fp32_integers():
     central distances near 2**24. Against float64 autograd (one head: about 40 GB) and the tl
     backward."""
     q, k, v, do = make_inputs(1, 1, 1, 3, 2**24 + 77, 64, torch.bfloat16)
-    check_backward(q, k, v, do, {"alpha": 0.5}, causal=True, label="gluon-tapa-bwd-2**24")
+    # A bf16 attention over 16M keys: the forward's output is ~2e-2 from float64 in both kernels
+    # (test_gluon_tapa.py's 2**24 test); the Gluon dq measured 2.43e-2 on the H200. The bound
+    # that matters here is the tl backward's own error (check_backward's 1.25x).
+    check_backward(q, k, v, do, {"alpha": 0.5}, causal=True, label="gluon-tapa-bwd-2**24", ratio=4e-2)
