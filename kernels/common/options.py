@@ -17,8 +17,9 @@ provenance (`options_used`):
 - flash_impl: the attention core the plain flash and the TAPA kernels run on: "tl" (Triton's
   portable language: flash/triton_flash.py, tapa/triton_tapa.py), "gluon" (the Hopper kernels:
   flash/gluon_hopper.py, tapa/gluon_tapa.py and gluon_tapa_bwd.py; sm_90, bf16/fp16, D 64/128, index
-  positions: an error elsewhere), or "auto" ("gluon" where it runs, else "tl"). The plain flash
-  core's backward is the `tl` one either way (kernels/flash/function.py, kernels/tapa/function.py).
+  positions: an error elsewhere), or "auto" ("gluon" where it runs, else "tl"). After the Gluon
+  forward the plain core's backward is the one `flash.gluon_hopper_bwd.BACKWARD_BY_D` names for the
+  head dim (kernels/flash/function.py); TAPA's is Gluon (kernels/tapa/function.py).
 
 Example:
     >>> opts = AttentionOptions(pope_impl="expand", autotune=True)

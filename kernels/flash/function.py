@@ -9,7 +9,7 @@ import math
 import torch
 
 from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
-from phaselab.kernels.flash import gluon_common
+from phaselab.kernels.flash import gluon_common, gluon_hopper_bwd
 from phaselab.kernels.flash.gluon_hopper import GluonFlashFunction
 from phaselab.kernels.flash.triton_flash import flash_bwd, flash_fwd, pos_flags
 
@@ -72,15 +72,18 @@ def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Te
             (the queries are the last T of the S keys). scale: default 1/sqrt(DK).
         causal: key s visible to query t iff pos_k[s] <= pos_q[t] (default True).
         options: `AttentionOptions`; the flash core reads `autotune` and `flash_impl` (the Gluon
-            forward on sm_90 for plain bf16/fp16 attention at D 64/128 by index, else the `tl` one).
+            forward on sm_90 for plain bf16/fp16 attention at D 64/128 by index, with the backward
+            `gluon_hopper_bwd.BACKWARD_BY_D` names, else the `tl` forward and backward).
     Returns out [B, H, T, DV] in q's dtype; a row that sees no key is 0.
     """
     (q, k, v), pos_q, pos_k = _check(q_BHTD, k_BGSD, v_BGSD, pos_q_BT, pos_k_BS)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     impl = forward_impl(q, k, v, pos_q, pos_k, options)
-    record_options("flash", autotune=options.autotune, forward=impl)
     if impl == "gluon":
+        record_options("flash", autotune=options.autotune, forward=impl,
+                       backward=gluon_hopper_bwd.BACKWARD_BY_D.get(q.shape[-1], "tl"))
         return GluonFlashFunction.apply(q, k, v, scale, bool(causal), options.autotune)
+    record_options("flash", autotune=options.autotune, forward=impl, backward="tl")
     return FlashAttentionFunction.apply(q, k, v, pos_q, pos_k, scale, bool(causal), options.autotune)
 
 

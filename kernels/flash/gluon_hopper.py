@@ -330,8 +330,9 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
 
 
 class GluonFlashFunction(torch.autograd.Function):
-    """out = softmax(scale q k^T, index-causal) v with the Gluon forward and the Triton `tl`
-    backward (`triton_flash.flash_bwd`), which reads the forward's lse as it is."""
+    """out = softmax(scale q k^T, index-causal) v with the Gluon forward and, by head dim
+    (`gluon_hopper_bwd.BACKWARD_BY_D`), the Gluon backward or the Triton `tl` one
+    (`triton_flash.flash_bwd`); both read the forward's lse as it is."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale, causal, autotune):
@@ -343,18 +344,23 @@ class GluonFlashFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        from phaselab.kernels.flash import gluon_hopper_bwd
         from phaselab.kernels.flash.triton_flash import flash_bwd
 
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_bwd(do, q, k, v, out, lse, None, None, None, **ctx.cfg)
+        if gluon_hopper_bwd.BACKWARD_BY_D.get(q.shape[-1]) == "gluon-ws":
+            dq, dk, dv = gluon_hopper_bwd.gluon_flash_bwd(do, q, k, v, out, lse, scale=ctx.cfg["scale"],
+                                                          causal=ctx.cfg["causal"], warp_specialize=True)
+        else:
+            dq, dk, dv = flash_bwd(do, q, k, v, out, lse, None, None, None, **ctx.cfg)
         return dq, dk, dv, None, None, None
 
 
 @torch.compiler.disable  # user-defined Triton kernels run outside the compiled graph (kernels/common/ops.py)
 def gluon_flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Tensor, *,
                           scale: float | None = None, causal: bool = True, autotune: bool = False) -> torch.Tensor:
-    """Differentiable index-causal flash attention, Gluon forward (`supported` must hold) and
-    Triton backward; q [B,H,T,D], k, v [B,G,S,D]; scale defaults to 1/sqrt(D); autotune applies to
-    the backward's kernels."""
+    """Differentiable index-causal flash attention, Gluon forward (`supported` must hold) and the
+    backward `GluonFlashFunction` picks; q [B,H,T,D], k, v [B,G,S,D]; scale defaults to 1/sqrt(D);
+    autotune applies to the `tl` backward's kernels."""
     scale = q_BHTD.shape[-1] ** -0.5 if scale is None else float(scale)
     return GluonFlashFunction.apply(q_BHTD, k_BGSD, v_BGSD, scale, bool(causal), bool(autotune))

@@ -64,6 +64,11 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # (BLOCK_M queries, BLOCK_N keys, STAGES, warps) per head dim; the resident tile is the long one
 # (keys in dK/dV, queries in dQ) and takes the warps along its rows. ptxas for sm_90a
 # (benchmarks/gluon_compile_bwd.py) prints registers and spills of each.
+# The backward that follows the Gluon forward in `GluonFlashFunction`, by head dim, from one run on
+# the H200 (benchmarks/results/gluon-bwd-h200.md, forward+backward x cuDNN at N 4k / 16k): at D=64
+# the `tl` backward (1.16 / 1.16, against 1.21 / 1.23 with this one), at D=128 this one with its
+# warp-specialised dK/dV (1.22 / 1.25, against 1.34 / 1.37 with `tl`).
+BACKWARD_BY_D = {64: "tl", 128: "gluon-ws"}
 DKDV_TILES = {64: (64, 128, 2, 8), 128: (64, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 

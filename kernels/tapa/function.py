@@ -16,11 +16,10 @@ from phaselab.kernels.common.checks import check_pos, check_qkv, check_scale
 from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
-from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, ops
+from phaselab.kernels.tapa import gluon_tapa_bwd, ops
 
-# The kernels a call can run on (ops.py): forward and backward in `tl`, the Gluon Hopper forward with
-# the `tl` backward, or both in Gluon.
-CORES = ("tl", "gluon-fwd", "gluon")
+# The kernels a call can run on (ops.py): forward and backward in `tl`, or both in Gluon (Hopper).
+CORES = ("tl", "gluon")
 
 
 def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: Tensor, pos_k_BS: Tensor,
@@ -79,9 +78,9 @@ def core(q: Tensor, k: Tensor, v: Tensor, trivial_pos: bool, theta: float, scale
     if options.flash_impl == "tl":
         return "tl"
     reason = "positions not declared trivial (trivial_pos)" if not trivial_pos or q.shape[2] != k.shape[2] \
-        else gluon_tapa.supported(q, k, v, theta=theta, scale=scale)
+        else gluon_tapa_bwd.supported(q, k, v, theta=theta, scale=scale)   # the forward's conditions too
     if reason is not None:
         if options.flash_impl == "gluon":
             raise ValueError(f"flash_impl='gluon': {reason}")
         return "tl"
-    return "gluon" if gluon_tapa_bwd.supported(q, k, v, theta=theta, scale=scale) is None else "gluon-fwd"
+    return "gluon"

@@ -3,9 +3,8 @@ with autograd, fake (shape-only) implementations and a vmap rule (why custom ops
 kernels/common/ops.py). The forward op returns (out, lse) and the backward op takes them back;
 inputs are the validated ones of `function.tapa_attention` (int64 positions); every output is
 contiguous, as the fake implementations say. `core` names the kernels (`function.CORES`): "tl"
-(triton_tapa.py), "gluon-fwd" (the Gluon Hopper forward, gluon_tapa.py, with the `tl` backward, which
-reads its lse unchanged) or "gluon" (both Gluon; gluon_tapa_bwd.py). The Gluon kernels take index
-positions (the caller's `trivial_pos`); the `tl` backward reads the positions given.
+(triton_tapa.py, reading the positions given) or "gluon" (the Hopper kernels gluon_tapa.py and
+gluon_tapa_bwd.py, index positions: the caller's `trivial_pos`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_am
              phase_scale: float, linear: bool, scale: float, causal: bool,
              deterministic: bool, exp2: str, series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
     q, k, v = last_dim_dense(q, k, v)
-    if core != "tl":  # D_A = D / 2 (gluon_tapa.supported), so theta is 0.5
+    if core == "gluon":  # D_A = D / 2 (gluon_tapa.supported), so theta is 0.5
         return gluon_tapa.gluon_tapa_fwd(q, k, v, alpha=alpha, phase_scale=phase_scale, scale=scale, causal=causal,
                                          phase="linear" if linear else "quadratic")
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,

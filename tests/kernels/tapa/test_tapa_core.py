@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from phaselab.kernels.common.options import AttentionOptions, options_used, reset_options
+from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.tapa import function
 
 
@@ -34,7 +35,7 @@ def test_core_needs_declared_index_positions_and_a_hopper():
 def test_core_on_a_hopper_takes_gluon_where_it_runs(monkeypatch):
     """With the Gluon kernels' checks passing (as on an H200): index positions with T == S take
     them; T != S, theta != 0.5 or flash_impl="tl" keep the `tl` kernels."""
-    monkeypatch.setattr(function.gluon_tapa.gluon_common, "supported", lambda *a, **kw: None)
+    monkeypatch.setattr(gluon_common, "supported", lambda *a, **kw: None)
     q, k, v = _qkv()
     auto = AttentionOptions()
     assert function.core(q, k, v, True, 0.5, 1.0, auto) == "gluon"
