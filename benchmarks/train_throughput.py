@@ -51,6 +51,7 @@ from typing import Any
 import step_profile
 import torch
 
+from phaselab.kernels.common.options import options_used, reset_options
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.data import DataConfig, TextConfig, build_dataset
 from phaselab.workloads.models.presets import preset
@@ -187,6 +188,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
                          fused_loss=args.loss == "fused")
     profiler = step_profile.make_profiler(device, skip=timed, steps=args.profile) if args.profile else None
     clock = StepClock(device, profiler)
+    reset_options()   # what the kernels ran with (e.g. TAPA's core, tl or gluon) is this case's alone
     with profiler if profiler is not None else contextlib.nullcontext():
         train(engine, dataset, tcfg, tracker=clock, start_step=0, save=lambda step, metrics: None)
     clock.finish()
@@ -200,7 +202,7 @@ def measure(case: Case, args: argparse.Namespace, device: torch.device, dataset:
            "mfu": flops["total"] * stats["tokens_per_s"] / (args.peak_tflops * 1e12),
            "loss_first": clock.losses[1], "loss_last": clock.losses[max(clock.losses)],
            "peak_mem_gib": clock.peak_gib if device.type == "cuda" else None,
-           "model": to_dict(cfg), "error": None}
+           "model": to_dict(cfg), "kernels_ran": options_used(), "error": None}
     if profiler is not None:
         last = max(clock.times)
         wall_ms = 1e3 * (clock.times[last] - clock.times[last - args.profile]) / args.profile
