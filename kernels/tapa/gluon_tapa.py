@@ -85,18 +85,18 @@ _MAX_LEN = 2**29
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None, *,
-              theta: float = 0.5, scale: float = 1.0) -> str | None:
+              theta: float = 0.5, scale: float = 1.0, what: str = "the Gluon TAPA forward") -> str | None:
     """None when the Gluon TAPA forward can run on these inputs, else a short reason: the TAPA
     split and scale first, then gluon_common.supported (index positions, dtypes, widths, machine)."""
     if pos_q is None and pos_k is None and all(isinstance(t, torch.Tensor) and t.ndim == 4 for t in (q, k, v)):
         D = q.shape[-1]
         if 2 * int(theta * D) != D:
-            return f"theta={theta} with head dim {D} gives D_A={int(theta * D)} (the Gluon TAPA forward needs D_A = D / 2)"
+            return f"theta={theta} with head dim {D} gives D_A={int(theta * D)} ({what} needs D_A = D / 2)"
         if not scale > 0:
-            return f"scale={scale} (the Gluon TAPA forward needs scale > 0: the row max is taken before scaling)"
+            return f"scale={scale} ({what} needs scale > 0: the row max is taken before scaling)"
         if max(q.shape[2], k.shape[2]) >= _MAX_LEN or max(q.shape[:3].numel(), k.shape[:3].numel()) >= 2**31:
             return f"lengths T={q.shape[2]}, S={k.shape[2]} (int32 block arithmetic and TMA rows)"
-    return gluon_common.supported(q, k, v, pos_q, pos_k, what="the Gluon TAPA forward")
+    return gluon_common.supported(q, k, v, pos_q, pos_k, what=what)
 
 
 if gluon_common.IMPORT_ERROR is None:

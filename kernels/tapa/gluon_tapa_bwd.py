@@ -106,8 +106,7 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
     """None when the Gluon TAPA backward can run on these inputs, else a short reason: the
     forward's restrictions (`gluon_tapa.supported`: the D/2 split, scale > 0, index positions,
     dtypes, widths, lengths, machine), which the backward's kernels share."""
-    reason = gluon_tapa.supported(q, k, v, pos_q, pos_k, theta=theta, scale=scale)
-    return None if reason is None else reason.replace("Gluon TAPA forward", "Gluon TAPA backward")
+    return gluon_tapa.supported(q, k, v, pos_q, pos_k, theta=theta, scale=scale, what="the Gluon TAPA backward")
 
 
 if gluon_common.IMPORT_ERROR is None:
