@@ -35,7 +35,7 @@ def _spec(pe: str, backend: str, *, device: str = "cpu", d_model: int = 32, n_he
     ("pope", "triton", "pope", "fused", {"pope_impl": "fused", "exp2": "split"},
      {"pope": {"pope_impl": "fused", "exp2": "split", "autotune": False}}),
     ("tapa", "triton", "tapa", "fused", {"tapa_series": False, "exp2": "poly"},
-     {"tapa": {"tapa_series": False, "exp2": "poly", "autotune": False}}),
+     {"tapa": {"tapa_series": False, "exp2": "poly", "autotune": False, "core": "tl"}}),
 ])
 def test_training_and_eval_report_what_ran_on_cpu(tmp_path: Path, pe, backend, op, impl, options, used) -> None:
     outcome = run_training(_spec(pe, backend, **options), out_dir=tmp_path / "train", tracker=NullTracker())
