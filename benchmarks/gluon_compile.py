@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -132,6 +133,19 @@ def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
         print(f"  ptxas: {w}")
 
 
+def report_variant(label: str, compile_fn, extra: tuple[str, ...] = ()) -> dict | None:
+    """Compile one variant (``compile_fn()`` returns a `compile_report`) and print its table row
+    (``label`` is the row's first cells), or the error in the row's place; None when it failed,
+    so that a script reports every variant before it fails."""
+    try:
+        r = compile_fn()
+    except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+        print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} |")
+        return None
+    print_row(label, r, extra)
+    return r
+
+
 def parse_tile(text: str) -> tuple[int, int, int, int]:
     parts = tuple(int(x) for x in text.split("x"))
     if len(parts) != 4:
@@ -164,13 +178,10 @@ def main(argv: list[str] | None = None) -> None:
                     for dt in args.dtypes:
                         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
                         label = f"| {variant} | {D} | {'x'.join(map(str, tile))} | {causal} | {dt} |"
-                        try:
-                            r = compile_variant(D, tile, bool(causal), dtype, ws=variant == "ws")
-                        except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                        if report_variant(label, partial(compile_variant, D, tile, bool(causal), dtype,
+                                                                         ws=variant == "ws")) is None:
                             failed += 1
-                            print(f"{label} error: {str(exc).strip().splitlines()[-1][:160]} | | | | |")
                             continue
-                        print_row(label, r)
                         for N in args.time if dt == "bf16" else []:
                             ms, ref = time_forward(D, N, tile, bool(causal), variant == "ws"), \
                                 time_forward(D, N, None, bool(causal))

@@ -17,13 +17,14 @@ Gluon atomic-dQ one and the warp-specialised dK/dV), so the ratios read directly
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
     median_ms,
     parse_tile,
-    print_row,
+    report_variant,
     require_gluon,
 )
 
@@ -79,13 +80,8 @@ def compile_check(dims=bwd.gluon_common.HEAD_DIMS, kernels=KERNELS, tiles=None, 
                     for dt in dtypes:
                         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
                         label = f"| {name} | {D} | {'x'.join(map(str, tile))} | {c} | {dt} |"
-                        try:
-                            r = compile_variant(name, D, tile, bool(c), dtype)
-                        except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                        if report_variant(label, partial(compile_variant, name, D, tile, bool(c), dtype)) is None:
                             failed += 1
-                            print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | |")
-                            continue
-                        print_row(label, r)
     return failed
 
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
+from functools import partial
 
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
     median_ms,
     parse_tile,
-    print_row,
+    report_variant,
     require_gluon,
     time_forward,
 )
@@ -105,13 +106,10 @@ def main(argv: list[str] | None = None) -> None:
                     for dt in args.dtypes:
                         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
                         label = f"| {D} | {'x'.join(map(str, tile))} | {causal} | {phase} | {dt} |"
-                        try:
-                            r = compile_variant(D, tile, bool(causal), phase == "linear", dtype)
-                        except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                        if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear",
+                                                                         dtype), extra=("ex2", "cos")) is None:
                             failed += 1
-                            print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | | | |")
                             continue
-                        print_row(label, r, extra=("ex2", "cos"))
                         if dt == "bf16" and args.time:
                             _print_timings(D, tile, bool(causal), phase, args.time)
     if failed:

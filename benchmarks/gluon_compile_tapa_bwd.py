@@ -14,12 +14,13 @@ where the local Triton is another version:
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
     parse_tile,
-    print_row,
+    report_variant,
     require_gluon,
 )
 
@@ -72,13 +73,9 @@ def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASE
                         for dt in dtypes:
                             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
                             label = f"| {name} | {D} | {'x'.join(map(str, tile))} | {c} | {phase} | {dt} |"
-                            try:
-                                r = compile_variant(name, D, tile, bool(c), phase == "linear", dtype)
-                            except Exception as exc:  # noqa: BLE001 - report every variant, then fail
+                            if report_variant(label, partial(compile_variant, name, D, tile, bool(c), phase == "linear",
+                                                                             dtype), extra=("ex2", "cos")) is None:
                                 failed += 1
-                                print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} | | | | | | |")
-                                continue
-                            print_row(label, r, extra=("ex2", "cos"))
     return failed
 
 
