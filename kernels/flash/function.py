@@ -79,11 +79,10 @@ def flash_attention(q_BHTD: torch.Tensor, k_BGSD: torch.Tensor, v_BGSD: torch.Te
     (q, k, v), pos_q, pos_k = _check(q_BHTD, k_BGSD, v_BGSD, pos_q_BT, pos_k_BS)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     impl = forward_impl(q, k, v, pos_q, pos_k, options)
+    backward = gluon_hopper_bwd.BACKWARD_BY_D.get(q.shape[-1], "tl") if impl == "gluon" else "tl"
+    record_options("flash", autotune=options.autotune, forward=impl, backward=backward)
     if impl == "gluon":
-        record_options("flash", autotune=options.autotune, forward=impl,
-                       backward=gluon_hopper_bwd.BACKWARD_BY_D.get(q.shape[-1], "tl"))
         return GluonFlashFunction.apply(q, k, v, scale, bool(causal), options.autotune)
-    record_options("flash", autotune=options.autotune, forward=impl, backward="tl")
     return FlashAttentionFunction.apply(q, k, v, pos_q, pos_k, scale, bool(causal), options.autotune)
 
 

@@ -119,7 +119,8 @@ class AttentionConfig:
     "auto" is for interactive use only and records what it picked. pope_impl, tapa_series, exp2,
     autotune and flash_impl choose how the triton backend's kernels run (`kernels.common.options`:
     the PoPE implementation, "cudnn" being non-deterministic; TAPA's forward series; the softmax
-    exponentials' pipe; timing every tile config; the flash core's forward); other backends ignore them. What ran is
+    exponentials' pipe; timing every tile config; the core the flash and TAPA kernels run on, Gluon
+    on Hopper or the portable `tl`); other backends ignore them. What ran is
     recorded in the stage's provenance."""
 
     backend: Literal["reference", "sdpa", "triton", "auto"] = "reference"
