@@ -24,6 +24,7 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
+import kernel_sass  # the sibling script (benchmarks/ is on sys.path)
 import torch
 
 from phaselab.kernels.flash import gluon_hopper
@@ -64,6 +65,7 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int) -> dict:
         ptx.write_text(ptx_text)
         report = subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                                 capture_output=True, text=True, check=True).stderr
+        loops = sass_loops(ptxas.parent / "cuobjdump", Path(tmp) / "k.cubin")
     regs = re.findall(r"Used (\d+) registers", report)
     spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     return {"regs": max(map(int, regs)) if regs else None,
@@ -71,7 +73,24 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int) -> dict:
             "smem": compiled.metadata.shared, "bar_sync": len(re.findall(r"\bbar\.sync\b|barrier\.sync", ptx_text)),
             "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
             "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
-            "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln]}
+            "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln],
+            "loops": loops}
+
+
+def sass_loops(cuobjdump: Path, cubin: Path) -> list[tuple[int, int]]:
+    """(instructions, of which MUFU) per iteration of each innermost SASS loop that issues wgmma
+    (HGMMA), in code order: the key-block loops of these kernels (`kernel_sass.loops`' backward-branch
+    ranges, less the branches back from after the kernel's EXIT: an mbarrier wait's retry). An
+    offline proxy of their cost where the non-tensor pipes, not the tensor cores, bound a tile
+    (issue slots per score); empty where Triton ships no cuobjdump."""
+    if not cuobjdump.is_file():
+        return []
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    found = [body for body in kernel_sass.loops(sass)
+             if any(op == "HGMMA" for _, op, _ in body) and not any(op == "EXIT" for _, op, _ in body)]
+    spans = [(body[0][0], body[-1][0]) for body in found]
+    return [(len(body), sum(op == "MUFU" for _, op, _ in body)) for body, (lo, hi) in zip(found, spans)
+            if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)]
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
@@ -131,6 +150,9 @@ def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
     print(f"{label} " + " | ".join(map(str, cells)) + " |")
     for w in r["warnings"]:
         print(f"  ptxas: {w}")
+    if r.get("loops"):
+        print("  SASS key-block loops, instructions (MUFU) an iteration: "
+              + ", ".join(f"{n} ({mufu})" for n, mufu in r["loops"]))
 
 
 def report_variant(label: str, compile_fn, extra: tuple[str, ...] = ()) -> dict | None:

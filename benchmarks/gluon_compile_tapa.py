@@ -7,6 +7,11 @@ The GPU machine runs Triton 3.6.0; check against it where the local Triton is an
 
     PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile_tapa.py
     python benchmarks/gluon_compile_tapa.py --dims 128 --tiles 64x64x2x4 128x64x2x8 --phases quadratic
+    python benchmarks/gluon_compile_tapa.py --dims 128 --causal 1 --phases quadratic --variants none table \
+        table+order3
+
+`--variants` names combinations of gluon_tapa.VARIANTS joined by "+" ("none": the default
+schedule); each row also prints the SASS instructions an iteration of every key-block loop.
 
 On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
 batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
@@ -16,6 +21,7 @@ and the Triton `tl` TAPA forward at those lengths.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 from functools import partial
 
@@ -45,21 +51,23 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
     sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa.descriptors(q, q, q, block_m, block_n))}
     sig |= {"o_ptr": mangle_type(q), "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5")}
-    sig["r_min"] = "i32"
+    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32"}
     return sig, {"STAGES": stages, "num_warps": tile[3]}
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
-                    dtype: torch.dtype = torch.bfloat16) -> dict:
-    """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`)."""
+                    dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
+    """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`);
+    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3)."""
     sig, consts = signature(D, tile, dtype)
-    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts | {"CAUSAL": causal, "LINEAR": linear},
-                          tile[3])
+    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants}
+    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3])
 
 
-def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str) -> float:
-    """Median ms of one TAPA forward at B = 65536 // N, H = 16, bf16: the Gluon kernel with `tile`,
-    or (tile None) the Triton `tl` forward (triton_tapa.tapa_fwd, its defaults)."""
+def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str,
+              variants: frozenset[str] = frozenset()) -> float:
+    """Median ms of one TAPA forward at B = 65536 // N, H = 16, bf16: the Gluon kernel with `tile`
+    and `variants`, or (tile None) the Triton `tl` forward (triton_tapa.tapa_fwd, its defaults)."""
     from phaselab.kernels.tapa import triton_tapa
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -70,15 +78,24 @@ def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bo
         return median_ms(lambda: triton_tapa.tapa_fwd(q, k, v, pos, pos, d_amp=D // 2, alpha=0.1,
                                                        phase_scale=2 * math.pi, linear=phase == "linear",
                                                        scale=1.0, causal=causal))
-    return median_ms(lambda: gluon_tapa.gluon_tapa_fwd(q, k, v, phase=phase, causal=causal, tile=tile))
+    return median_ms(lambda: gluon_tapa.gluon_tapa_fwd(q, k, v, phase=phase, causal=causal, tile=tile,
+                                                       variants=variants))
 
 
-def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int]) -> None:
+def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int], variants: frozenset[str]) -> None:
     for N in lengths:
-        ms = time_tapa(D, N, tile, causal, phase)
+        ms = time_tapa(D, N, tile, causal, phase, variants)
         tl_ms, ref = time_tapa(D, N, None, causal, phase), time_forward(D, N, None, causal)
         print(f"  N={N}: {ms:.3f} ms, tl TAPA {tl_ms:.3f} ms, cuDNN {ref:.3f} ms, x cuDNN {ms / ref:.2f} "
               f"(tl x cuDNN {tl_ms / ref:.2f})")
+
+
+def parse_variants(text: str) -> frozenset[str]:
+    chosen = frozenset() if text == "none" else frozenset(text.split("+"))
+    if not chosen <= set(gluon_tapa.VARIANTS):
+        raise argparse.ArgumentTypeError(f"variants {text!r}: 'none' or names from {', '.join(gluon_tapa.VARIANTS)} "
+                                         "joined by '+'")
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--variants", type=parse_variants, nargs="+", default=[gluon_tapa.DEFAULT_VARIANTS],
+                   help="combinations of " + ", ".join(gluon_tapa.VARIANTS) + " joined by '+', or 'none'")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
     args = p.parse_args(argv)
@@ -96,22 +115,20 @@ def main(argv: list[str] | None = None) -> None:
     import triton
 
     print(f"triton {triton.__version__}, sm_90a")
-    print("| D | tile (MxNxstagesxwarps) | causal | phase | dtype | regs | spill st/ld B | smem B | bar.sync | "
-          "wgmma.wait | ex2 | cos |\n|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| D | tile (MxNxstagesxwarps) | variants | causal | phase | dtype | regs | spill st/ld B | smem B | "
+          "bar.sync | wgmma.wait | ex2 | cos |\n|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = 0
-    for D in args.dims:
-        for tile in args.tiles or [gluon_tapa.TILES[D]]:
-            for causal in args.causal:
-                for phase in args.phases:
-                    for dt in args.dtypes:
-                        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-                        label = f"| {D} | {'x'.join(map(str, tile))} | {causal} | {phase} | {dt} |"
-                        if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear",
-                                                                         dtype), extra=("ex2", "cos")) is None:
-                            failed += 1
-                            continue
-                        if dt == "bf16" and args.time:
-                            _print_timings(D, tile, bool(causal), phase, args.time)
+    for D, tile, variants, causal, phase, dt in itertools.product(args.dims, args.tiles or [None], args.variants,
+                                                                  args.causal, args.phases, args.dtypes):
+        tile = tile or gluon_tapa.TILES[D]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
+        if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype, variants),
+                          extra=("ex2", "cos")) is None:
+            failed += 1
+            continue
+        if dt == "bf16" and args.time:
+            _print_timings(D, tile, bool(causal), phase, args.time, variants)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
 

@@ -9,20 +9,30 @@ where the local Triton is another version:
 
     PYTHONPATH=/tmp/triton36 python benchmarks/gluon_compile_tapa_bwd.py
     python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --kernels dkdv --tiles 32x128x2x8 64x64x2x4
+    python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --causal 1 --phases quadratic --variants none table+order3
+
+`--variants` as in gluon_compile_tapa.py (gluon_tapa.VARIANTS joined by "+", or "none"); each row
+also prints the SASS instructions an iteration of every query- or key-block loop. On an sm_90 GPU,
+`--time N [N ...]` times the Gluon TAPA forward + backward with each variant (both kernels take it;
+bf16, causal, H = 16, 65536 tokens a batch, CUDA events, median of 30) against SDPA cuDNN's at
+those lengths, in one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from functools import partial
 
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
+    median_ms,
     parse_tile,
     report_variant,
     require_gluon,
 )
+from gluon_compile_tapa import parse_variants
 
 from phaselab.kernels.tapa import gluon_tapa_bwd as bwd
 
@@ -43,40 +53,63 @@ def signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype: 
     outs = ("dq_ptr",) if kernel_name == "dq" else ("dk_ptr", "dv_ptr")
     sig |= {n: mangle_type(x) for n in outs} | {"T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5", "ds_scale")}
-    sig["r_min"] = "i32"
+    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32"}
     return sig
 
 
 def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
-                    dtype: torch.dtype = torch.bfloat16) -> dict:
+                    dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
     """ptxas' report of one backward variant for sm_90a (`gluon_compile.compile_report`)."""
     kernel = bwd.gluon_tapa_bwd_dq_kernel if kernel_name == "dq" else bwd.gluon_tapa_bwd_dkdv_kernel
     bwd.check_tile(tile, 0 if kernel_name == "dq" else 1)
-    consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3]}
+    consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3],
+              "TABLE": "table" in variants}
     return compile_report(kernel, signature(kernel_name, D, tile, dtype), consts, tile[3])
 
 
-def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASES, dtypes=("bf16",)) -> int:
+def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASES, dtypes=("bf16",),
+                  variants=(frozenset(),)) -> int:
     """Compile every variant, print one table row each; returns the number that failed."""
     import triton
 
     print(f"triton {triton.__version__}, sm_90a")
-    print("| kernel | D | tile (MxNxstagesxwarps) | causal | phase | dtype | regs | spill st/ld B | smem B | bar.sync | "
-          "wgmma.wait | ex2 | cos |\n|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| kernel | D | tile (MxNxstagesxwarps) | variants | causal | phase | dtype | regs | spill st/ld B | smem B | "
+          "bar.sync | wgmma.wait | ex2 | cos |\n|---|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = 0
-    for name in kernels:
-        default = bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES
-        for D in dims:
-            for tile in tiles or [default[D]]:
-                for c in causal:
-                    for phase in phases:
-                        for dt in dtypes:
-                            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-                            label = f"| {name} | {D} | {'x'.join(map(str, tile))} | {c} | {phase} | {dt} |"
-                            if report_variant(label, partial(compile_variant, name, D, tile, bool(c), phase == "linear",
-                                                                             dtype), extra=("ex2", "cos")) is None:
-                                failed += 1
+    for name, D, tile, var, c, phase, dt in itertools.product(kernels, dims, tiles or [None], variants, causal,
+                                                              phases, dtypes):
+        tile = tile or (bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES)[D]
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+        label = (f"| {name} | {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(var)) or 'none'} | {c} | {phase} "
+                 f"| {dt} |")
+        if report_variant(label, partial(compile_variant, name, D, tile, bool(c), phase == "linear", dtype, var),
+                          extra=("ex2", "cos")) is None:
+            failed += 1
     return failed
+
+
+def time_fwd_bwd(D: int, N: int, variants: frozenset[str] | None) -> float:
+    """Median ms of one causal forward + backward at B = 65536 // N, H = 16, bf16: the Gluon TAPA
+    kernels with `variants`, or (None) SDPA cuDNN's."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from phaselab.kernels.tapa import gluon_tapa
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    if variants is None:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+    else:
+        def fn():
+            out, lse = gluon_tapa.gluon_tapa_fwd(q, k, v, causal=True, variants=variants)
+            bwd.gluon_tapa_bwd(do, q, k, v, out, lse, causal=True, variants=variants)
+    return median_ms(fn)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,11 +121,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    p.add_argument("--variants", type=parse_variants, nargs="+", default=[bwd.gluon_tapa.DEFAULT_VARIANTS],
+                   help="combinations of " + ", ".join(bwd.gluon_tapa.VARIANTS) + " joined by '+', or 'none'")
+    p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
+                   help="on an sm_90 GPU, also time forward + backward of each variant at these lengths")
     args = p.parse_args(argv)
     require_gluon("gluon_compile_tapa_bwd.py", bwd.gluon_common.IMPORT_ERROR)
-    failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.phases, args.dtypes)
+    failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.phases, args.dtypes, args.variants)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
+    for D, N in itertools.product(args.dims, args.time):
+        ref = time_fwd_bwd(D, N, None)
+        for var in args.variants:
+            ms = time_fwd_bwd(D, N, var)
+            print(f"D={D} N={N} {'+'.join(sorted(var)) or 'none'}: forward+backward {ms:.3f} ms, cuDNN {ref:.3f} ms, "
+                  f"x cuDNN {ms / ref:.2f}")
 
 
 if __name__ == "__main__":

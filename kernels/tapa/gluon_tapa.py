@@ -42,6 +42,7 @@ kernel cannot run, and nothing Gluon runs under TRITON_INTERPRET.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,7 +51,7 @@ from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.common.triton_common import LOG2E
 from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.flash.gluon_common import descriptor
-from phaselab.kernels.tapa.phase import _taylor
+from phaselab.kernels.tapa.phase import _taylor, series_radius
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
     from phaselab.kernels.flash.gluon_common import (
@@ -79,6 +80,16 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # spill stores / loads); the tiles below compile without spills for sm_90a with triton 3.6.0 (D = 128:
 # 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py). Not yet timed on a GPU.
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
+# Optional schedules of the forward, each a constexpr of the kernel (`gluon_tapa_fwd(variants=...)`),
+# each cutting the instructions a score costs where issue slots, not the tensor cores, bound the
+# tile (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS counts):
+#   "table":  W of tiles near the diagonal (|D_c| < r_min, unmasked) read from a table of k_turn d^alpha
+#             (float64, rounded once; `distance_table`) instead of exp2(alpha lg2 d): no MUFU;
+#   "order3": tiles far enough from the diagonal that three terms reach the series' bound
+#             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five.
+# None is on by default until timed against the default schedule on a GPU.
+VARIANTS = ("table", "order3")
+DEFAULT_VARIANTS: frozenset[str] = frozenset()
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29
@@ -120,38 +131,50 @@ if gluon_common.IMPORT_ERROR is None:
         return k_turn * gl.exp2(alpha * _lg2(d))
 
     @gluon.jit
-    def _w_series(x0, n0, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5):
+    def _w_series(x0, n0, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5, ORDER: gl.constexpr = 5):
         """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
-        (|D_c| >= r_min): ia = i, jc = j' + (BM - BN) / 2 as fp32 vectors, u = (i - jc) / D_c."""
+        (|D_c| >= r_min, or r_3 for ORDER 3): ia = i, jc = j' + (BM - BN) / 2 as fp32 vectors,
+        u = (i - jc) / D_c; terms c_0 .. c_ORDER."""
         dc = (x0 - n0).to(gl.float32)
         inv = 1.0 / dc
         f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
         u = (ia * inv)[:, None] - (jc * inv)[None, :]
-        w = (f * c5) * u + f * c4
-        w = w * u + f * c3
-        w = w * u + f * c2
+        if ORDER == 5:
+            w = ((f * c5) * u + f * c4) * u + f * c3
+            w = w * u + f * c2
+        else:
+            w = (f * c3) * u + f * c2
         w = w * u + f * c1
         return w * u + f
 
     @gluon.jit
-    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr):
-        """W of key block j: MODE 0 the series, else the exact power."""
+    def _w_table(row_pos, n0, cols, table):
+        """W [BM, BN] = table[|m - n|] (`distance_table`: k_turn d^alpha for d < r_min + BM + BN)."""
+        return gl.load(table + gl.abs(row_pos[:, None] - (n0 + cols)[None, :]))
+
+    @gluon.jit
+    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False):
+        """W of key block j: MODE 0 the series, 3 the series to the third order, 1 (near) the exact
+        power or, TABLE, the distance table, 2 (masked) the exact power."""
         x0, row_pos, ia, cols, _sq = geo
-        alpha, k_turn, c1, c2, c3, c4, c5 = ph
-        if MODE == 0:
+        alpha, k_turn, c1, c2, c3, c4, c5 = ph[:7]
+        if MODE == 0 or MODE == 3:
             CENTRE: gl.constexpr = (ia.shape[0] - BLOCK_N) // 2
             jc = (cols + CENTRE).to(gl.float32)
-            w = _w_series(x0, j * BLOCK_N, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5)
+            w = _w_series(x0, j * BLOCK_N, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5, 5 if MODE == 0 else 3)
+        elif MODE == 1 and TABLE:
+            w = _w_table(row_pos, j * BLOCK_N, cols, ph[7])
         else:
             w = _w_exact(row_pos, j * BLOCK_N, cols, alpha, k_turn)
         return w
 
+
     @gluon.jit
     def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
-              CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr):
-        """Key block j (module docstring's schedule); MODE 0 series, 1 exact, 2 exact and masked.
-        Enters with P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return."""
+              CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
+              s_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
+        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
@@ -169,7 +192,7 @@ if gluon_common.IMPORT_ERROR is None:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
-        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N) * sp)
+        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
@@ -181,7 +204,8 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL: gl.constexpr,
-                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr):
         """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
         ka_desc, kp_desc = descs[0], descs[1]
@@ -196,7 +220,7 @@ if gluon_common.IMPORT_ERROR is None:
         _free_k(0, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c = _cos_turns(_weight(0, geo, ph, 1, BLOCK_N) * sp)
+        c = _cos_turns(_weight(0, geo, ph, 2, BLOCK_N) * sp)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, True, CAUSAL, s_layout)
         return _p_operand(p, ka_smem.dtype, o_layout), alpha_r, m_i, l_i
 
@@ -242,9 +266,12 @@ if gluon_common.IMPORT_ERROR is None:
         return (m0 + S - T + CENTRE, m0 + r + (S - T), r.to(gl.float32), cols, sq)
 
     @gluon.jit
-    def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min,
-                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue."""
+    def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
+                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
+                 num_warps: gl.constexpr):
+        """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
+        by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
+        fifth-order one (r_3 = r_min: none of the first), |D_c| < r_min the exact power."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -258,18 +285,26 @@ if gluon_common.IMPORT_ERROR is None:
         p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL, LINEAR,
                                             STAGES, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
-        for j in range(1, a):  # far before the diagonal: the series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
-                                            qk_scale, 0, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+        a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
+        args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
+        for j in range(1, a3):  # far before the diagonal: the third-order series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
+        for j in range(a3, a):  # before the diagonal: the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
-                                            qk_scale, 1, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
-        for j in range(b, mid):  # far after the diagonal (non-causal): the series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
-                                            qk_scale, 0, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
+        for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
+        for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
         for j in range(mid, hi):  # masked: the exact power
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S,
-                                            qk_scale, 2, CAUSAL, LINEAR, STAGES, s_layout, o_layout)
+            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
+                                            s_layout, o_layout)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
@@ -285,8 +320,9 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def gluon_tapa_fwd_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
-                              alpha, k_turn, c1, c2, c3, c4, c5, r_min, CAUSAL: gl.constexpr,
-                              LINEAR: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                              alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, CAUSAL: gl.constexpr,
+                              LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                              num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
         head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
@@ -312,8 +348,9 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
-        _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5), q_bar, o_ptr, lse_ptr,
-                 i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, CAUSAL, LINEAR, STAGES, num_warps)
+        _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table), q_bar, o_ptr,
+                 lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE,
+                 num_warps)
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -336,19 +373,59 @@ def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block
             *coef, r_min)
 
 
+def order3_radius(alpha: float, block_m: int, block_n: int, r_min: int) -> int:
+    """r_3: the smallest |D_c| at which the third-order series' radius (`phase.series_radius(alpha,
+    3)`) covers a tile's spread (BM + BN - 2) / 2; never below r_min (the fifth order's)."""
+    u_3 = series_radius(float(alpha), 3)
+    spread = (block_m + block_n - 2) / 2
+    return max(r_min, _R_MIN_CAP if u_3 <= 0 else min(_R_MIN_CAP, math.ceil(spread / u_3)))
+
+
+@functools.lru_cache(maxsize=8)
+def distance_table(length: int, alpha: float, k_turn: float, device: torch.device) -> torch.Tensor:
+    """fp32 [length]: k_turn d^alpha for d = 0 .. length - 1, computed in float64 and rounded once
+    (the "table" variant's W near the diagonal; the kernel reads it at d < r_min + BM + BN)."""
+    d = torch.arange(length, dtype=torch.float64, device=device)
+    return (k_turn * d**alpha).to(torch.float32)
+
+
+def variant_flags(variants) -> tuple[bool, bool]:
+    """(table, order3) of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names refused."""
+    chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
+    unknown = sorted(chosen - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown TAPA kernel variants {unknown} (known: {', '.join(VARIANTS)})")
+    return tuple(v in chosen for v in VARIANTS)
+
+
+def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, block_n: int, table: bool,
+                    order3: bool, device: torch.device) -> tuple:
+    """(r_3, w_table) of a launch, after `kernel_scalars` (its k_turn and r_min): r_3 = r_min without
+    "order3" (no third-order block), and the distance table the kernel reads only in tiles with
+    |D_c| < r_min, where |m - n| < r_min + BM + BN, no distance exceeding max(S, T) + BM + BN (rows
+    past T, keys past S); without "table" a one-entry table that the kernel never reads."""
+    k_turn, r_min = scalars[2], scalars[-1]
+    r_3 = order3_radius(alpha, block_m, block_n, r_min) if order3 else r_min
+    length = min(r_min, max(S, T)) + block_m + block_n if table else 1
+    return r_3, distance_table(length, float(alpha), k_turn, device)
+
+
 def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,
                    phase_scale: float = 2.0 * math.pi, phase: str = "quadratic", scale: float = 1.0,
                    causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                   tile: tuple[int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   tile: tuple[int, int, int, int] | None = None,
+                   variants=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of TAPA attention with index
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
     same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
-    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]."""
+    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]; variants: names from
+    VARIANTS (default DEFAULT_VARIANTS)."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
+    table, order3 = variant_flags(variants)
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -361,7 +438,8 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
             or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError("gluon_tapa_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
+    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, table, order3, q.device)
     gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
-        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, CAUSAL=bool(causal),
-        LINEAR=params["phase"] == "linear", STAGES=stages, num_warps=warps)
+        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
+        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps)
     return out, lse

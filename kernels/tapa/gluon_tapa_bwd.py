@@ -86,6 +86,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _ring,
         _w_exact,
         _w_series,
+        _w_table,
         _weight,
     )
 
@@ -142,15 +143,18 @@ if gluon_common.IMPORT_ERROR is None:
     # ------------------------------------------------------------------------- dK / dV
 
     @gluon.jit
-    def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr):
-        """W^T [BN keys, BM queries] of query block i: MODE 0 the series about D_c = i BM + xq - n0
-        (u = ((c - r) - CENTRE) / D_c, the forward's helper with negated offsets), else exact."""
+    def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr, TABLE: gl.constexpr):
+        """W^T [BN keys, BM queries] of query block i: MODE 0 (3) the series to the fifth (third)
+        order about D_c = i BM + xq - n0 (u = ((c - r) - CENTRE) / D_c, the forward's helper with
+        negated offsets), 1 (near) the exact power or, TABLE, the distance table, 2 the exact power."""
         xq, n0, key_pos, ia_t, cols, jc_t, _sk = geo
-        alpha, k_turn, c1, c2, c3, c4, c5 = ph
-        if MODE == 0:
-            w = _w_series(i * BLOCK_M + xq, n0, ia_t, jc_t, alpha, k_turn, c1, c2, c3, c4, c5)
+        alpha, k_turn, c1, c2, c3, c4, c5, table = ph
+        CENTRE: gl.constexpr = (BLOCK_M - ia_t.shape[0]) // 2
+        if MODE == 0 or MODE == 3:
+            w = _w_series(i * BLOCK_M + xq, n0, ia_t, jc_t, alpha, k_turn, c1, c2, c3, c4, c5, 5 if MODE == 0 else 3)
+        elif MODE == 1 and TABLE:
+            w = _w_table(key_pos, i * BLOCK_M + xq - CENTRE, cols, table)
         else:
-            CENTRE: gl.constexpr = (BLOCK_M - ia_t.shape[0]) // 2
             w = _w_exact(key_pos, i * BLOCK_M + xq - CENTRE, cols, alpha, k_turn)
         return w
 
@@ -186,9 +190,9 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr, T, S, qk_scale,
                    MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                   st_layout: gl.constexpr):
-        """One query block of the dK/dV schedule (module docstring); MODE 0 series, 1 exact, 2 exact
-        and masked (the causal diagonal)."""
+                   TABLE: gl.constexpr, st_layout: gl.constexpr):
+        """One query block of the dK/dV schedule (module docstring); MODE as `_weight_t`'s (2: masked,
+        the causal diagonal)."""
         ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars = bufs
         nblk, lo, bh0, total = sched
         BLOCK_M: gl.constexpr = qa_smem.shape[1]
@@ -204,7 +208,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(1, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[6][:, None]
-        c, ws = _phase(_weight_t(i, geo, ph, MODE, BLOCK_M), sp)
+        c, ws = _phase(_weight_t(i, geo, ph, MODE, BLOCK_M, TABLE), sp)
         # dP^T issued once S_P^T and W are dead: three [BN, BM] tiles fewer in flight beside the
         # 2 D accumulator columns (D = 128 spilled otherwise, benchmarks/gluon_compile_tapa_bwd.py)
         dp_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -271,8 +275,8 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
                                    dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
-                                   ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                                   num_warps: gl.constexpr):
+                                   r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
         """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
         query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
         views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
@@ -286,6 +290,7 @@ if gluon_common.IMPORT_ERROR is None:
         bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
         lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
         a, b = _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M, BLOCK_N)
+        a3, b3 = _query_split(n0, T, S, mid, n_qb, r_3, BLOCK_M, BLOCK_N)  # a3 <= a <= b <= b3
         nblk = n_qb - lo
         total = GROUP * nblk
         ka_smem = gl.allocate_shared_memory(ka_desc.dtype, ka_desc.block_type.shape, ka_desc.layout)
@@ -308,7 +313,7 @@ if gluon_common.IMPORT_ERROR is None:
         descs = (qa_desc, qp_desc, do_desc)
         for s in gl.static_range(STAGES):
             _load_q(descs, bufs, s, nblk, lo, bh0, T, total, STAGES)
-        ph = (alpha, k_turn, c1, c2, c3, c4, c5)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table)
         sched = (nblk, lo, bh0, total)
         h_layout: gl.constexpr = mma_layout(num_warps, DA)
         dka = gl.zeros([BLOCK_N, DA], gl.float32, h_layout)
@@ -317,28 +322,36 @@ if gluon_common.IMPORT_ERROR is None:
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, mma_layout(num_warps, HEAD_D))
         mbarrier.wait(kv_bar, 0)
         geo = _geometry_t(n0, T, S, LINEAR, kp_smem, BLOCK_M, st_layout, num_warps)
+        args = (bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr, T, S, qk_scale)
         for hg in range(GROUP):  # every query head reading this kv head: no atomics on dK, dV
             base = hg * nblk - lo
             for it in range(base + lo, base + mid):  # the causal diagonal: masked, exact
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
-                                               T, S, qk_scale, 2, CAUSAL, LINEAR, STAGES, st_layout)
-            for it in range(base + mid, base + a):  # far before the diagonal (non-causal): the series
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
-                                               T, S, qk_scale, 0, CAUSAL, LINEAR, STAGES, st_layout)
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
+            for it in range(base + mid, base + a3):  # far before the diagonal (non-causal): third order
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
+            for it in range(base + a3, base + a):  # before the diagonal (non-causal): the series
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
             for it in range(base + a, base + b):  # near the diagonal, unmasked: the exact power
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
-                                               T, S, qk_scale, 1, CAUSAL, LINEAR, STAGES, st_layout)
-            for it in range(base + b, base + n_qb):  # far after the diagonal: the series
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr,
-                                               T, S, qk_scale, 0, CAUSAL, LINEAR, STAGES, st_layout)
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
+            for it in range(base + b, base + b3):  # after the diagonal: the series
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
+            for it in range(base + b3, base + n_qb):  # far after the diagonal: third order
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                               st_layout)
         _dkdv_epilogue(dka, dkp, dks, dv, dk_ptr, dv_ptr, i_bg, n0, S, ds_scale, LINEAR, num_warps)
 
     # ------------------------------------------------------------------------- dQ
 
     @gluon.jit
     def _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, MODE: gl.constexpr,
-                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr):
-        """Key block j of the dQ schedule; MODE 0 series, 1 exact, 2 exact and masked (keys past S
+                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
+                 s_layout: gl.constexpr):
+        """Key block j of the dQ schedule; MODE as `gluon_tapa._weight`'s (2: masked, keys past S
         and, causally, past each row's limit)."""
         qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
         ka_desc, kp_desc, v_desc = descs
@@ -355,7 +368,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N), sp)
+        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N, TABLE), sp)
         keys = j * BLOCK_N + geo[3]
         vis = (keys < S)[None, :]
         if CAUSAL:
@@ -379,9 +392,9 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def gluon_tapa_bwd_dq_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dq_ptr,
-                                 T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, ds_scale,
-                                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table,
+                                 ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                                 TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
         """dQ of one BLOCK_M block of query rows of one (batch, head) over its key blocks: block 0
         masked (the diagonal or the ragged end, as in the forward), then series / exact / series by
         distance, then the masked blocks."""
@@ -413,7 +426,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(s - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         bufs = (qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
         descs = (ka_desc, kp_desc, v_desc)
-        ph = (alpha, k_turn, c1, c2, c3, c4, c5)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table)
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = gl.load(lse_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))
         dlt = gl.load(dlt_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
@@ -423,21 +436,22 @@ if gluon_common.IMPORT_ERROR is None:
         mbarrier.wait(q_bar, 0)
         geo = _geometry(m0, T, S, LINEAR, qp_smem, BLOCK_N, s_layout, num_warps)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
+        a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3
+        args = (bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale)
         for j in range(gl.minimum(hi, 1)):  # block 0: masked, exact
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 2,
-                                     CAUSAL, LINEAR, STAGES, s_layout)
-        for j in range(1, a):  # far before the diagonal: the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 0,
-                                     CAUSAL, LINEAR, STAGES, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+        for j in range(1, a3):  # far before the diagonal: the third-order series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+        for j in range(a3, a):  # before the diagonal: the series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 1,
-                                     CAUSAL, LINEAR, STAGES, s_layout)
-        for j in range(b, mid):  # far after the diagonal (non-causal): the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 0,
-                                     CAUSAL, LINEAR, STAGES, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+        for j in range(b, b3):  # after the diagonal (non-causal): the series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+        for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
         for j in range(gl.maximum(mid, 1), hi):  # masked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, 2,
-                                     CAUSAL, LINEAR, STAGES, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
         row_base = i_bh.to(gl.int64) * T
         _store_half(dq_ptr, dqa * ds_scale, row_base, m0, T, 0, num_warps)
         if LINEAR:
@@ -483,15 +497,18 @@ def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block
 def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5, phase_scale: float = _TWO_PI,
                    linear: bool = False, scale: float = 1.0, causal: bool = True, grads: tuple | None = None,
-                   dkdv_tile: tuple | None = None, dq_tile: tuple | None = None) -> tuple[torch.Tensor, ...]:
+                   dkdv_tile: tuple | None = None, dq_tile: tuple | None = None,
+                   variants=None) -> tuple[torch.Tensor, ...]:
     """(dq, dk, dv) in the inputs' dtype of TAPA attention with index positions, given dO, the
     forward's out and lse (either forward's: log2 units, +inf for a row that sees no key); q
     [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (linear: the linear phase),
     validated the same way; `supported` must hold. grads: optional preallocated contiguous (dq, dk,
     dv) (tests poison them); dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
-    DKDV_TILES[D] / DQ_TILES[D]. Deterministic: no atomics."""
+    DKDV_TILES[D] / DQ_TILES[D]; variants: names from `gluon_tapa.VARIANTS` (default
+    `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
+    table, order3 = gluon_tapa.variant_flags(variants)
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -503,8 +520,9 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     for kernel, (bm, bn, stages, warps), grid, outs in (
             (gluon_tapa_bwd_dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv)),
             (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,))):
-        scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
+        *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
+        extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device)
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
-        kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars,
-                     STAGES=stages, num_warps=warps, **meta)
+        kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
+                     ds_scale, STAGES=stages, TABLE=table, num_warps=warps, **meta)
     return dq, dk, dv

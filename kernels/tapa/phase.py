@@ -119,21 +119,29 @@ def _row_range(b_pos, m_r, srt, u_max):
     return tl.min(pos, 0), tl.max(pos, 0), tl.where(srt, u_max, -1.0), pos
 
 
-def _taylor(alpha: float) -> tuple[float, ...]:
-    """(u_max, c_1 ... c_5) of `_tapa_turns`: c_k = binom(alpha, k); u_max such that the series'
-    tail sum_{k>=6} |c_k| u^k stays below 1.4e-7 (relative, about one fp32 ulp): for alpha <= 6
-    the ratio |c_{k+1} / c_k| = |alpha - k| / (k + 1) is <= 1, so the tail is <= |c_6| u^6 / (1 - u).
-    Larger alpha gets u_max = 0 (exact path everywhere but for a key block of one position)."""
-    c = [1.0]
-    for k in range(1, 7):
-        c.append(c[-1] * (alpha - k + 1) / k)
+def series_radius(alpha: float, order: int = 5) -> float:
+    """The radius u_max of the binomial series of (1 + u)^alpha to `order` (terms c_0 .. c_order,
+    c_k = binom(alpha, k)): its tail sum_{k>order} |c_k| u^k stays below 1.4e-7 (relative, about
+    one fp32 ulp) for |u| <= u_max. For alpha <= 6 and order >= 3 the ratio |c_{k+1} / c_k| =
+    |alpha - k| / (k + 1) is <= 1 past the order, so the tail is <= |c_{order+1}| u^{order+1} / (1 - u);
+    u_max <= 0.25, and 0.25 where the series is exact (alpha an integer <= order). Larger alpha gets
+    u_max = 0 (the exact path everywhere but for a key block of one position)."""
+    c = 1.0
+    for k in range(1, order + 2):
+        c *= (alpha - k + 1) / k
     if alpha > 6.0:
-        u_max = 0.0
-    elif c[6] == 0.0:  # alpha in {1, ..., 5}: the series is exact
-        u_max = 0.25
-    else:
-        u_max = min(0.25, (1e-7 / abs(c[6])) ** (1.0 / 6.0))
-    return (u_max, *c[1:6])
+        return 0.0
+    if c == 0.0:
+        return 0.25
+    return min(0.25, (1e-7 / abs(c)) ** (1.0 / (order + 1)))
+
+
+def _taylor(alpha: float) -> tuple[float, ...]:
+    """(u_max, c_1 ... c_5) of `_tapa_turns`: c_k = binom(alpha, k), u_max = `series_radius(alpha, 5)`."""
+    c = [1.0]
+    for k in range(1, 6):
+        c.append(c[-1] * (alpha - k + 1) / k)
+    return (series_radius(alpha, 5), *c[1:6])
 
 
 @triton.jit

@@ -120,6 +120,72 @@ def test_series_radius_covers_every_series_tile(alpha, tile):
         assert (series - exact).abs().max().item() < 1.4e-7  # both in units of |D_c|^alpha
 
 
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.5, 1.0, 2.5, 4.0, 5.9, 7.5])
+@pytest.mark.parametrize("tile", [(64, 64), (128, 64), (16, 128), (128, 32)])
+def test_order3_radius_covers_its_tiles(alpha, tile):
+    """The "order3" variant: tiles with |D_c| >= r_3 take three terms; r_3 >= r_min, and there the
+    third-order series (in float64) matches |D_c + e|^alpha within 1.4e-7 of |D_c|^alpha for every
+    in-tile offset e, at either sign of D_c."""
+    bm, bn = tile
+    *_, c1, c2, c3, _c4, _c5, r_min = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
+    r_3 = gluon_tapa.order3_radius(alpha, bm, bn, r_min)
+    assert r_min <= r_3 <= gluon_tapa._R_MIN_CAP
+    u_3 = phase.series_radius(alpha, 3)
+    if u_3 == 0.0:
+        assert r_3 == gluon_tapa._R_MIN_CAP
+        return
+    e = torch.arange(bm, dtype=torch.float64)[:, None] - torch.arange(bn, dtype=torch.float64)[None, :] - (bm - bn) // 2
+    for dc in (r_3, -r_3, 5 * r_3 + 3, -(2**28)):
+        u = e / dc
+        assert u.abs().max().item() <= u_3
+        series = 1.0 + c1 * u + c2 * u**2 + c3 * u**3
+        exact = (dc + e).abs() ** alpha / abs(dc) ** alpha
+        assert (series - exact).abs().max().item() < 1.4e-7
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 3.0])
+def test_series_radius_bounds_the_tail(alpha):
+    """series_radius(alpha, K): at u = +-u_max the terms past K add up (to order 40, float64) to
+    less than 1.4e-7, and at 1.5 u_max (below 0.25) to more than 1e-7 for the orders that need a
+    radius: the bound is the radius, not a guess far below it."""
+    for order in (3, 5):
+        u_max = phase.series_radius(alpha, order)
+        coef, c = [], 1.0
+        for k in range(1, 41):
+            c *= (alpha - k + 1) / k
+            coef.append(c)
+        for u in (u_max, -u_max):
+            assert abs(sum(cf * u**k for k, cf in enumerate(coef, 1) if k > order)) < 1.4e-7
+        if u_max < 0.25 / 1.5:
+            u = 1.5 * u_max
+            assert max(abs(sum(cf * x**k for k, cf in enumerate(coef, 1) if k > order)) for x in (u, -u)) > 1e-7
+
+
+def test_distance_table_and_variant_scalars():
+    """The "table" variant's W: k_turn d^alpha from float64, rounded once, over d < min(r_min,
+    max(S, T)) + BM + BN; without the variant one entry; r_3 = r_min without "order3"."""
+    scalars = gluon_tapa.kernel_scalars(128, 0.1, 2 * math.pi, 1.0, 64, 64)
+    k_turn, r_min = scalars[2], scalars[-1]
+    r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, True, True, torch.device("cpu"))
+    assert r_3 == gluon_tapa.order3_radius(0.1, 64, 64, r_min) > r_min
+    assert table.dtype == torch.float32 and table.shape == (r_min + 128,)
+    d = torch.arange(r_min + 128, dtype=torch.float64)
+    assert torch.equal(table, (k_turn * d**0.1).float()) and table[0] == 0.0
+    assert table[1].item() == pytest.approx(k_turn, rel=1e-7)
+    r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
+    assert r_3 == r_min and table.shape == (300 + 128,)  # shorter than r_min: max(S, T) + BM + BN
+    r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False, torch.device("cpu"))
+    assert r_3 == r_min and table.shape == (1,)
+
+
+def test_variant_flags_refuse_unknown_names():
+    assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True)
+    assert gluon_tapa.variant_flags(()) == (False, False)
+    with pytest.raises(ValueError, match="unknown TAPA kernel variants.*lazy"):
+        gluon_tapa.variant_flags({"table", "lazy"})
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -161,11 +227,11 @@ def ref_out_lse(q, k, v, params, causal, offset=0):
     return out, torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
 
 
-def gluon_forward(q, k, v, params, causal, tile=None):
+def gluon_forward(q, k, v, params, causal, tile=None, variants=None):
     """out, lse of the Gluon kernel into NaN-poisoned buffers (a row it skips stays NaN and fails)."""
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
-    return gluon_tapa.gluon_tapa_fwd(q, k, v, causal=causal, out=out, lse=lse, tile=tile, **params)
+    return gluon_tapa.gluon_tapa_fwd(q, k, v, causal=causal, out=out, lse=lse, tile=tile, variants=variants, **params)
 
 
 def tl_config(params, D, causal):
@@ -173,9 +239,9 @@ def tl_config(params, D, causal):
             "linear": params.get("phase", "quadratic") == "linear", "scale": 1.0, "causal": causal}
 
 
-def check_forward(q, k, v, params, *, causal, tile=None, label="gluon-tapa", offset=0):
+def check_forward(q, k, v, params, *, causal, tile=None, label="gluon-tapa", offset=0, variants=None):
     T, S, D = q.shape[2], k.shape[2], q.shape[-1]
-    out, lse = gluon_forward(q, k, v, params, causal, tile)
+    out, lse = gluon_forward(q, k, v, params, causal, tile, variants)
     ref, want = ref_out_lse(q, k, v, params, causal, offset)
     err = assert_close(f"{label}-out", ref, out, RATIO[q.dtype])
     empty = torch.isposinf(want)
@@ -223,6 +289,25 @@ def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dt
 
 
 TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
+# lengths past r_3 (1343 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
+# fifth-order series, the table or the exact power near the diagonal, the masked blocks
+VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"})]
+VARIANT_CASES = [
+    (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
+    (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
+    (1, 4, 2, 300, 4099, 128, True, {"alpha": 0.5}, torch.bfloat16),  # T < S
+    (1, 4, 2, 4099, 300, 64, True, {}, torch.bfloat16),  # T > S
+    (1, 4, 2, 2000, 2003, 128, False, {"alpha": 4.0, "phase_scale": 1e-3}, torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("variants", VARIANT_SETS, ids=["+".join(sorted(v)) for v in VARIANT_SETS])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", VARIANT_CASES, ids=[_case_id(c) for c in VARIANT_CASES])
+def test_gluon_tapa_variants_match_float64(B, H, G, T, S, D, causal, params, dtype, variants):
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
+    check_forward(q, k, v, params, causal=causal, variants=variants, label=f"gluon-tapa-{'+'.join(sorted(variants))}")
 
 
 @pytest.mark.gpu
@@ -274,13 +359,14 @@ def _chunked_reference(q, k, v, params, chunk=2**20):
 
 @pytest.mark.gpu
 @hopper
-def test_gluon_tapa_distances_beyond_fp32_integers():
+@pytest.mark.parametrize("variants", [None, frozenset({"table", "order3"})], ids=["default", "table+order3"])
+def test_gluon_tapa_distances_beyond_fp32_integers(variants):
     """S = 2**24 + 77 keys, the last 3 as queries: distances up to 2**24 + 76, where fp32 stops
     holding every integer, are subtracted in int32 and converted once; far tiles take the series
     at central distances near 2**24. Against a chunked float64 reference."""
     S, params = 2**24 + 77, {"alpha": 0.5}
     q, k, v, _ = make_inputs(1, 2, 1, 3, S, 64, torch.bfloat16)
-    out, lse = gluon_forward(q, k, v, params, True)
+    out, lse = gluon_forward(q, k, v, params, True, variants=variants)
     ref, want = _chunked_reference(q, k, v, params)
     tl_out, tl_lse = triton_tapa.tapa_fwd(q, k, v, *positions(3, S), **tl_config(params, 64, True))
     for name, r, g, t in (("out", ref, out, tl_out), ("lse", want, lse, tl_lse)):

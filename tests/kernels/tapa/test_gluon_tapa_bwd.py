@@ -204,22 +204,23 @@ def forward(q, k, v, params, causal, fwd):
     return triton_tapa.tapa_fwd(q, k, v, *positions(q.shape[2], k.shape[2]), **tl_config(params, q.shape[-1], causal))
 
 
-def gluon_backward(do, q, k, v, out, lse, params, causal, **tiles):
-    """dq, dk, dv into NaN-poisoned buffers (a row the kernels skip stays NaN and fails)."""
+def gluon_backward(do, q, k, v, out, lse, params, causal, **kwargs):
+    """dq, dk, dv into NaN-poisoned buffers (a row the kernels skip stays NaN and fails); kwargs:
+    tiles, variants."""
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     cfg = tl_config(params, q.shape[-1], causal)
     return gluon_tapa_bwd.gluon_tapa_bwd(do, q, k, v, out, lse, alpha=cfg["alpha"], phase_scale=cfg["phase_scale"],
-                                         linear=cfg["linear"], causal=causal, grads=grads, **tiles)
+                                         linear=cfg["linear"], causal=causal, grads=grads, **kwargs)
 
 
-def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tapa-bwd", ratio=None, **tiles):
+def check_backward(q, k, v, do, params, *, causal, fwd="gluon", label="gluon-tapa-bwd", ratio=None, **kwargs):
     """Gradients against float64 (relative RMS within `ratio`, default RATIO of q's dtype), and
     (T <= S) against the tl backward fed the same out and lse."""
     ratio = RATIO[q.dtype] if ratio is None else ratio
     T, S = q.shape[2], k.shape[2]
     want = ref_grads(q, k, v, do, params, causal)
     out, lse = forward(q, k, v, params, causal, fwd)
-    got = gluon_backward(do, q, k, v, out, lse, params, causal, **tiles)
+    got = gluon_backward(do, q, k, v, out, lse, params, causal, **kwargs)
     tl_grads = None
     if T <= S:
         tl_grads = triton_tapa.tapa_bwd(do, q, k, v, out, lse, *positions(T, S), **tl_config(params, q.shape[-1], causal))
@@ -294,6 +295,23 @@ def test_gluon_tapa_backward_every_tile(kind, tile, D):
     q, k, v, do = make_inputs(1, 4, 2, 1000, 1003, D, torch.bfloat16)
     check_backward(q, k, v, do, {"alpha": 0.5}, causal=True, label=f"{kind}-{'x'.join(map(str, tile))}",
                    **{kind: tile})
+
+
+VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"})]
+# lengths past r_3 of both kernels' tiles, so that every kind of block runs
+VARIANT_CASES = [(1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
+                 (1, 4, 1, 3000, 3000, 64, False, {"phase": "linear"}, torch.float16),
+                 (1, 4, 2, 300, 4099, 128, True, {"alpha": 0.5}, torch.bfloat16)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("variants", VARIANT_SETS, ids=["+".join(sorted(v)) for v in VARIANT_SETS])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", VARIANT_CASES, ids=[_case_id(c) for c in VARIANT_CASES])
+def test_gluon_tapa_backward_variants_match_float64(B, H, G, T, S, D, causal, params, dtype, variants):
+    q, k, v, do = make_inputs(B, H, G, T, S, D, dtype)
+    check_backward(q, k, v, do, params, causal=causal, variants=variants,
+                   label=f"gluon-tapa-bwd-{'+'.join(sorted(variants))}")
 
 
 @pytest.mark.gpu
