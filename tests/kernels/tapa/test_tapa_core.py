@@ -9,7 +9,7 @@ import torch
 
 from phaselab.kernels.common.options import AttentionOptions, options_used, reset_options
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.tapa import function
+from phaselab.kernels.tapa import function, gluon_tapa
 
 
 def _qkv(T: int = 8, S: int = 8, D: int = 64):
@@ -76,7 +76,9 @@ def test_gluon_core_matches_the_tl_core_through_the_wrapper(phase):
                                       options=AttentionOptions(flash_impl=impl))
         results[impl] = (out, *torch.autograd.grad(out, leaves, do))
         results[impl + "-core"] = options_used()["tapa"]["core"]
+        results[impl + "-variants"] = options_used()["tapa"].get("variants")
     assert (results["tl-core"], results["auto-core"]) == ("tl", "gluon")
+    assert results["auto-variants"] == sorted(gluon_tapa.DEFAULT_VARIANTS) and results["tl-variants"] is None
     for name, a, b in zip(("out", "dq", "dk", "dv"), results["tl"], results["auto"]):
         a, b = a.float(), b.float()
         rel = (a - b).norm() / a.norm()
