@@ -60,10 +60,12 @@ def signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype: 
 def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
                     dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
     """ptxas' report of one backward variant for sm_90a (`gluon_compile.compile_report`)."""
-    kernel = bwd.gluon_tapa_bwd_dq_kernel if kernel_name == "dq" else bwd.gluon_tapa_bwd_dkdv_kernel
+    ws = kernel_name == "dkdv" and "ws" in variants
+    kernel = (bwd.gluon_tapa_bwd_dq_kernel if kernel_name == "dq"
+              else bwd.gluon_tapa_bwd_dkdv_ws_kernel if ws else bwd.gluon_tapa_bwd_dkdv_kernel)
     bwd.check_tile(tile, 0 if kernel_name == "dq" else 1)
     consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3],
-              "TABLE": "table" in variants}
+              "TABLE": "table" in variants} | ({"PRODUCER_REGS": bwd.PRODUCER_REGS} if ws else {})
     return compile_report(kernel, signature(kernel_name, D, tile, dtype), consts, tile[3])
 
 

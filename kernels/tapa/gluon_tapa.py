@@ -86,9 +86,11 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #   "table":  W of tiles near the diagonal (|D_c| < r_min, unmasked) read from a table of k_turn d^alpha
 #             (float64, rounded once; `distance_table`) instead of exp2(alpha lg2 d): no MUFU;
 #   "order3": tiles far enough from the diagonal that three terms reach the series' bound
-#             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five.
+#             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
+#   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
+#             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five.
 # None is on by default until timed against the default schedule on a GPU.
-VARIANTS = ("table", "order3")
+VARIANTS = ("table", "order3", "ws")
 DEFAULT_VARIANTS: frozenset[str] = frozenset()
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -389,8 +391,9 @@ def distance_table(length: int, alpha: float, k_turn: float, device: torch.devic
     return (k_turn * d**alpha).to(torch.float32)
 
 
-def variant_flags(variants) -> tuple[bool, bool]:
-    """(table, order3) of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names refused."""
+def variant_flags(variants) -> tuple[bool, bool, bool]:
+    """(table, order3, ws) of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names
+    refused."""
     chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
     unknown = sorted(chosen - set(VARIANTS))
     if unknown:
@@ -425,7 +428,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
-    table, order3 = variant_flags(variants)
+    table, order3, _ws = variant_flags(variants)   # "ws" is the backward's
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]

@@ -55,7 +55,7 @@ import torch
 from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.common.triton_common import do_o_rows
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
 from phaselab.kernels.tapa import gluon_tapa
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
@@ -190,11 +190,11 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr, T, S, qk_scale,
                    MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                   TABLE: gl.constexpr, st_layout: gl.constexpr):
+                   TABLE: gl.constexpr, WS: gl.constexpr, st_layout: gl.constexpr):
         """One query block of the dK/dV schedule (module docstring); MODE as `_weight_t`'s (2: masked,
-        the causal diagonal)."""
-        ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars = bufs
-        nblk, lo, bh0, total = sched
+        the causal diagonal); WS: a producer partition refills the ring (`_dkdv_release`)."""
+        ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars, _empty = bufs
+        nblk, lo, bh0, _total = sched
         BLOCK_M: gl.constexpr = qa_smem.shape[1]
         BLOCK_N: gl.constexpr = ka_smem.shape[0]
         slot = it % STAGES
@@ -232,8 +232,20 @@ if gluon_common.IMPORT_ERROR is None:
         else:
             dkp_tok = warpgroup_mma(_a_operand(g_p, dtype, h_layout), qp_smem.index(slot), dkp, is_async=True)
             dv, dka, dkp = warpgroup_mma_wait(0, deps=(dv_tok, dka_tok, dkp_tok))
-        _load_q(descs, bufs, it + STAGES, nblk, lo, bh0, T, total, STAGES)
+        _dkdv_release(descs, bufs, it, sched, T, STAGES, WS)
         return dka, dkp, dks, dv
+
+    @gluon.jit
+    def _dkdv_release(descs, bufs, it, sched, T, STAGES: gl.constexpr, WS: gl.constexpr):
+        """Slot it % STAGES is read: refill it with step it + STAGES, or (WS) tell the producer,
+        once every consumer warp is past its wgmmas (one CTA barrier instead of the four that the
+        in-line refill's expect and three copies take)."""
+        if WS:
+            gl.thread_barrier()
+            mbarrier.arrive(bufs[7].index(it % STAGES))
+        else:
+            nblk, lo, bh0, total = sched
+            _load_q(descs, bufs, it + STAGES, nblk, lo, bh0, T, total, STAGES)
 
     @gluon.jit
     def _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -273,26 +285,19 @@ if gluon_common.IMPORT_ERROR is None:
         gl.store(ptr + (row_base + r.to(gl.int64))[:, None] * (2 * DH) + c[None, :], y, mask=(r < n_rows)[:, None])
 
     @gluon.jit
-    def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
-                                   dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
-                                   r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
-                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
-        """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
-        query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
-        views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
+    def _dkdv_setup(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL: gl.constexpr,
+                    STAGES: gl.constexpr):
+        """(bounds, bufs, kv_bar) of one dK/dV program: its key block n0, kv head i_bg, first query
+        head bh0, query blocks [lo, mid) masked and [mid, n_qb) not; K_A, K_P, V resident, the Q_A,
+        Q_P, dO ring, its ready barriers and the `empty` ones a producer partition waits on."""
         BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
         DA: gl.constexpr = ka_desc.block_type.shape[1]
         HEAD_D: gl.constexpr = v_desc.block_type.shape[1]
-        st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)
         n0 = gl.program_id(0) * BLOCK_N  # block 0 sees the most queries: it starts first
         i_bg = gl.program_id(1)
         bh0 = i_bg // (H // GROUP) * H + i_bg % (H // GROUP) * GROUP  # first query head of the group
         lo, mid, n_qb = _query_range(n0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
-        a, b = _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M, BLOCK_N)
-        a3, b3 = _query_split(n0, T, S, mid, n_qb, r_3, BLOCK_M, BLOCK_N)  # a3 <= a <= b <= b3
-        nblk = n_qb - lo
-        total = GROUP * nblk
         ka_smem = gl.allocate_shared_memory(ka_desc.dtype, ka_desc.block_type.shape, ka_desc.layout)
         kp_smem = gl.allocate_shared_memory(kp_desc.dtype, kp_desc.block_type.shape, kp_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
@@ -301,21 +306,54 @@ if gluon_common.IMPORT_ERROR is None:
         do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(bars.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
         fence_async_shared()  # barrier initialisation visible to the TMA unit (async proxy)
+        bufs = (ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars, empty)
+        return (n0, i_bg, bh0, lo, mid, n_qb), bufs, kv_bar
+
+    @gluon.jit
+    def _load_kv(kdescs, bufs, kv_bar, row):
+        """TMA the resident K_A, K_P, V of the program (rows row..row + BLOCK_N)."""
+        ka_desc, kp_desc, v_desc = kdescs
         mbarrier.expect(kv_bar, ka_desc.block_type.nbytes + kp_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(ka_desc, [i_bg * S + n0, 0], kv_bar, ka_smem)
-        tma.async_copy_global_to_shared(kp_desc, [i_bg * S + n0, 0], kv_bar, kp_smem)
-        tma.async_copy_global_to_shared(v_desc, [i_bg * S + n0, 0], kv_bar, v_smem)
-        bufs = (ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars)
-        descs = (qa_desc, qp_desc, do_desc)
-        for s in gl.static_range(STAGES):
-            _load_q(descs, bufs, s, nblk, lo, bh0, T, total, STAGES)
-        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table)
-        sched = (nblk, lo, bh0, total)
+        tma.async_copy_global_to_shared(ka_desc, [row, 0], kv_bar, bufs[0])
+        tma.async_copy_global_to_shared(kp_desc, [row, 0], kv_bar, bufs[1])
+        tma.async_copy_global_to_shared(v_desc, [row, 0], kv_bar, bufs[2])
+
+    @gluon.jit
+    def _dkdv_produce(descs, kdescs, bufs, kv_bar, bounds, T, S, GROUP, STAGES: gl.constexpr):
+        """Producer partition (one warp): K_A, K_P, V once, then Q_A, Q_P, dO of every step into the
+        ring, each slot once the consumers have released its previous contents."""
+        n0, i_bg, bh0, lo, _mid, n_qb = bounds
+        _load_kv(kdescs, bufs, kv_bar, i_bg * S + n0)
+        nblk = n_qb - lo
+        total = GROUP * nblk
+        for it in range(total):
+            mbarrier.wait(bufs[7].index(it % STAGES), ((it // STAGES) & 1) ^ 1, pred=it >= STAGES)
+            _load_q(descs, bufs, it, nblk, lo, bh0, T, total, STAGES)
+
+    @gluon.jit
+    def _dkdv_consume(descs, bufs, kv_bar, bounds, ph, lse_ptr, dlt_ptr, dk_ptr, dv_ptr, T, S, GROUP, qk_scale,
+                      r_min, r_3, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                      TABLE: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+        """The wgmma warps: every query block of every head of the group by kind (masked, series of
+        either order, near), then the epilogue."""
+        n0, i_bg, bh0, lo, mid, n_qb = bounds
+        ka_smem, kp_smem, v_smem, qa_smem = bufs[0], bufs[1], bufs[2], bufs[3]
+        BLOCK_M: gl.constexpr = qa_smem.shape[1]
+        BLOCK_N: gl.constexpr = ka_smem.shape[0]
+        DA: gl.constexpr = ka_smem.shape[1]
+        HEAD_D: gl.constexpr = v_smem.shape[1]
+        st_layout: gl.constexpr = mma_layout(num_warps, BLOCK_M)
         h_layout: gl.constexpr = mma_layout(num_warps, DA)
+        a, b = _query_split(n0, T, S, mid, n_qb, r_min, BLOCK_M, BLOCK_N)
+        a3, b3 = _query_split(n0, T, S, mid, n_qb, r_3, BLOCK_M, BLOCK_N)  # a3 <= a <= b <= b3
+        nblk = n_qb - lo
+        sched = (nblk, lo, bh0, GROUP * nblk)
         dka = gl.zeros([BLOCK_N, DA], gl.float32, h_layout)
         dkp = gl.zeros([BLOCK_N, DA], gl.float32, h_layout)
         dks = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, st_layout))
@@ -326,24 +364,61 @@ if gluon_common.IMPORT_ERROR is None:
         for hg in range(GROUP):  # every query head reading this kv head: no atomics on dK, dV
             base = hg * nblk - lo
             for it in range(base + lo, base + mid):  # the causal diagonal: masked, exact
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
             for it in range(base + mid, base + a3):  # far before the diagonal (non-causal): third order
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
             for it in range(base + a3, base + a):  # before the diagonal (non-causal): the series
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
             for it in range(base + a, base + b):  # near the diagonal, unmasked: the exact power
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
             for it in range(base + b, base + b3):  # after the diagonal: the series
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
             for it in range(base + b3, base + n_qb):  # far after the diagonal: third order
-                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, WS,
                                                st_layout)
         _dkdv_epilogue(dka, dkp, dks, dv, dk_ptr, dv_ptr, i_bg, n0, S, ds_scale, LINEAR, num_warps)
+
+    @gluon.jit
+    def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
+                                   dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
+                                   r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
+        """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
+        query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
+        views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
+        descs = (qa_desc, qp_desc, do_desc)
+        bounds, bufs, kv_bar = _dkdv_setup(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL,
+                                           STAGES)
+        n0, i_bg, bh0, lo, _mid, n_qb = bounds
+        _load_kv((ka_desc, kp_desc, v_desc), bufs, kv_bar, i_bg * S + n0)
+        for s in gl.static_range(STAGES):
+            _load_q(descs, bufs, s, n_qb - lo, lo, bh0, T, GROUP * (n_qb - lo), STAGES)
+        _dkdv_consume(descs, bufs, kv_bar, bounds, (alpha, k_turn, c1, c2, c3, c4, c5, w_table), lse_ptr, dlt_ptr,
+                      dk_ptr, dv_ptr, T, S, GROUP, qk_scale, r_min, r_3, ds_scale, CAUSAL, LINEAR, STAGES, TABLE,
+                      False, num_warps)
+
+    @gluon.jit
+    def gluon_tapa_bwd_dkdv_ws_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
+                                      dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
+                                      r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                      STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                                      PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 8):
+        """`gluon_tapa_bwd_dkdv_kernel` with the loads in a one-warp producer partition holding
+        PRODUCER_REGS registers a thread (the "ws" variant; FA3's producer / consumer split)."""
+        descs = (qa_desc, qp_desc, do_desc)
+        bounds, bufs, kv_bar = _dkdv_setup(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL,
+                                           STAGES)
+        gl.warp_specialize([
+            (_dkdv_consume, (descs, bufs, kv_bar, bounds, (alpha, k_turn, c1, c2, c3, c4, c5, w_table), lse_ptr,
+                             dlt_ptr, dk_ptr, dv_ptr, T, S, GROUP, qk_scale, r_min, r_3, ds_scale, CAUSAL, LINEAR,
+                             STAGES, TABLE, True, num_warps)),
+            (_dkdv_produce, (descs, (ka_desc, kp_desc, v_desc), bufs, kv_bar, bounds, T, S, GROUP, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
     # ------------------------------------------------------------------------- dQ
 
@@ -508,7 +583,7 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
-    table, order3 = gluon_tapa.variant_flags(variants)
+    table, order3, ws = gluon_tapa.variant_flags(variants)
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -517,12 +592,14 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     check_tile(dq_tile, 0)
     dlt = do_o_rows(do, out)  # Delta_t = <dO_t, O_t>, fp32 [B, H, T]
     meta = {"CAUSAL": bool(causal), "LINEAR": bool(linear)}
-    for kernel, (bm, bn, stages, warps), grid, outs in (
-            (gluon_tapa_bwd_dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv)),
-            (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,))):
+    dkdv_kernel, dkdv_meta = ((gluon_tapa_bwd_dkdv_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}) if ws
+                              else (gluon_tapa_bwd_dkdv_kernel, {}))
+    for kernel, (bm, bn, stages, warps), grid, outs, extra_meta in (
+            (dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv), dkdv_meta),
+            (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,), {})):
         *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
         extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device)
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
         kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
-                     ds_scale, STAGES=stages, TABLE=table, num_warps=warps, **meta)
+                     ds_scale, STAGES=stages, TABLE=table, num_warps=warps, **meta, **extra_meta)
     return dq, dk, dv

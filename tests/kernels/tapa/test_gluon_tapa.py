@@ -180,8 +180,9 @@ def test_distance_table_and_variant_scalars():
 
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True)
-    assert gluon_tapa.variant_flags(()) == (False, False)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False)
+    assert gluon_tapa.variant_flags(["ws"]) == (False, False, True)
+    assert gluon_tapa.variant_flags(()) == (False, False, False)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*lazy"):
         gluon_tapa.variant_flags({"table", "lazy"})
 
