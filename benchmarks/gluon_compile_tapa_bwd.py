@@ -15,7 +15,10 @@ where the local Triton is another version:
 also prints the SASS instructions an iteration of every query- or key-block loop. On an sm_90 GPU,
 `--time N [N ...]` times the Gluon TAPA forward + backward with each variant (both kernels take it;
 bf16, causal, H = 16, 65536 tokens a batch, CUDA events, median of 30) against SDPA cuDNN's at
-those lengths, in one process.
+those lengths, in one process; with one kernel named and `--tiles`, each of its tiles too:
+
+    python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --kernels dkdv --causal 1 --phases quadratic \
+        --tiles 16x128x2x8 32x128x2x8 --variants none ws table+order3+ws --time 4096 16384
 """
 
 from __future__ import annotations
@@ -90,9 +93,9 @@ def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASE
     return failed
 
 
-def time_fwd_bwd(D: int, N: int, variants: frozenset[str] | None) -> float:
+def time_fwd_bwd(D: int, N: int, variants: frozenset[str] | None, **tiles) -> float:
     """Median ms of one causal forward + backward at B = 65536 // N, H = 16, bf16: the Gluon TAPA
-    kernels with `variants`, or (None) SDPA cuDNN's."""
+    kernels with `variants` (and tiles: dkdv_tile / dq_tile), or (None) SDPA cuDNN's."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -110,7 +113,7 @@ def time_fwd_bwd(D: int, N: int, variants: frozenset[str] | None) -> float:
     else:
         def fn():
             out, lse = gluon_tapa.gluon_tapa_fwd(q, k, v, causal=True, variants=variants)
-            bwd.gluon_tapa_bwd(do, q, k, v, out, lse, causal=True, variants=variants)
+            bwd.gluon_tapa_bwd(do, q, k, v, out, lse, causal=True, variants=variants, **tiles)
     return median_ms(fn)
 
 
@@ -132,12 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     failed = compile_check(args.dims, args.kernels, args.tiles, args.causal, args.phases, args.dtypes, args.variants)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
+    # --tiles with one kernel named: time each of its tiles (the other kernel's default)
+    timed_tiles = [{f"{args.kernels[0]}_tile": t} for t in args.tiles] if args.tiles and len(args.kernels) == 1 else [{}]
     for D, N in itertools.product(args.dims, args.time):
         ref = time_fwd_bwd(D, N, None)
-        for var in args.variants:
-            ms = time_fwd_bwd(D, N, var)
-            print(f"D={D} N={N} {'+'.join(sorted(var)) or 'none'}: forward+backward {ms:.3f} ms, cuDNN {ref:.3f} ms, "
-                  f"x cuDNN {ms / ref:.2f}")
+        for var, tiles in itertools.product(args.variants, timed_tiles):
+            ms = time_fwd_bwd(D, N, var, **tiles)
+            label = " ".join([f"D={D} N={N}", "+".join(sorted(var)) or "none",
+                              *(f"{k} {'x'.join(map(str, t))}" for k, t in tiles.items())])
+            print(f"{label}: forward+backward {ms:.3f} ms, cuDNN {ref:.3f} ms, x cuDNN {ms / ref:.2f}")
 
 
 if __name__ == "__main__":

@@ -316,6 +316,17 @@ def test_gluon_tapa_backward_variants_match_float64(B, H, G, T, S, D, causal, pa
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
+def test_gluon_tapa_backward_ws_wide_dkdv_tile(phase_kind):
+    """The producer partition beside the 32-row dK/dV tile at D = 128 (a timing candidate: fewer
+    instructions a score, small spills in the quadratic phase)."""
+    q, k, v, do = make_inputs(1, 4, 2, 2000, 2000, 128, torch.bfloat16)
+    check_backward(q, k, v, do, {"phase": phase_kind}, causal=True, variants={"ws", "order3", "table"},
+                   dkdv_tile=(32, 128, 2, 8), label=f"ws-32x128-{phase_kind}")
+
+
+@pytest.mark.gpu
+@hopper
 def test_gluon_tapa_backward_is_deterministic():
     """No atomics: two runs give bitwise equal gradients (GQA sums in a fixed order)."""
     q, k, v, do = make_inputs(2, 4, 2, 2000, 2000, 128, torch.bfloat16)
