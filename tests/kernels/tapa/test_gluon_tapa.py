@@ -290,7 +290,7 @@ def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dt
 
 
 TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
-# lengths past r_3 (1343 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
+# lengths past r_3 (1344 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
 # fifth-order series, the table or the exact power near the diagonal, the masked blocks
 VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"})]
 VARIANT_CASES = [
