@@ -30,8 +30,11 @@ take phase.py's binomial series about the centre: |m - n|^alpha = |D_c|^alpha (1
 u = e / D_c, e = (i - j') - (BLOCK_M - BLOCK_N) / 2 for in-tile row i, column j' (|e| <= (BLOCK_M +
 BLOCK_N - 2) / 2), so u is one add of a row and a column vector and the series, its coefficients
 pre-multiplied by k_turn |D_c|^alpha (one exact power per tile), is five FMAs; `phase._taylor`'s
-radius u_max bounds the tail below 1.4e-7 of |D_c|^alpha and sets r_min. Tiles near the diagonal take
-exp2(alpha lg2 d) (lg2(0) = -inf gives 0^alpha = 0); masked tiles (the diagonal, ragged ends) too.
+radius u_max bounds the tail below 1.4e-7 of |D_c|^alpha and sets r_min; with the "order3" variant,
+tiles at |D_c| >= r_3 (the third-order series' radius, the same bound) take three terms. Tiles near
+the diagonal take exp2(alpha lg2 d) (lg2(0) = -inf gives 0^alpha = 0), or with the "table" variant
+a table of k_turn d^alpha rounded once from float64; masked tiles (the diagonal, ragged ends) the
+exact power.
 The phase is reduced in turns, t - rint(t) exact in fp32 (MATH §7.4), rint by the 1.5 * 2**23
 shifter on the FMA pipe (identical to cvt.rni for |t| < 2**22; beyond, where t's own ulp is half a
 turn and the phase carries no information, it still returns t minus an integer or half-integer).
@@ -170,7 +173,6 @@ if gluon_common.IMPORT_ERROR is None:
             w = _w_exact(row_pos, j * BLOCK_N, cols, alpha, k_turn)
         return w
 
-
     @gluon.jit
     def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
@@ -206,8 +208,7 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL: gl.constexpr,
-                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr):
+                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
         ka_desc, kp_desc = descs[0], descs[1]

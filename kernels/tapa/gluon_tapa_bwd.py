@@ -31,8 +31,12 @@ accumulators are scaled once in the epilogue, as the plain backward scales dK.
 W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >= r_min take the
 binomial series about the centre (`gluon_tapa._w_series`, the radius `phase._taylor`'s), tiles near
 the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
-key ends in dQ) the exact power too. The dK/dV kernel's tiles are transposed (rows keys, columns
-queries): the same helpers take negated offsets (`_weight_t`). The phase is reduced in turns,
+key ends in dQ) the exact power too; the forward's "order3" and "table" variants
+(`gluon_tapa.VARIANTS`) apply to both kernels. The dK/dV kernel's tiles are transposed (rows keys,
+columns queries): the same helpers take negated offsets (`_weight_t`). Its "ws" variant
+(`gluon_tapa_bwd_dkdv_ws_kernel`) issues the ring's loads from a one-warp producer partition, the
+consumers releasing each slot through an `empty` mbarrier, as the plain backward's warp-specialised
+dK/dV kernel does (kernels/flash/gluon_hopper_bwd.py). The phase is reduced in turns,
 t - rint(t) exact in fp32 by the forward's shifter (MATH §7.4), then cos.approx and sin.approx.
 Linear phase: the phase half of the resident operand (K_P in dK/dV, Q_P in dQ) is replaced by ones
 after its row sums are taken (`gluon_tapa._linear_setup`), so the S_P wgmma gives the streamed
