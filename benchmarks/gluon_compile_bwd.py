@@ -89,6 +89,13 @@ BACKWARDS = {"tl": {}, "gluon": {"deterministic": True}, "gluon-atomic": {"deter
              "gluon-ws": {"deterministic": True, "warp_specialize": True}}
 
 
+def fwd_bwd_inputs(D: int, N: int) -> tuple:
+    """q, k, v, dO [B, 16, N, D] bf16 on the GPU, B = 65536 // N (64k tokens a batch), seed 0."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return tuple(torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
+                 for _ in range(4))
+
+
 def time_fwd_bwd(D: int, N: int, backward: str | None, causal: bool = True) -> float:
     """Median ms of forward + backward at B = 65536 // N, H = 16, bf16: SDPA cuDNN's (backward
     None) or the Gluon forward's followed by the named backward (`BACKWARDS`)."""
@@ -98,9 +105,7 @@ def time_fwd_bwd(D: int, N: int, backward: str | None, causal: bool = True) -> f
     from phaselab.kernels.flash import gluon_hopper
     from phaselab.kernels.flash.triton_flash import flash_bwd
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(4))
+    q, k, v, do = fwd_bwd_inputs(D, N)
     if backward is None:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
 

@@ -27,6 +27,7 @@ import argparse
 import itertools
 from functools import partial
 
+import gluon_compile_bwd  # the sibling script: the cuDNN reference and the inputs
 import torch
 from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     compile_report,
@@ -95,25 +96,17 @@ def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASE
 
 def time_fwd_bwd(D: int, N: int, variants: frozenset[str] | None, **tiles) -> float:
     """Median ms of one causal forward + backward at B = 65536 // N, H = 16, bf16: the Gluon TAPA
-    kernels with `variants` (and tiles: dkdv_tile / dq_tile), or (None) SDPA cuDNN's."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    kernels with `variants` (and tiles: dkdv_tile / dq_tile), or (None) SDPA cuDNN's
+    (`gluon_compile_bwd.time_fwd_bwd`, on the same inputs)."""
     from phaselab.kernels.tapa import gluon_tapa
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(max(1, 65536 // N), 16, N, D, generator=gen, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(4))
     if variants is None:
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        return gluon_compile_bwd.time_fwd_bwd(D, N, None)
+    q, k, v, do = gluon_compile_bwd.fwd_bwd_inputs(D, N)
 
-        def fn():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-    else:
-        def fn():
-            out, lse = gluon_tapa.gluon_tapa_fwd(q, k, v, causal=True, variants=variants)
-            bwd.gluon_tapa_bwd(do, q, k, v, out, lse, causal=True, variants=variants, **tiles)
+    def fn():
+        out, lse = gluon_tapa.gluon_tapa_fwd(q, k, v, causal=True, variants=variants)
+        bwd.gluon_tapa_bwd(do, q, k, v, out, lse, causal=True, variants=variants, **tiles)
     return median_ms(fn)
 
 
