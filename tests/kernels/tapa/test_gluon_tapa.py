@@ -172,6 +172,8 @@ def test_distance_table_and_variant_scalars():
     d = torch.arange(r_min + 128, dtype=torch.float64)
     assert torch.equal(table, (k_turn * d**0.1).float()) and table[0] == 0.0
     assert table[1].item() == pytest.approx(k_turn, rel=1e-7)
+    for d in (2, 63, 450, r_min + 127):  # against Python's own power, not the formula above
+        assert table[d].item() == pytest.approx(k_turn * math.pow(d, 0.1), rel=6e-8)
     r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
     assert r_3 == r_min and table.shape == (300 + 128,)  # shorter than r_min: max(S, T) + BM + BN
     r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False, torch.device("cpu"))
