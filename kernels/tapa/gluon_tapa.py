@@ -94,7 +94,7 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five.
 # None is on by default until timed against the default schedule on a GPU.
 VARIANTS = ("table", "order3", "ws")
-DEFAULT_VARIANTS: frozenset[str] = frozenset()
+DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29

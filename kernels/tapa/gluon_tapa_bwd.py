@@ -101,7 +101,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # compile without spills (dK/dV: D = 128 240 registers, D = 64 211; dQ: 234, 255); dK/dV at
 # 32x128x2x8 and D = 128 spills 4 / 8 B (20 / 24 B non-causal), dQ at 128x64x2x8 and D = 128
 # 76 / 124 B. Not yet run or timed on a GPU.
-DKDV_TILES = {64: (32, 128, 2, 8), 128: (16, 128, 2, 8)}
+DKDV_TILES = {64: (32, 128, 2, 8), 128: (32, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 32, 2, 8)}
 _TWO_PI = 2.0 * math.pi
 
