@@ -81,7 +81,8 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # (BLOCK_M, BLOCK_N, STAGES, warps) per head dim. Two fp32 score accumulators (S_A, S_P) live
 # beside O, so the plain core's 64x128 tile spills (D = 128: 564 / 972 B, D = 64: 156 / 248 B of
 # spill stores / loads); the tiles below compile without spills for sm_90a with triton 3.6.0 (D = 128:
-# 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py). Not yet timed on a GPU.
+# 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py); on the H200 the wider 128x64x2x8
+# was no faster at D = 128 and 10-19 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h200.md).
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # Optional schedules of the forward, each a constexpr of the kernel (`gluon_tapa_fwd(variants=...)`),
 # each cutting the instructions a score costs where issue slots, not the tensor cores, bound the
@@ -92,7 +93,9 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
 #             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five.
-# None is on by default until timed against the default schedule on a GPU.
+# Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
+# forward+backward and on by default; "table" and "order3" gain nothing beyond the timing noise
+# in either direction (at most 2 %), so they stay off.
 VARIANTS = ("table", "order3", "ws")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32

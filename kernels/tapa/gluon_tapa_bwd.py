@@ -98,9 +98,10 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # queries in dQ) takes the warps along its rows. Score tiles (S_A, S_P, dP) are in flight beside the
 # accumulators, so the streamed side is narrow where the accumulators are wide (dK_A, dK_P, dV: 2 D
 # columns). For sm_90a with triton 3.6.0 (benchmarks/gluon_compile_tapa_bwd.py) the tiles below
-# compile without spills (dK/dV: D = 128 240 registers, D = 64 211; dQ: 234, 255); dK/dV at
-# 32x128x2x8 and D = 128 spills 4 / 8 B (20 / 24 B non-causal), dQ at 128x64x2x8 and D = 128
-# 76 / 124 B. Not yet run or timed on a GPU.
+# compile without spills (dK/dV at 16x128x2x8: D = 128 240 registers, D = 64 211; dQ: 234, 255),
+# dQ at 128x64x2x8 and D = 128 spills 76 / 124 B. The D = 128 dK/dV tile takes 32 query rows a
+# step: with the producer partition ("ws", the default) it spills 28 / 44 B in the loop preheaders
+# only and is 8-10 % faster on the H200 than 16 rows (benchmarks/results/gluon-tapa-bwd-h200.md).
 DKDV_TILES = {64: (32, 128, 2, 8), 128: (32, 128, 2, 8)}
 DQ_TILES = {64: (128, 64, 2, 8), 128: (128, 32, 2, 8)}
 _TWO_PI = 2.0 * math.pi

@@ -28,7 +28,9 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "grid-efficiency": "grid_efficiency.py", "encoding-walk": "encoding_walk.py",
            "gpu-tests": None,   # the GPU test suite through run_on_gpu.sh: a .md only
            "gluon-fwd": None,   # gluon_compile.py --time: its printed table, a .md only
-           "gluon-bwd": None}   # gluon_compile_bwd.py --time: likewise
+           "gluon-bwd": None,   # gluon_compile_bwd.py --time: likewise
+           "gluon-tapa-fwd": None,   # gluon_compile_tapa.py --time: likewise
+           "gluon-tapa-bwd": None}   # gluon_compile_tapa_bwd.py --time: likewise
 CARDS = ("h200", "cpu")
 CARDLESS = {"orchestrator-overhead", "encoding-walk"}   # measure our code on the CPU machine, no card
 # flags that set how long, where or against what a run is written, not what it measures

@@ -318,8 +318,9 @@ def test_gluon_tapa_backward_variants_match_float64(B, H, G, T, S, D, causal, pa
 @hopper
 @pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
 def test_gluon_tapa_backward_ws_wide_dkdv_tile(phase_kind):
-    """The producer partition beside the 32-row dK/dV tile at D = 128 (a timing candidate: fewer
-    instructions a score, small spills in the quadratic phase)."""
+    """The producer partition beside the 32-row dK/dV tile at D = 128 (the default since timed,
+    DEFAULT_VARIANTS and DKDV_TILES; small spills in the quadratic phase), with the other
+    schedules compiled in beside it."""
     q, k, v, do = make_inputs(1, 4, 2, 2000, 2000, 128, torch.bfloat16)
     check_backward(q, k, v, do, {"phase": phase_kind}, causal=True, variants={"ws", "order3", "table"},
                    dkdv_tile=(32, 128, 2, 8), label=f"ws-32x128-{phase_kind}")
