@@ -12,9 +12,9 @@ matplotlib is imported inside functions (Agg backend, no display).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from phaselab.catalog.reports.tables.spec import BuiltTable, TableSpec, build
 
@@ -28,8 +28,12 @@ CURVE_TABLES = ("pope_pg19_extrapolation", "tapa_table1", "tapa_table2", "tapa_t
 # log-2 length axis, a line style and marker per row, the models' training length marked.
 CURVE_OPTIONS: dict[str, dict[str, object]] = {
     "extrapolation_small_ppl": {"train_len": 256},
-    "tapa_long_context_small": {"train_len": 512},   # its rows mix pretrained (512) and cpt (2048) models
+    # its rows mix pretrained models (512) and models after continued pretraining (2048)
+    "tapa_long_context_small": {"train_len": None, "marks": {512: "pretraining length 512",
+                                                             2048: "continued pretraining length 2048"}},
 }
+# More legend entries than this go right of the axes (``legend="auto"``): inside they hide lines.
+LEGEND_INSIDE_MAX = 8
 _METRIC_LABELS = {"ppl": "perplexity", "nll": "NLL [nats/token]", "acc": "accuracy"}
 # Line styles and markers cycled per row when ``styled`` (lines stay apart in greyscale print).
 _STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ("-", "v"), ("--", "P"), ("-.", "X"))
@@ -46,16 +50,61 @@ def _pyplot():
 
 
 def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len: int | None = None,
-                formats: Iterable[str] = ("png", "pdf"), logx: bool = False, styled: bool = False) -> list[Path]:
+                formats: Iterable[str] = ("png", "pdf"), logx: bool = False, styled: bool = False,
+                marks: Mapping[int, str] | None = None, legend: str = "auto") -> list[Path]:
     """Draw ``t`` (numeric columns) as one line per row; writes ``path_base.<fmt>`` for each
     format and returns the paths. Raises ValueError if a column value is not a number.
-    ``logx``: log-2 x axis ticked at the columns; ``styled``: a line style and marker per row."""
+    See :func:`curves_figure` for the options."""
+    plt = _pyplot()
+    fig, _ = curves_figure(t, logy=logy, train_len=train_len, logx=logx, styled=styled, marks=marks,
+                           legend=legend)
+    paths = []
+    for fmt in formats:
+        path = Path(path_base).with_suffix(f".{fmt}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def curves_figure(t: BuiltTable, *, logy: bool = True, train_len: int | None = None, logx: bool = False,
+                  styled: bool = False, marks: Mapping[int, str] | None = None,
+                  legend: str = "auto") -> tuple[Any, Any]:
+    """The (figure, axes) of :func:`plot_curves`, not saved (the caller closes it).
+
+    ``logx``: log-2 x axis ticked at the columns; ``styled``: a line style and marker per row;
+    ``train_len``: a dashed grey line "train length N"; ``marks``: {length: label}, one grey
+    vertical line per length with its label in the legend (a length in both keeps the mark's
+    label); ``legend``: ``inside`` (the best corner), ``outside`` (right of the axes, the figure
+    widened) or ``auto`` (outside past :data:`LEGEND_INSIDE_MAX` entries, where it would hide lines)."""
+    if legend not in ("auto", "inside", "outside"):
+        raise ValueError(f"legend must be auto, inside or outside, got {legend!r}")
     spec = t.spec
     xs = list(spec.cols.values)
     if not all(isinstance(x, (int, float)) for x in xs):
         raise ValueError(f"table {spec.name}: columns {xs!r} are not numeric; cannot draw curves")
+    marks = dict(marks or {})
+    if train_len is not None and train_len not in marks:
+        marks = {train_len: f"train length {train_len}", **marks}
+    entries = sum(any(t.cells.get((rk, x)) is not None for x in xs) for rk in t.row_keys) + len(marks)
+    outside = legend == "outside" or (legend == "auto" and entries > LEGEND_INSIDE_MAX)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(9.0 if outside else 6.4, 4.0))
+    _draw_rows(ax, t, xs, styled)
+    draw_marks(ax, marks)
+    _style_axes(ax, t, xs, logy=logy, logx=logx, styled=styled)
+    if outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig, ax
+
+
+def _draw_rows(ax: Any, t: BuiltTable, xs: list, styled: bool) -> None:
+    """One line per row with values: seed mean, ± std band, hollow markers where seeds are missing."""
+    spec = t.spec
     for i, rk in enumerate(t.row_keys):
         stats = [t.cells.get((rk, x)) for x in xs]
         if all(s is None for s in stats):
@@ -71,8 +120,19 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
         if partial:
             ax.scatter(*zip(*partial, strict=True), s=60, facecolors="white", edgecolors=line.get_color(),
                        zorder=3)
-    if train_len is not None:
-        ax.axvline(train_len, color="grey", linestyle="--", linewidth=1, label=f"train length {train_len}")
+
+
+def draw_marks(ax: Any, marks: Mapping[int, str]) -> list[Any]:
+    """A grey vertical line per length of ``marks`` (in length order), labelled for the legend;
+    the first dashed, the next dotted, then dash-dotted, so two marks stay apart in greyscale."""
+    styles = ("--", ":", "-.")
+    return [ax.axvline(length, color="grey", linestyle=styles[i % len(styles)], linewidth=1, label=label)
+            for i, (length, label) in enumerate(sorted(marks.items()))]
+
+
+def _style_axes(ax: Any, t: BuiltTable, xs: list, *, logy: bool, logx: bool, styled: bool) -> None:
+    """Scales, ticks, labels, title and grid of :func:`curves_figure`."""
+    spec = t.spec
     finite = [s.mean for rk in t.row_keys for s in (t.cells.get((rk, x)) for x in xs) if s is not None and s.mean > 0]
     logy = logy and bool(finite) and max(finite) / min(finite) >= 10   # a log axis within a decade has no labels
     if logy:
@@ -91,16 +151,6 @@ def plot_curves(t: BuiltTable, path_base: Path, *, logy: bool = True, train_len:
     ax.set_ylabel(_METRIC_LABELS.get(spec.metric, spec.metric))
     ax.set_title(spec.title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    paths = []
-    for fmt in formats:
-        path = Path(path_base).with_suffix(f".{fmt}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
 
 
 def _null_locator():

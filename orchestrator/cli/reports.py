@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,13 @@ TABLE_OUT = typer.Option(None, "--out", help="Also write <name>.<ext> files here
 CHECK_STALE = typer.Option(False, "--check-stale", help="Fail if an input stage re-ran or changed since the last build.")
 FROM_EXPORT = typer.Option(None, "--from-export", help="Render the named paper tables from a Parquet export "
                            "folder (`phaselab export`, e.g. docs/results/<grid>/export) instead of a catalog.")
+FIG_FROM_EXPORT = typer.Option(None, "--from-export", help="Draw from a Parquet export folder (`phaselab "
+                               "export`, e.g. docs/results/<grid>/export) instead of a catalog.")
+FIG_MARK = typer.Option(None, "--mark", help="Mark a length with a labelled vertical line, LENGTH=LABEL "
+                        "(repeatable), e.g. --mark '2048=continued pretraining length 2048'; replaces the "
+                        "lengths read from the stages (a pretraining and a continued-pretraining length).")
+FIG_TITLE = typer.Option(None, "--title", help="Figure title (default: GRID: METRIC by context length).")
+FIG_NAME = typer.Option(None, "--name", help="File name without extension (default: <grid>_<kind>).")
 
 
 def register(app: typer.Typer) -> None:
@@ -104,7 +113,7 @@ def register(app: typer.Typer) -> None:
         return [render_from_export(get_spec(n), export_dir, fmt, out_dir=out) for n in names]
 
     @app.command()
-    def figures(grid: str = typer.Argument(..., help="Grid name in the catalog."),
+    def figures(grid: str = typer.Argument(..., help="Grid name in the catalog (or the export)."),
                 kind: str = typer.Option("length", "--kind", help="length (a metric vs context length) | "
                                          "curves (learning curves) | niah (NIAH heat maps)"),
                 metric: str = typer.Option(None, "--metric", help="Default: niah_acc (niah); for length the "
@@ -115,28 +124,27 @@ def register(app: typer.Typer) -> None:
                                          "two values of a line apart are added)."),
                 where: list[str] = WHERE, seed_axis: str = SEED_AXIS,
                 train_len: int = typer.Option(None, "--train-len", help="Mark this training length "
-                                              "(default: read from the trained upstream's config)."),
-                out: Path = FIG_OUT,
+                                              "(without it and --mark: the lengths read from the stages "
+                                              "above the evaluations, pretraining and continued "
+                                              "pretraining)."),
+                mark: list[str] = FIG_MARK, title: str = FIG_TITLE, name: str = FIG_NAME,
+                out: Path = FIG_OUT, from_export: Path = FIG_FROM_EXPORT,
                 runs_root: Path = RUNS, catalog: str = CATALOG, as_json: bool = JSON) -> None:
         """Publication figures of any grid: ppl vs context length, learning curves, NIAH heat maps."""
         from phaselab.catalog.reports import grid_figures as gf
-        from phaselab.orchestrator.engine.controller import default_runs_root
 
-        store = open_store(catalog, create=False)
-        if store is None:
-            fail(as_json, no_catalog(catalog))
-        base = out / f"{grid}_{kind}"
         try:
-            if kind == "curves":
-                paths = gf.learning_curves(store, grid, runs_root or default_runs_root(), base)
-            elif kind in ("length", "niah"):
-                metric = metric or (gf.default_metric(store, grid) if kind == "length" else "niah_acc")
-                rows = rows or ",".join(gf.default_rows(store, grid, seed_axis))
-                pivot = tbl_pivot(grid, metric, rows, where, seed_axis)
-                paths = (gf.length_curves(store, pivot, base, train_len=train_len) if kind == "length"
-                         else gf.niah_heatmaps(store, pivot, base))
-            else:
-                raise ValueError(f"--kind must be length, curves or niah, got {kind!r}")
+            source = gf.read_export(from_export, grid) if from_export is not None else None
+        except ValueError as err:
+            fail(as_json, str(err))
+        if source is None:
+            source = open_store(catalog, create=False)
+            if source is None:
+                fail(as_json, no_catalog(catalog))
+        try:
+            options = FigureOptions(metric=metric, rows=rows, where=where, seed_axis=seed_axis,
+                                    train_len=train_len, marks=parse_marks(mark), title=title)
+            paths = _figure(source, grid, kind, options, out / (name or f"{grid}_{kind}"), runs_root)
         except ValueError as err:
             fail(as_json, str(err))
         emit(as_json, {"ok": True, "figures": [str(p) for p in paths]})
@@ -209,6 +217,57 @@ def _print_links(url: str, as_json: bool) -> None:
                 sys.stdout.write(f"{grid}: compare  {found.comparison}\n")
             sys.stdout.write(f"{grid}: runs     {found.experiment}\n")
         sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class FigureOptions:
+    """What ``phaselab figures`` draws, beside the grid, kind and source."""
+
+    metric: str | None = None
+    rows: str | None = None
+    where: list[str] | None = None
+    seed_axis: str = "seed"
+    train_len: int | None = None
+    marks: dict[int, str] | None = None
+    title: str | None = None
+
+
+def _figure(source: Any, grid: str, kind: str, opt: FigureOptions, base: Path, runs_root: Path | None) -> list[Path]:
+    """The files of one ``phaselab figures`` call; ``source`` is a catalog or an export."""
+    from phaselab.catalog.reports import grid_figures as gf
+
+    if kind == "curves":
+        from phaselab.orchestrator.engine.controller import default_runs_root
+
+        return gf.learning_curves(source, grid, runs_root or default_runs_root(), base)
+    if kind not in ("length", "niah"):
+        raise ValueError(f"--kind must be length, curves or niah, got {kind!r}")
+    if opt.train_len is not None and opt.train_len <= 0:
+        raise ValueError(f"--train-len must be a positive length, got {opt.train_len}")
+    metric = opt.metric or (gf.default_metric(source, grid) if kind == "length" else "niah_acc")
+    rows = opt.rows or ",".join(gf.default_rows(source, grid, opt.seed_axis))
+    pivot = tbl_pivot(grid, metric, rows, opt.where, opt.seed_axis)
+    if kind == "niah":
+        return gf.niah_heatmaps(source, pivot, base, title=opt.title)
+    return gf.length_curves(source, pivot, base, train_len=opt.train_len, marks=opt.marks, title=opt.title)
+
+
+def parse_marks(items: list[str] | None) -> dict[int, str] | None:
+    """``--mark LENGTH=LABEL`` options as {length: label} (None without any); ValueError, naming
+    the item, for anything but a positive whole length and a non-empty label."""
+    if not items:
+        return None
+    marks: dict[int, str] = {}
+    for item in items:
+        length, sep, label = item.partition("=")
+        length, label = length.strip(), label.strip()
+        if not sep or not re.fullmatch(r"[0-9]+", length) or int(length) <= 0 or not label:
+            raise ValueError(f"--mark takes LENGTH=LABEL with a positive whole length and a label, e.g. "
+                             f"--mark '2048=continued pretraining length 2048'; got {item!r}")
+        if int(length) in marks:
+            raise ValueError(f"--mark: length {int(length)} is marked twice")
+        marks[int(length)] = label
+    return marks
 
 
 def _fields(text: str, flag: str) -> tuple[str, ...]:
