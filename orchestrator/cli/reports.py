@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
         try:
             options = FigureOptions(metric=metric, rows=rows, where=where, seed_axis=seed_axis,
                                     train_len=train_len, marks=parse_marks(mark), title=title)
-            paths = _figure(source, grid, kind, options, out / (name or f"{grid}_{kind}"), runs_root)
+            paths = _figure(source, grid, kind, options, out / figure_name(name, grid, kind), runs_root)
         except ValueError as err:
             fail(as_json, str(err))
         emit(as_json, {"ok": True, "figures": [str(p) for p in paths]})
@@ -250,6 +250,16 @@ def _figure(source: Any, grid: str, kind: str, opt: FigureOptions, base: Path, r
     if kind == "niah":
         return gf.niah_heatmaps(source, pivot, base, title=opt.title)
     return gf.length_curves(source, pivot, base, train_len=opt.train_len, marks=opt.marks, title=opt.title)
+
+
+def figure_name(name: str | None, grid: str, kind: str) -> str:
+    """The figure's file name without extension: ``name``, a plain file name (no folder, no
+    leading dot), or ``<grid>_<kind>``; ValueError otherwise."""
+    if name is None:
+        return f"{grid}_{kind}"
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"--name takes a file name without folders (letters, digits, _ . -), got {name!r}")
+    return name
 
 
 def parse_marks(items: list[str] | None) -> dict[int, str] | None:

@@ -198,6 +198,16 @@ def test_parse_marks_rejects_bad_input_clearly() -> None:
         parse_marks(["512=a", "512=b"])
 
 
+def test_figure_name_stays_in_the_output_folder() -> None:
+    from phaselab.orchestrator.cli.reports import figure_name
+
+    assert figure_name(None, "lc", "niah") == "lc_niah"
+    assert figure_name("ppl_by_length", "lc", "length") == "ppl_by_length"
+    for bad in ("../x", "a/b", "/etc/x", ".hidden", "", "a b"):
+        with pytest.raises(ValueError, match=r"--name takes a file name without folders"):
+            figure_name(bad, "lc", "length")
+
+
 def _figures(export: Path, out: Path, *args: str) -> Any:
     """``phaselab figures lc --from-export EXPORT --out OUT --json ARGS`` through the real CLI."""
     from typer.testing import CliRunner
