@@ -51,12 +51,12 @@ class ExportSource:
 def read_export(export_dir: Path, grid: str) -> ExportSource:
     """``grid`` from the export in ``export_dir`` (``phaselab export``); ValueError when the
     folder or the grid's export is missing."""
-    from phaselab.catalog.reports.tables import _export_rows
+    from phaselab.catalog.reports.tables import export_rows
 
     export_dir = Path(export_dir)
     if not export_dir.is_dir():
         raise ValueError(f"--from-export: no folder {export_dir}")
-    meta, rows = _export_rows(export_dir, (grid,))
+    meta, rows = export_rows(export_dir, (grid,))
     if not meta:
         raise ValueError(f"no export of grid {grid!r} in {export_dir} (no _export_{grid}.json)")
     cells = list({json.dumps(r["axes"], sort_keys=True): {"axes": r["axes"]} for r in rows}.values())

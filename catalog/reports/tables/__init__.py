@@ -132,7 +132,7 @@ def render_from_export(spec: TableSpec, export_dir: Path, fmt: str, *, out_dir: 
     SUCCEEDED stages only, and its provenance file names the grid hash and Alembic revision."""
     if fmt not in EXTENSIONS:
         raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
-    meta, rows = _export_rows(Path(export_dir), spec.grids)
+    meta, rows = export_rows(Path(export_dir), spec.grids)
     if not meta:
         return Rendered(spec.name, None, skipped=f"no export of grid {' / '.join(spec.grids)} in {export_dir}")
     return _render_export(spec, rows, meta, fmt, out_dir, now)
@@ -144,7 +144,7 @@ def render_pivot_from_export(pivot: Pivot, export_dir: Path, fmt: str, *, out_di
     columns are the cells that have values (a cell that never ran is absent, not a hole)."""
     if fmt not in EXTENSIONS:
         raise ValueError(f"table format must be one of {sorted(EXTENSIONS)}, got {fmt!r}")
-    meta, rows = _export_rows(Path(export_dir), (pivot.grid,))
+    meta, rows = export_rows(Path(export_dir), (pivot.grid,))
     if not meta:
         raise ValueError(f"no export of grid {pivot.grid!r} in {export_dir}")
     cells = list({json.dumps(r["axes"], sort_keys=True): {"axes": r["axes"]} for r in rows}.values())
@@ -152,7 +152,7 @@ def render_pivot_from_export(pivot: Pivot, export_dir: Path, fmt: str, *, out_di
     return _render_export(spec, matching, meta, fmt, out_dir, now)
 
 
-def _export_rows(export_dir: Path, grids: Sequence[str]) -> tuple[dict[str, dict], list[dict[str, Any]]]:
+def export_rows(export_dir: Path, grids: Sequence[str]) -> tuple[dict[str, dict], list[dict[str, Any]]]:
     """({grid: its export provenance}, the metric rows of those grids as metrics-frame rows)."""
     from phaselab.catalog.reports.export import read_metrics
 
