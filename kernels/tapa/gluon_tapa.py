@@ -84,9 +84,9 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py); on the H200 the wider 128x64x2x8
 # was no faster at D = 128 and 10-19 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h200.md).
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
-# Optional schedules of the forward, each a constexpr of the kernel (`gluon_tapa_fwd(variants=...)`),
-# each cutting the instructions a score costs where issue slots, not the tensor cores, bound the
-# tile (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS counts):
+# Optional schedules of the kernels, each a constexpr (`gluon_tapa_fwd(variants=...)`), each cutting
+# the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
+# counts):
 #   "table":  W of tiles near the diagonal (|D_c| < r_min, unmasked) read from a table of k_turn d^alpha
 #             (float64, rounded once; `distance_table`) instead of exp2(alpha lg2 d): no MUFU;
 #   "order3": tiles far enough from the diagonal that three terms reach the series' bound
