@@ -47,9 +47,10 @@ def signature(kernel, D: int, tile: tuple[int, int, int, int], dtype: torch.dtyp
     return sig, consts
 
 
-def compile_report(kernel, sig: dict, consts: dict, num_warps: int) -> dict:
-    """Compile one Gluon kernel for sm_90a (``sig``: argument types, ``consts``: constexpr values)
-    and read ptxas' report: registers, spill bytes, shared memory, and counts in its PTX."""
+def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int | None = None) -> dict:
+    """Compile one Gluon kernel for sm_90a (``sig``: argument types, ``consts``: constexpr values;
+    ``maxnreg``: a register cap a thread, as the launch option) and read ptxas' report: registers,
+    spill bytes, shared memory, and counts in its PTX."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -57,7 +58,8 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int) -> dict:
     names = kernel.arg_names
     sig = {n: ("constexpr" if n in consts else sig[n]) for n in names}
     src = GluonASTSource(kernel, sig, constexprs={(names.index(n),): c for n, c in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx_text = compiled.asm["ptx"]
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     with tempfile.TemporaryDirectory() as tmp:

@@ -92,12 +92,20 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #   "order3": tiles far enough from the diagonal that three terms reach the series' bound
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
-#             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five.
+#             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five;
+#   "occupancy": the D = 64 forward compiled for at most OCCUPANCY_REGS[64] registers a thread, so
+#             that three CTAs of one warpgroup share an SM instead of two (more warps to hide latency
+#             with): 8 / 24 B of spills, 8 instructions more an iteration. No effect at D = 128,
+#             where three CTAs' shared memory (3 x 82 KB) exceeds the SM's 228 KB and a 168-register
+#             cap spills 360 / 592 B and serialises the wgmmas (ptxas C7512).
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward and on by default; "table" and "order3" gain nothing beyond the timing noise
-# in either direction (at most 2 %), so they stay off.
-VARIANTS = ("table", "order3", "ws")
+# in either direction (at most 2 %), so they stay off. "occupancy" is not timed yet: off.
+VARIANTS = ("table", "order3", "ws", "occupancy")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws"})
+# per head dim: 65536 registers an SM over three CTAs of 128 threads, rounded down to ptxas'
+# allocation unit of 8
+OCCUPANCY_REGS = {64: 168}
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29
@@ -395,9 +403,9 @@ def distance_table(length: int, alpha: float, k_turn: float, device: torch.devic
     return (k_turn * d**alpha).to(torch.float32)
 
 
-def variant_flags(variants) -> tuple[bool, bool, bool]:
-    """(table, order3, ws) of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names
-    refused."""
+def variant_flags(variants) -> tuple[bool, bool, bool, bool]:
+    """(table, order3, ws, occupancy) of a set of names from VARIANTS (None: DEFAULT_VARIANTS);
+    unknown names refused."""
     chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
     unknown = sorted(chosen - set(VARIANTS))
     if unknown:
@@ -432,7 +440,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
-    table, order3, _ws = variant_flags(variants)   # "ws" is the backward's
+    table, order3, _ws, occupancy = variant_flags(variants)   # "ws" is the backward's
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -448,5 +456,6 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, table, order3, q.device)
     gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
         *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
-        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps)
+        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps,
+        **({"maxnreg": OCCUPANCY_REGS[D]} if occupancy and D in OCCUPANCY_REGS else {}))
     return out, lse

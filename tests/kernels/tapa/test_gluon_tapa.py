@@ -182,9 +182,10 @@ def test_distance_table_and_variant_scalars():
 
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False)
-    assert gluon_tapa.variant_flags(["ws"]) == (False, False, True)
-    assert gluon_tapa.variant_flags(()) == (False, False, False)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False)
+    assert gluon_tapa.variant_flags(["ws"]) == (False, False, True, False)
+    assert gluon_tapa.variant_flags(["occupancy", "table"]) == (True, False, False, True)
+    assert gluon_tapa.variant_flags(()) == (False, False, False, False)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*lazy"):
         gluon_tapa.variant_flags({"table", "lazy"})
 
@@ -294,7 +295,7 @@ def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dt
 TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
 # lengths past r_3 (1344 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
 # fifth-order series, the table or the exact power near the diagonal, the masked blocks
-VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"})]
+VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"}), frozenset({"occupancy"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
