@@ -99,10 +99,13 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             where three CTAs' shared memory (3 x 82 KB) exceeds the SM's 228 KB and a 168-register
 #             cap spills 360 / 592 B and serialises the wgmmas (ptxas C7512).
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
-# forward+backward and on by default; "table" and "order3" gain nothing beyond the timing noise
-# in either direction (at most 2 %), so they stay off. "occupancy" is not timed yet: off.
+# forward+backward and on by default. "order3" is on by default: it keeps the kernels' tiles far
+# from the diagonal at the third order, which the default schedule without it also ran until the
+# schedule's r_3 was fixed (gluon-tapa-fwd-h200.md: the two timed alike, 13.33 / 13.35 ms at 16k),
+# and without it every unmasked tile beyond r_min takes five terms. "table" gains nothing beyond
+# the timing noise (at most 2 %): off. "occupancy" is not timed yet: off.
 VARIANTS = ("table", "order3", "ws", "occupancy")
-DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws"})
+DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # per head dim: 65536 registers an SM over three CTAs of 128 threads, rounded down to ptxas'
 # allocation unit of 8
 OCCUPANCY_REGS = {64: 168}
@@ -285,7 +288,8 @@ if gluon_common.IMPORT_ERROR is None:
                  num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
-        fifth-order one (r_3 = r_min: none of the first), |D_c| < r_min the exact power."""
+        fifth-order one (r_3 = _R_MIN_CAP, past every distance: none of the first), |D_c| < r_min the
+        exact power."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -415,12 +419,13 @@ def variant_flags(variants) -> tuple[bool, bool, bool, bool]:
 
 def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, block_n: int, table: bool,
                     order3: bool, device: torch.device) -> tuple:
-    """(r_3, w_table) of a launch, after `kernel_scalars` (its k_turn and r_min): r_3 = r_min without
-    "order3" (no third-order block), and the distance table the kernel reads only in tiles with
+    """(r_3, w_table) of a launch, after `kernel_scalars` (its k_turn and r_min): r_3 = _R_MIN_CAP
+    without "order3" (past every distance a launch has: no third-order block; r_3 = r_min would
+    give every series tile the third order), and the distance table the kernel reads only in tiles with
     |D_c| < r_min, where |m - n| < r_min + BM + BN, no distance exceeding max(S, T) + BM + BN (rows
     past T, keys past S); without "table" a one-entry table that the kernel never reads."""
     k_turn, r_min = scalars[2], scalars[-1]
-    r_3 = order3_radius(alpha, block_m, block_n, r_min) if order3 else r_min
+    r_3 = order3_radius(alpha, block_m, block_n, r_min) if order3 else _R_MIN_CAP
     length = min(r_min, max(S, T)) + block_m + block_n if table else 1
     return r_3, distance_table(length, float(alpha), k_turn, device)
 

@@ -174,10 +174,12 @@ def test_distance_table_and_variant_scalars():
     assert table[1].item() == pytest.approx(k_turn, rel=1e-7)
     for d in (2, 63, 450, r_min + 127):  # against Python's own power, not the formula above
         assert table[d].item() == pytest.approx(k_turn * math.pow(d, 0.1), rel=6e-8)
+    # without "order3" r_3 lies past every distance a launch can have (lengths < _MAX_LEN), so no
+    # tile takes the third order; r_3 = r_min would give it to every series tile
     r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
-    assert r_3 == r_min and table.shape == (300 + 128,)  # shorter than r_min: max(S, T) + BM + BN
+    assert r_3 == gluon_tapa._R_MIN_CAP >= gluon_tapa._MAX_LEN and table.shape == (300 + 128,)  # max(S, T) + BM + BN
     r_3, table = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False, torch.device("cpu"))
-    assert r_3 == r_min and table.shape == (1,)
+    assert r_3 == gluon_tapa._R_MIN_CAP and table.shape == (1,)
 
 
 def test_variant_flags_refuse_unknown_names():
@@ -360,6 +362,28 @@ def _chunked_reference(q, k, v, params, chunk=2**20):
     out = sum(torch.exp(lg - lse[..., None]) @ reference.repeat_kv(v[:, :, s0:s0 + chunk].double(), q.shape[1])
               for lg, s0 in parts)
     return out, lse / LN2
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("variants", [frozenset(), frozenset({"order3"})], ids=["fifth-order", "order3"])
+def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch):
+    """The phase halves in {-1, 0, 1} (S_P exact in fp32) and phase_scale 5000 put |W S_P| near a
+    thousand turns, so a relative error e of W moves the phase by ~1000 e turns: each schedule's
+    series (tail below 1.4e-7 of W) keeps fp16 outputs near float64, and the third order taken at
+    r_min instead (its tail ~8e-6 at the tile's edge) is measurably further away."""
+    B, H, G, N, D = 1, 4, 2, 2048, 128   # T = S = N
+    gen = generator(7, "cuda")
+    q, k, v = (torch.randn(B, n, N, D, generator=gen, device="cuda") for n in (H, G, G))
+    for t in (q, k):
+        t[..., D // 2:] = torch.randint(-1, 2, t[..., D // 2:].shape, generator=gen, device="cuda").float()
+    q, k, v = q.half(), k.half(), v.half()
+    params = {"alpha": 0.1, "phase_scale": 5000.0}
+    ref, _ = ref_out_lse(q, k, v, params, True)
+    err = rel_rms(ref, gluon_forward(q, k, v, params, True, variants=variants)[0])
+    monkeypatch.setattr(gluon_tapa, "order3_radius", lambda alpha, bm, bn, r_min: r_min)
+    err_3 = rel_rms(ref, gluon_forward(q, k, v, params, True, variants={"order3"})[0])
+    assert err <= 2e-3 and err_3 >= 3 * err, f"series {err:.3e}, third order from r_min {err_3:.3e}"
 
 
 @pytest.mark.gpu
