@@ -28,11 +28,11 @@ Schedule of step j (FA3's intra-warpgroup overlap, https://arxiv.org/abs/2407.08
 W comes three ways. Tiles whose central distance D_c (|D_c| >= r_min) dwarfs the in-tile spread
 take phase.py's binomial series about the centre: |m - n|^alpha = |D_c|^alpha (1 + u)^alpha with
 u = e / D_c, e = (i - j') - (BLOCK_M - BLOCK_N) / 2 for in-tile row i, column j' (|e| <= (BLOCK_M +
-BLOCK_N - 2) / 2); the forward evaluates it as a polynomial in e whose coefficients k_turn
-|D_c|^alpha binom(alpha, k) / D_c^k are taken once per tile (one exact power), five FMAs per
-distinct e (`_w_series_e`), the backward in u (`_w_series`); `phase._taylor`'s
-radius u_max bounds the tail below 1.4e-7 of |D_c|^alpha and sets r_min; with the "order3" variant,
-tiles at |D_c| >= r_3 (the third-order series' radius, the same bound) take three terms. Tiles near
+BLOCK_N - 2) / 2), evaluated as a polynomial in e whose coefficients k_turn |D_c|^alpha
+binom(alpha, k) / D_c^k are taken once per tile (one exact power), five FMAs per distinct e
+(`_w_series_e`; the backward's kernels use it too); `phase._taylor`'s radius u_max bounds the tail
+below 1.4e-7 of |D_c|^alpha and sets r_min; with the "order3" variant (on by default), tiles at
+|D_c| >= r_3 (the third-order series' radius, the same bound) take three terms. Tiles near
 the diagonal take exp2(alpha lg2 d) (lg2(0) = -inf gives 0^alpha = 0), or with the "table" variant
 a table of k_turn d^alpha rounded once from float64; masked tiles (the diagonal, ragged ends) the
 exact power.
@@ -151,30 +151,15 @@ if gluon_common.IMPORT_ERROR is None:
         return k_turn * gl.exp2(alpha * _lg2(d))
 
     @gluon.jit
-    def _w_series(x0, n0, ia, jc, alpha, k_turn, c1, c2, c3, c4, c5, ORDER: gl.constexpr = 5):
-        """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
-        (|D_c| >= r_min, or r_3 for ORDER 3): ia = i, jc = j' + (BM - BN) / 2 as fp32 vectors,
-        u = (i - jc) / D_c; terms c_0 .. c_ORDER."""
-        dc = (x0 - n0).to(gl.float32)
-        inv = 1.0 / dc
-        f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
-        u = (ia * inv)[:, None] - (jc * inv)[None, :]
-        if ORDER == 5:
-            w = ((f * c5) * u + f * c4) * u + f * c3
-            w = w * u + f * c2
-        else:
-            w = (f * c3) * u + f * c2
-        w = w * u + f * c1
-        return w * u + f
-
-    @gluon.jit
     def _w_series_e(x0, n0, ri, ci, alpha, k_turn, c1, c2, c3, c4, c5, ORDER: gl.constexpr = 5):
-        """`_w_series` from the integer in-tile offset e = ri - ci (ri = i, ci = j' + (BM - BN) / 2,
-        int32 vectors), as a polynomial in e with the coefficients f c_k / D_c^k of the tile. The
+        """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
+        (|D_c| >= r_min, or r_3 for ORDER 3) in the integer in-tile offset e = ri - ci (ri = i,
+        ci = j' + (BM - BN) / 2, int32 vectors): terms c_0 .. c_ORDER of u = e / D_c, as a
+        polynomial in e with the coefficients f c_k / D_c^k of the tile, f = k_turn |D_c|^alpha. The
         fp32 e is the same for every tile, so it is computed once, before the key-block loops, and
         a thread's 32 scores of a 64-row wgmma tile lie on 18 diagonals, so equal e can be shared
-        (D = 128, fifth order: 845 SASS instructions an iteration against 878 with `_w_series`,
-        241 registers against 255). e goes to fp32 exactly by the 1.5 * 2**23 shifter (|e| < 2**22).
+        (D = 128, fifth order: 845 SASS instructions an iteration against 878 with the series in
+        u = (i * inv)[:, None] - (j * inv)[None, :], 241 registers against 255). e goes to fp32 exactly by the 1.5 * 2**23 shifter (|e| < 2**22).
         Relative error against k_turn |m - n|^alpha in fp32 at alpha 0.1: 1.2e-7 at D_c = r_min."""
         dc = (x0 - n0).to(gl.float32)
         inv = 1.0 / dc

@@ -29,7 +29,7 @@ accumulators are scaled once in the epilogue, as the plain backward scales dK.
     in separate rings: the same products untransposed, dQ_A += G_A K_A, dQ_P += G_P K_P.
 
 W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >= r_min take the
-binomial series about the centre (`gluon_tapa._w_series`, the radius `phase._taylor`'s), tiles near
+binomial series about the centre (`gluon_tapa._w_series_e`, the radius `phase._taylor`'s), tiles near
 the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
 key ends in dQ) the exact power too; the forward's "order3" and "table" variants
 (`gluon_tapa.VARIANTS`) apply to both kernels. The dK/dV kernel's tiles are transposed (rows keys,
@@ -89,7 +89,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _near_range,
         _ring,
         _w_exact,
-        _w_series,
+        _w_series_e,
         _w_table,
         _weight,
     )
@@ -150,13 +150,14 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr, TABLE: gl.constexpr):
         """W^T [BN keys, BM queries] of query block i: MODE 0 (3) the series to the fifth (third)
-        order about D_c = i BM + xq - n0 (u = ((c - r) - CENTRE) / D_c, the forward's helper with
+        order about D_c = i BM + xq - n0 (e = (c - r) - CENTRE, the forward's helper with
         negated offsets), 1 (near) the exact power or, TABLE, the distance table, 2 the exact power."""
-        xq, n0, key_pos, ia_t, cols, jc_t, _sk = geo
+        xq, n0, key_pos, ri_t, cols, ci_t, _sk = geo
         alpha, k_turn, c1, c2, c3, c4, c5, table = ph
-        CENTRE: gl.constexpr = (BLOCK_M - ia_t.shape[0]) // 2
+        CENTRE: gl.constexpr = (BLOCK_M - ri_t.shape[0]) // 2
         if MODE == 0 or MODE == 3:
-            w = _w_series(i * BLOCK_M + xq, n0, ia_t, jc_t, alpha, k_turn, c1, c2, c3, c4, c5, 5 if MODE == 0 else 3)
+            w = _w_series_e(i * BLOCK_M + xq, n0, ri_t, ci_t, alpha, k_turn, c1, c2, c3, c4, c5,
+                            5 if MODE == 0 else 3)
         elif MODE == 1 and TABLE:
             w = _w_table(key_pos, i * BLOCK_M + xq - CENTRE, cols, table)
         else:
@@ -166,8 +167,8 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _geometry_t(n0, T, S, LINEAR: gl.constexpr, kp_smem, BLOCK_M: gl.constexpr, st_layout: gl.constexpr,
                     num_warps: gl.constexpr):
-        """(xq, n0, key_pos, ia_t, cols, jc_t, sk) of a dK/dV program: xq = S - T + CENTRE (D_c of
-        query block i is i BM + xq - n0), key indices n0 + r, -(r + CENTRE) and -c as fp32, the
+        """(xq, n0, key_pos, ri_t, cols, ci_t, sk) of a dK/dV program: xq = S - T + CENTRE (D_c of
+        query block i is i BM + xq - n0), key indices n0 + r, -(r + CENTRE) and -c (int32), the
         query columns c, and the linear phase's key row sums (zeros for the quadratic phase)."""
         BLOCK_N: gl.constexpr = kp_smem.shape[0]
         CENTRE: gl.constexpr = (BLOCK_M - BLOCK_N) // 2
@@ -177,7 +178,7 @@ if gluon_common.IMPORT_ERROR is None:
             sk = _linear_setup(kp_smem, st_layout, num_warps)
         else:
             sk = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, st_layout))
-        return (S - T + CENTRE, n0, n0 + r, -(r + CENTRE).to(gl.float32), cols, -cols.to(gl.float32), sk)
+        return (S - T + CENTRE, n0, n0 + r, -(r + CENTRE), cols, -cols, sk)
 
     @gluon.jit
     def _load_q(descs, bufs, it, nblk, lo, bh0, T, total, STAGES: gl.constexpr):
