@@ -58,12 +58,10 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
                     dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
     """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`);
-    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3; "occupancy" caps
-    the registers as the launcher does)."""
+    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3)."""
     sig, consts = signature(D, tile, dtype)
     consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants}
-    maxnreg = gluon_tapa.OCCUPANCY_REGS.get(D) if "occupancy" in variants else None
-    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3], maxnreg)
+    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3])
 
 
 def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str,

@@ -304,7 +304,8 @@ def markdown_rows(text: str) -> dict[tuple[str, ...], list[float]]:
 def _same(got: dict, want: dict, what: str) -> None:
     assert got and set(want) <= set(got), f"{what}: rows {sorted(want)} not all in {sorted(got)}"
     for key, values in want.items():
-        assert got[key] == pytest.approx(values, rel=1e-2), \
+        # 2 %: TAPA's quickstart accuracy came out 0.3428 and 0.3467 on two CPUs at one commit
+        assert got[key] == pytest.approx(values, rel=2e-2), \
             f"{what} is stale: {key} is {got[key]} now, {values} there; rerun with PHASELAB_UPDATE_GOLDEN=1"
 
 

@@ -94,22 +94,12 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
 #             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five;
-#   "occupancy": the D = 64 forward compiled for at most OCCUPANCY_REGS[64] registers a thread, so
-#             that three CTAs of one warpgroup share an SM instead of two (more warps to hide latency
-#             with): 8 / 24 B of spills, 8 instructions more an iteration. No effect at D = 128,
-#             where three CTAs' shared memory (3 x 82 KB) exceeds the SM's 228 KB and a 168-register
-#             cap spills 360 / 592 B and serialises the wgmmas (ptxas C7512).
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
-# forward+backward and on by default. "order3" is on by default: it keeps the kernels' tiles far
-# from the diagonal at the third order, which the default schedule without it also ran until the
-# schedule's r_3 was fixed (gluon-tapa-fwd-h200.md: the two timed alike, 13.33 / 13.35 ms at 16k),
-# and without it every unmasked tile beyond r_min takes five terms. "table" gains nothing beyond
-# the timing noise (at most 2 %): off. "occupancy" is not timed yet: off.
-VARIANTS = ("table", "order3", "ws", "occupancy")
+# forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
+# ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
+# the timing noise (at most 2 %): off.
+VARIANTS = ("table", "order3", "ws")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
-# per head dim: 65536 registers an SM over three CTAs of 128 threads, rounded down to ptxas'
-# allocation unit of 8
-OCCUPANCY_REGS = {64: 168}
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29
@@ -421,8 +411,8 @@ def distance_table(length: int, alpha: float, k_turn: float, device: torch.devic
     return (k_turn * d**alpha).to(torch.float32)
 
 
-def variant_flags(variants) -> tuple[bool, bool, bool, bool]:
-    """(table, order3, ws, occupancy) of a set of names from VARIANTS (None: DEFAULT_VARIANTS);
+def variant_flags(variants) -> tuple[bool, bool, bool]:
+    """(table, order3, ws) of a set of names from VARIANTS (None: DEFAULT_VARIANTS);
     unknown names refused."""
     chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
     unknown = sorted(chosen - set(VARIANTS))
@@ -459,7 +449,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
-    table, order3, _ws, occupancy = variant_flags(variants)   # "ws" is the backward's
+    table, order3, _ws = variant_flags(variants)   # "ws" is the backward's
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -475,6 +465,5 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, table, order3, q.device)
     gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
         *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
-        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps,
-        **({"maxnreg": OCCUPANCY_REGS[D]} if occupancy and D in OCCUPANCY_REGS else {}))
+        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps)
     return out, lse
