@@ -145,12 +145,13 @@ if gluon_common.IMPORT_ERROR is None:
         """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
         (|D_c| >= r_min, or r_3 for ORDER 3) in the integer in-tile offset e = ri - ci (ri = i,
         ci = j' + (BM - BN) / 2, int32 vectors): terms c_0 .. c_ORDER of u = e / D_c, as a
-        polynomial in e with the coefficients f c_k / D_c^k of the tile, f = k_turn |D_c|^alpha. The
-        fp32 e is the same for every tile, so it is computed once, before the key-block loops, and
-        a thread's 32 scores of a 64-row wgmma tile lie on 18 diagonals, so equal e can be shared
-        (D = 128, fifth order: 845 SASS instructions an iteration against 878 with the series in
-        u = (i * inv)[:, None] - (j * inv)[None, :], 241 registers against 255). e goes to fp32 exactly by the 1.5 * 2**23 shifter (|e| < 2**22).
-        Relative error against k_turn |m - n|^alpha in fp32 at alpha 0.1: 1.2e-7 at D_c = r_min."""
+        polynomial in e with the coefficients f c_k / D_c^k of the tile, f = k_turn |D_c|^alpha. e
+        does not depend on the tile (the compiler may keep it across the loop), and a thread's 32
+        scores of a 64-row wgmma tile lie on 18 diagonals, whose equal integer e can be shared:
+        D = 128, fifth order, 845 SASS instructions an iteration against 878 for the series in
+        u = (i * inv)[:, None] - (j * inv)[None, :], 241 registers against 255. e goes to fp32
+        exactly by the 1.5 * 2**23 shifter (|e| < 2**22). Relative error against k_turn
+        |m - n|^alpha, emulated in fp32 at alpha 0.1: 1.2e-7 at D_c = r_min."""
         dc = (x0 - n0).to(gl.float32)
         inv = 1.0 / dc
         f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
@@ -292,8 +293,8 @@ if gluon_common.IMPORT_ERROR is None:
                  num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
-        fifth-order one (r_3 = _R_MIN_CAP, past every distance: none of the first), |D_c| < r_min the
-        exact power."""
+        fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
+        the first), |D_c| < r_min the exact power."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -424,8 +425,9 @@ def variant_flags(variants) -> tuple[bool, bool, bool]:
 def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, block_n: int, table: bool,
                     order3: bool, device: torch.device) -> tuple:
     """(r_3, w_table) of a launch, after `kernel_scalars` (its k_turn and r_min): r_3 = _R_MIN_CAP
-    without "order3" (past every distance a launch has: no third-order block; r_3 = r_min would
-    give every series tile the third order), and the distance table the kernel reads only in tiles with
+    without "order3" (2**29, past the third order's own radius and every distance of a launch but
+    the last few near 2**29: no third-order block; r_3 = r_min would give every series tile the
+    third order), and the distance table the kernel reads only in tiles with
     |D_c| < r_min, where |m - n| < r_min + BM + BN, no distance exceeding max(S, T) + BM + BN (rows
     past T, keys past S); without "table" a one-entry table that the kernel never reads."""
     k_turn, r_min = scalars[2], scalars[-1]
