@@ -301,16 +301,22 @@ def markdown_rows(text: str) -> dict[tuple[str, ...], list[float]]:
     return rows
 
 
+# TAPA's rows depend on the CPU (README.md, after the example output): at one commit its ppl@128
+# was 12.08 on one x86 machine and 11.81 on another, its accuracy 0.3428 and 0.3467, where RoPE's
+# and PoPE's rows agreed to the last digit; they are held to 3 %, the others to 1 %
+TAPA_REL, REL = 3e-2, 1e-2
+
+
 def _same(got: dict, want: dict, what: str) -> None:
     assert got and set(want) <= set(got), f"{what}: rows {sorted(want)} not all in {sorted(got)}"
     for key, values in want.items():
-        # 2 %: TAPA's quickstart accuracy came out 0.3428 and 0.3467 on two CPUs at one commit
-        assert got[key] == pytest.approx(values, rel=2e-2), \
+        rel = TAPA_REL if any(k in ("TAPA", "pe=tapa,seed=0") for k in key) else REL
+        assert got[key] == pytest.approx(values, rel=rel), \
             f"{what} is stale: {key} is {got[key]} now, {values} there; rerun with PHASELAB_UPDATE_GOLDEN=1"
 
 
 def _check_readme_output(out: str) -> None:
-    """The README's example output is this run's results table (numbers within 1 %)."""
+    """The README's example output is this run's results table (numbers within 1 %, TAPA's 3 %)."""
     readme = ROOT / "README.md"
     text = readme.read_text(encoding="utf-8")
     block = README_OUTPUT.search(text)
