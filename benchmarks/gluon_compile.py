@@ -79,20 +79,29 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
             "loops": loops}
 
 
-def sass_loops(cuobjdump: Path, cubin: Path) -> list[tuple[int, int]]:
-    """(instructions, of which MUFU) per iteration of each innermost SASS loop that issues wgmma
-    (HGMMA), in code order: the key-block loops of these kernels (`kernel_sass.loops`' backward-branch
-    ranges, less the branches back from after the kernel's EXIT: an mbarrier wait's retry). An
-    offline proxy of their cost where the non-tensor pipes, not the tensor cores, bound a tile
-    (issue slots per score); empty where Triton ships no cuobjdump."""
+def sass_loops(cuobjdump: Path, cubin: Path) -> list[tuple[int, int, int]]:
+    """(instructions, of which MUFU, of which skippable) per iteration of each innermost SASS loop
+    that issues wgmma (HGMMA), in code order: the key-block loops of these kernels
+    (`kernel_sass.loops`' backward-branch ranges, less the branches back from after the kernel's
+    EXIT: an mbarrier wait's retry). Skippable: jumped over by a forward branch within the loop
+    (gluon_hopper._rescale's), so an iteration that takes every such branch issues
+    instructions - skippable. An offline proxy of their cost where the non-tensor pipes, not the
+    tensor cores, bound a tile (issue slots per score); empty where Triton ships no cuobjdump."""
     if not cuobjdump.is_file():
         return []
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     found = [body for body in kernel_sass.loops(sass)
              if any(op == "HGMMA" for _, op, _ in body) and not any(op == "EXIT" for _, op, _ in body)]
     spans = [(body[0][0], body[-1][0]) for body in found]
-    return [(len(body), sum(op == "MUFU" for _, op, _ in body)) for body, (lo, hi) in zip(found, spans)
-            if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)]
+    branches = [(int(src, 16), int(dst, 16)) for src, dst in kernel_sass.BACK_BRANCH.findall(sass)]
+    loops = []
+    for body, (lo, hi) in zip(found, spans):
+        if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans):
+            continue
+        skips = [(src, dst) for src, dst in branches if lo <= src < dst <= hi]
+        skippable = sum(any(src < addr < dst for src, dst in skips) for addr, _, _ in body)
+        loops.append((len(body), sum(op == "MUFU" for _, op, _ in body), skippable))
+    return loops
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
@@ -153,8 +162,8 @@ def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
     for w in r["warnings"]:
         print(f"  ptxas: {w}")
     if r.get("loops"):
-        print("  SASS key-block loops, instructions (MUFU) an iteration: "
-              + ", ".join(f"{n} ({mufu})" for n, mufu in r["loops"]))
+        print("  SASS key-block loops, instructions (MUFU; skippable) an iteration: "
+              + ", ".join(f"{n} ({mufu}" + (f"; {skip} skippable)" if skip else ")") for n, mufu, skip in r["loops"]))
 
 
 def report_variant(label: str, compile_fn, extra: tuple[str, ...] = ()) -> dict | None:

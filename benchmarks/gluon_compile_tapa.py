@@ -51,16 +51,18 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
     sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa.descriptors(q, q, q, block_m, block_n))}
     sig |= {"o_ptr": mangle_type(q), "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5")}
-    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32"}
+    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32", "w_coef": "*fp32", "coef_base": "i32"}
     return sig, {"STAGES": stages, "num_warps": tile[3]}
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
                     dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
     """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`);
-    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3)."""
+    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3; "ws" is the
+    backward's)."""
     sig, consts = signature(D, tile, dtype)
-    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants}
+    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
+               "LAZY": "lazy" in variants}
     return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3])
 
 

@@ -73,6 +73,15 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 
 
 if gluon_common.IMPORT_ERROR is None:
+    # `_rescale`'s asm over a pack of 16 fp32 accumulators of one thread: outputs $0-$15 start as
+    # the inputs $16-$31, $32-$47 carry the warp's vote (0: every alpha of the warp is 1; all
+    # equal), $48-$63 the rows' alphas. The braces scope the label to each copy of the asm.
+    _RESCALE_ASM = gl.constexpr("{ .reg .pred p; setp.eq.u32 p, $32, 0; "
+                                + " ".join(f"mov.b32 ${i}, ${16 + i};" for i in range(16))
+                                + " @p bra.uni DONE; "
+                                + " ".join(f"mul.f32 ${i}, ${i}, ${48 + i};" for i in range(16))
+                                + " DONE: }")
+    _RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 16 + ["r"] * 48))
 
     @gluon.jit
     def _load(desc, row, bars, smem, i, hi, STAGES: gl.constexpr):
@@ -83,20 +92,27 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _softmax(s, m_i, l_i, n0, row_lim, S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                 s_layout: gl.constexpr):
+                 s_layout: gl.constexpr, LAZY: gl.constexpr = False):
         """P (fp32, unnormalised), alpha and the new row max / sum of one score tile, exp2 domain;
         MASKED: keys past S and, causally, past each row's limit get -inf (a row with no visible
-        key so far keeps max -inf, its P 0)."""
+        key so far keeps max -inf, its P 0). LAZY: a row keeps its reference max m_i until a
+        block's max exceeds it by more than 8 (log2 units), so P <= 2**8 and alpha is exactly 1
+        for most rows of most blocks (`_rescale` then skips O's rescale); the returned m_i is the
+        reference max, against which l_i and O are kept, so lse = m_i + log2(l_i) as before."""
         if MASKED:
             cols = n0 + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
             vis = (cols < S)[None, :]
             if CAUSAL:
                 vis = vis & (cols[None, :] <= row_lim[:, None])
             s = gl.where(vis, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_blk = gl.max(s, 1) * qk_scale
+        if LAZY:
+            m_new = gl.where(m_blk > m_i + 8.0, m_blk, m_i)
+        else:
+            m_new = gl.maximum(m_i, m_blk)
+        if MASKED:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         else:
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
             m_use = m_new
         p = gl.exp2(s * qk_scale - m_use[:, None])
         alpha = gl.exp2(m_i - m_use)
@@ -104,9 +120,28 @@ if gluon_common.IMPORT_ERROR is None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _pv(o, p, alpha, v_smem, v_bars, j, STAGES: gl.constexpr, o_layout: gl.constexpr):
-        """O * alpha + P V_j, issued async (P from registers as the A operand)."""
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    def _rescale(o, alpha, o_layout: gl.constexpr):
+        """O * alpha[:, None], skipped by a warp whose rows all have alpha == 1 (the LAZY softmax's
+        common case; x * 1 == x exactly): a warp vote, then one warp-uniform branch around each
+        16 of a thread's accumulators (`_RESCALE_ASM`). A row's accumulators all lie in one warp
+        in the wgmma layout, so each row is scaled whole or not at all."""
+        a = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        any_a = gl.inline_asm_elementwise(
+            "{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.f32 q, $3, 0f3F800000; or.pred p, p, q; "
+            "vote.sync.any.pred p, p, -1; selp.u32 $0, 1, 0, p; selp.u32 $1, 1, 0, p; }",
+            "=r,=r,r,r", [a], dtype=gl.int32, is_pure=False, pack=2)
+        return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS, [o, any_a[:, None], a[:, None]],
+                                         dtype=gl.float32, is_pure=True, pack=16)
+
+    @gluon.jit
+    def _pv(o, p, alpha, v_smem, v_bars, j, STAGES: gl.constexpr, o_layout: gl.constexpr,
+            LAZY: gl.constexpr = False):
+        """O * alpha + P V_j, issued async (P from registers as the A operand); LAZY: the rescale
+        skipped where alpha is 1 (`_rescale`)."""
+        if LAZY:
+            o = _rescale(o, alpha, o_layout)
+        else:
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         mbarrier.wait(v_bars.index(j % STAGES), (j // STAGES) & 1)
         return warpgroup_mma(p, v_smem.index(j % STAGES), o, is_async=True)
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -94,11 +95,20 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
 #             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five;
+#   "coef":   the forward's series tiles read their coefficients (f, g_1 .. g_5) from a table of the
+#             launch's tiles (`coefficient_table`, float64 rounded once) instead of computing them
+#             (a reciprocal, an accurate log2, an exp2 and products: ~33 instructions a tile);
+#   "lazy":   the forward keeps a row's max until a block exceeds it by 8 (log2 units) and skips
+#             O's rescale in warps whose rows all kept theirs (gluon_hopper._softmax, _rescale;
+#             FlashAttention-4's conditional rescaling, https://modal.com/blog/reverse-engineer-flash-attention-4):
+#             64 FMULs a step become a vote and four branches;
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
 # ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
-# the timing noise (at most 2 %): off.
-VARIANTS = ("table", "order3", "ws")
+# the timing noise (at most 2 %): off. "coef" and "lazy" are off until timed: offline, at D = 128
+# causal, they take the third-order loop from 757 to 670 SASS instructions an iteration and the
+# fifth-order one from 845 to 759 (gluon-tapa-fwd-h200.md).
+VARIANTS = ("table", "order3", "ws", "coef", "lazy")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -155,16 +165,26 @@ if gluon_common.IMPORT_ERROR is None:
         dc = (x0 - n0).to(gl.float32)
         inv = 1.0 / dc
         f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
-        ebits = ri[:, None] - ci[None, :] + 0x4B400000
-        e = ebits.to(gl.float32, bitcast=True) - 12582912.0
         fi = f * inv
         inv2 = inv * inv
-        g1 = fi * c1
-        g2 = fi * inv * c2
-        g3 = fi * inv2 * c3
+        g4 = 0.0
+        g5 = 0.0
         if ORDER == 5:
             g4 = fi * inv2 * inv * c4
             g5 = fi * inv2 * inv2 * c5
+        return _w_poly(_offsets(ri, ci), (f, fi * c1, fi * inv * c2, fi * inv2 * c3, g4, g5), ORDER)
+
+    @gluon.jit
+    def _offsets(ri, ci):
+        """e = ri - ci [BM, BN] in fp32, exactly by the 1.5 * 2**23 shifter (|e| < 2**22)."""
+        ebits = ri[:, None] - ci[None, :] + 0x4B400000
+        return ebits.to(gl.float32, bitcast=True) - 12582912.0
+
+    @gluon.jit
+    def _w_poly(e, g, ORDER: gl.constexpr):
+        """f + g_1 e + ... + g_ORDER e^ORDER by Horner, g = (f, g_1 .. g_5) (ORDER 3 or 5)."""
+        f, g1, g2, g3, g4, g5 = g
+        if ORDER == 5:
             w = ((g5 * e + g4) * e + g3) * e + g2
         else:
             w = g3 * e + g2
@@ -172,17 +192,34 @@ if gluon_common.IMPORT_ERROR is None:
         return w * e + f
 
     @gluon.jit
+    def _coef_row(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The "coef" variant's series coefficients (f, g_1 .. g_5) of key block j, read from its row
+        of `coefficient_table` (ph[8], row base ph[9]); g_4, g_5 only at the fifth order (MODE 0).
+        Issued at the top of the step, so the loads are in flight during the QK^T wgmmas."""
+        row = ph[8] + ((geo[0] - ph[9]) // BLOCK_N - j) * 8
+        g4 = 0.0
+        g5 = 0.0
+        if MODE == 0:
+            g4 = gl.load(row + 4)
+            g5 = gl.load(row + 5)
+        return gl.load(row), gl.load(row + 1), gl.load(row + 2), gl.load(row + 3), g4, g5
+
+    @gluon.jit
     def _w_table(row_pos, n0, cols, table):
         """W [BM, BN] = table[|m - n|] (`distance_table`: k_turn d^alpha for d < r_min + BM + BN)."""
         return gl.load(table + gl.abs(row_pos[:, None] - (n0 + cols)[None, :]))
 
     @gluon.jit
-    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False):
-        """W of key block j: MODE 0 the series, 3 the series to the third order, 1 (near) the exact
-        power or, TABLE, the distance table, 2 (masked) the exact power."""
+    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False, coef=None):
+        """W of key block j: MODE 0 the series, 3 the series to the third order (with the "coef"
+        variant's coefficients where `coef` is given, `_coef_row`), 1 (near) the exact power or,
+        TABLE, the distance table, 2 (masked) the exact power."""
         x0, row_pos, ri, cols, _sq = geo
         alpha, k_turn, c1, c2, c3, c4, c5 = ph[:7]
-        if MODE == 0 or MODE == 3:
+        if (MODE == 0 or MODE == 3) and coef is not None:
+            CENTRE_C: gl.constexpr = (ri.shape[0] - BLOCK_N) // 2
+            w = _w_poly(_offsets(ri, cols + CENTRE_C), coef, 5 if MODE == 0 else 3)
+        elif MODE == 0 or MODE == 3:
             CENTRE: gl.constexpr = (ri.shape[0] - BLOCK_N) // 2
             w = _w_series_e(x0, j * BLOCK_N, ri, cols + CENTRE, alpha, k_turn, c1, c2, c3, c4,
                             c5, 5 if MODE == 0 else 3)
@@ -195,31 +232,35 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-              s_layout: gl.constexpr, o_layout: gl.constexpr):
+              COEF: gl.constexpr, LAZY: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
-        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return."""
+        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY:
+        the "coef" and "lazy" variants (VARIANTS)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
         slot = j % STAGES
+        coef = None
+        if COEF and (MODE == 0 or MODE == 3):
+            coef = _coef_row(j, geo, ph, MODE, BLOCK_N)
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(kp_bars.index(slot), (j // STAGES) & 1)
         sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
         mbarrier.wait(ka_bars.index(slot), (j // STAGES) & 1)
         sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, j - 1, STAGES, o_layout)
+        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, j - 1, STAGES, o_layout, LAZY)
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
         if LINEAR:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
-        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE) * sp)
+        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
-                                        s_layout)
+                                        s_layout, LAZY)
         p = _p_operand(p, ka_smem.dtype, o_layout)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
         _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)  # the V slot of block j-1
@@ -290,7 +331,7 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 COEF: gl.constexpr, LAZY: gl.constexpr, num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
@@ -312,22 +353,22 @@ if gluon_common.IMPORT_ERROR is None:
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
         for j in range(1, a3):  # far before the diagonal: the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         for j in range(a3, a):  # before the diagonal: the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         for j in range(mid, hi):  # masked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                            s_layout, o_layout)
+                                            COEF, LAZY, s_layout, o_layout)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
@@ -343,8 +384,9 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def gluon_tapa_fwd_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
-                              alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, CAUSAL: gl.constexpr,
-                              LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                              alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
+                              CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                              TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
                               num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
@@ -371,9 +413,9 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
-        _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table), q_bar, o_ptr,
-                 lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE,
-                 num_warps)
+        _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
+                 q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
+                 TABLE, COEF, LAZY, num_warps)
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -412,14 +454,45 @@ def distance_table(length: int, alpha: float, k_turn: float, device: torch.devic
     return (k_turn * d**alpha).to(torch.float32)
 
 
-def variant_flags(variants) -> tuple[bool, bool, bool]:
-    """(table, order3, ws) of a set of names from VARIANTS (None: DEFAULT_VARIANTS);
-    unknown names refused."""
+@functools.lru_cache(maxsize=8)
+def coefficient_table(T: int, S: int, block_m: int, block_n: int, alpha: float, k_turn: float,
+                      device: torch.device) -> tuple[torch.Tensor, int]:
+    """The "coef" variant's (table fp32 [rows, 8], base): row k holds (f, g_1 .. g_5, 0, 0) of the
+    tiles whose central distance is D_c = base + k BLOCK_N, f = k_turn |D_c|^alpha and g_i = f
+    binom(alpha, i) / D_c^i (`_w_series_e`'s coefficients), in float64 rounded once. A launch's tile
+    (query block from m0, key block j) has D_c = m0 + S - T + (BM - BN) / 2 - j BN, row
+    m0 / BN + cdiv(S, BN) - 1 - j (`_coef_row`), so the rows cover every tile; rows with |D_c| < 1
+    (never read: such tiles take the exact power) hold zeros. BM must be a multiple of BN."""
+    if block_m % block_n:
+        raise ValueError(f"the coefficient table needs BLOCK_M ({block_m}) a multiple of BLOCK_N ({block_n})")
+    kv_blocks = -(-S // block_n)
+    base = S - T + (block_m - block_n) // 2 - (kv_blocks - 1) * block_n
+    rows = -(-T // block_m) * (block_m // block_n) + kv_blocks
+    d = base + block_n * torch.arange(rows, dtype=torch.float64, device=device)
+    far = d.abs() >= 1
+    d = torch.where(far, d, torch.ones_like(d))
+    f = k_turn * d.abs() ** alpha
+    g = [f * c / d**i for i, c in enumerate(_taylor(float(alpha))[1:], start=1)]
+    table = torch.stack([f, *g, torch.zeros_like(f), torch.zeros_like(f)], dim=1)
+    return torch.where(far[:, None], table, 0.0).to(torch.float32).contiguous(), base
+
+
+class Variants(NamedTuple):
+    """Which of VARIANTS a launch takes (field order = VARIANTS)."""
+    table: bool
+    order3: bool
+    ws: bool
+    coef: bool
+    lazy: bool
+
+
+def variant_flags(variants) -> Variants:
+    """The flags of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names refused."""
     chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
     unknown = sorted(chosen - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown TAPA kernel variants {unknown} (known: {', '.join(VARIANTS)})")
-    return tuple(v in chosen for v in VARIANTS)
+    return Variants(*(v in chosen for v in VARIANTS))
 
 
 def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, block_n: int, table: bool,
@@ -451,7 +524,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
-    table, order3, _ws = variant_flags(variants)   # "ws" is the backward's
+    flags = variant_flags(variants)   # "ws" is the backward's
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -464,8 +537,13 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
             or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError("gluon_tapa_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
-    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, table, order3, q.device)
+    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device)
+    if flags.coef:
+        coef = coefficient_table(T, S, block_m, block_n, float(params["alpha"]), scalars[2], q.device)
+    else:
+        coef = (extra[1], 0)   # a table the kernel never reads
     gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
-        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
-        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=table, num_warps=warps)
+        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra, *coef,
+        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
+        COEF=flags.coef, LAZY=flags.lazy, num_warps=warps)
     return out, lse

@@ -589,7 +589,7 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
-    table, order3, ws = gluon_tapa.variant_flags(variants)
+    table, order3, ws = gluon_tapa.variant_flags(variants)[:3]   # "coef" and "lazy" are the forward's
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]

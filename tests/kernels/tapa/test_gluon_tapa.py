@@ -183,12 +183,42 @@ def test_distance_table_and_variant_scalars():
 
 
 def test_variant_flags_refuse_unknown_names():
+    assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False)
-    assert gluon_tapa.variant_flags(["ws"]) == (False, False, True)
-    assert gluon_tapa.variant_flags(()) == (False, False, False)
-    with pytest.raises(ValueError, match="unknown TAPA kernel variants.*lazy"):
-        gluon_tapa.variant_flags({"table", "lazy"})
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False)
+    flags = gluon_tapa.variant_flags(["ws", "lazy"])
+    assert flags == (False, False, True, False, True) and flags.lazy and not flags.coef
+    assert gluon_tapa.variant_flags(()) == (False,) * 5
+    with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
+        gluon_tapa.variant_flags({"table", "eager"})
+
+
+@pytest.mark.parametrize("T,S,bm,bn,alpha", [(4096, 4096, 64, 64, 0.1), (300, 4099, 64, 64, 0.5),
+                                             (4099, 300, 128, 64, 0.1), (1, 77, 64, 64, 2.5)])
+def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
+    """The "coef" variant's table: the kernel's row of each (query block, key block) tile
+    (`_coef_row`: (x0 - base) // BN - j, x0 = m0 + S - T + (BM - BN) / 2 as `_geometry`'s) lies in
+    the table and holds that tile's central distance; each row holds f = k_turn |D_c|^alpha and
+    g_i = f binom(alpha, i) / D_c^i, from Python's float64 power, rounded once to fp32."""
+    k_turn = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)[2]
+    table, base = gluon_tapa.coefficient_table(T, S, bm, bn, alpha, k_turn, torch.device("cpu"))
+    assert table.dtype == torch.float32 and table.shape[1] == 8 and table.is_contiguous()
+    rows = set()
+    for m0 in range(0, T, bm):
+        x0 = m0 + S - T + (bm - bn) // 2
+        for j in range(-(-S // bn)):
+            row = (x0 - base) // bn - j
+            assert 0 <= row < table.shape[0] and base + row * bn == x0 - j * bn
+            rows.add(row)
+    binom = phase._taylor(alpha)[1:]
+    for row in sorted(rows)[:: max(1, len(rows) // 97)]:
+        d = base + row * bn
+        want = [0.0] * 6 if d == 0 else [k_turn * math.pow(abs(d), alpha)]
+        want += [want[0] * c / d**i for i, c in enumerate(binom, start=1)] if d else []
+        assert table[row, :6].tolist() == pytest.approx(want, rel=6e-8, abs=0.0), (row, d)
+        assert table[row, 6:].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="multiple of BLOCK_N"):
+        gluon_tapa.coefficient_table(256, 256, 64, 128, alpha, k_turn, torch.device("cpu"))
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -296,7 +326,9 @@ def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dt
 TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
 # lengths past r_3 (1344 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
 # fifth-order series, the table or the exact power near the diagonal, the masked blocks
-VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"})]
+VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"}),
+                frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"coef", "lazy"}),
+                frozenset({"order3", "coef", "lazy"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
@@ -318,12 +350,48 @@ def test_gluon_tapa_variants_match_float64(B, H, G, T, S, D, causal, params, dty
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy"})], ids=["default", "coef+lazy"])
 @pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
-def test_gluon_tapa_every_tile(tile, D, phase_kind):
+def test_gluon_tapa_every_tile(tile, D, phase_kind, variants):
     q, k, v, _ = make_inputs(1, 8, 2, 1000, 1003, D, torch.bfloat16)
-    check_forward(q, k, v, {"phase": phase_kind}, causal=True, tile=tile, label=f"gluon-tapa-{'x'.join(map(str, tile))}")
+    check_forward(q, k, v, {"phase": phase_kind}, causal=True, tile=tile, variants=variants,
+                  label=f"gluon-tapa-{'x'.join(map(str, tile))}")
+
+
+def _lazy_reference_updates(q, k, params, block_n=64):
+    """[B, H, T] bool: rows whose reference max, kept as the "lazy" softmax keeps it (replaced only
+    by a key block's max above it by more than 8 in log2 units), is replaced after block 0."""
+    T, S = q.shape[2], k.shape[2]
+    pos_q, pos_k = positions(T, S)
+    logits = reference.logits(q.double(), k.double(), pos_q_BT=pos_q, pos_k_BS=pos_k, scale=1.0,
+                              score_mod=ScoreMod(kind="tapa", params=params), compute_dtype=torch.float64)
+    logits = logits.masked_fill(~reference.visibility(pos_q, pos_k), float("-inf")) / LN2
+    blocks = torch.nn.functional.pad(logits, (0, -S % block_n), value=float("-inf"))
+    blocks = blocks.unflatten(-1, (-1, block_n)).amax(-1)
+    ref, updated = blocks[..., 0], torch.zeros_like(blocks[..., 0], dtype=torch.bool)
+    for j in range(1, blocks.shape[-1]):
+        up = blocks[..., j] > ref + 8
+        ref, updated = torch.where(up, blocks[..., j], ref), updated | up
+    return updated
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_tapa_lazy_rescale_as_logits_grow(D):
+    """Keys whose amplitude halves grow eightfold along the sequence raise the row maxima block
+    after block: the "lazy" variant's reference max is replaced (O rescaled) in some rows and
+    kept (the rescale skipped) in others of one launch, and its out and lse stay as close to
+    float64 as the tl forward's."""
+    T = S = 2048
+    q, k, v, _ = make_inputs(1, 4, 2, T, S, D, torch.bfloat16)
+    growth = torch.linspace(1.0, 8.0, S, device="cuda")[:, None]
+    k[..., : D // 2] = (k[..., : D // 2].float() * growth).to(k.dtype)
+    updated = _lazy_reference_updates(q, k, {})
+    assert 0.05 < updated.float().mean().item() < 0.95, updated.float().mean().item()
+    check_forward(q, k, v, {}, causal=True, variants={"order3", "lazy"}, label=f"gluon-tapa-lazy-D{D}")
 
 
 @pytest.mark.gpu
@@ -365,7 +433,8 @@ def _chunked_reference(q, k, v, params, chunk=2**20):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [frozenset(), frozenset({"order3"})], ids=["fifth-order", "order3"])
+@pytest.mark.parametrize("variants", [frozenset(), frozenset({"order3"}), frozenset({"order3", "coef"})],
+                         ids=["fifth-order", "order3", "order3+coef"])
 def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch):
     """The phase halves in {-1, 0, 1} (S_P exact in fp32) and phase_scale 5000 put |W S_P| near a
     thousand turns, so a relative error e of W moves the phase by ~1000 e turns: each schedule's
@@ -388,7 +457,8 @@ def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [None, frozenset({"table", "order3"})], ids=["default", "table+order3"])
+@pytest.mark.parametrize("variants", [None, frozenset({"table", "order3"}), frozenset({"order3", "coef", "lazy"})],
+                         ids=["default", "table+order3", "order3+coef+lazy"])
 def test_gluon_tapa_distances_beyond_fp32_integers(variants):
     """S = 2**24 + 77 keys, the last 3 as queries: distances up to 2**24 + 76, where fp32 stops
     holding every integer, are subtracted in int32 and converted once; far tiles take the series
