@@ -62,7 +62,7 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     backward's)."""
     sig, consts = signature(D, tile, dtype)
     consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
-               "LAZY": "lazy" in variants}
+               "LAZY": "lazy" in variants, "DIAG": "diag" in variants}
     return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3])
 
 

@@ -102,13 +102,17 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             O's rescale in warps whose rows all kept theirs (gluon_hopper._softmax, _rescale;
 #             FlashAttention-4's conditional rescaling, https://modal.com/blog/reverse-engineer-flash-attention-4):
 #             64 FMULs a step become a vote and four branches;
+#   "diag":   the forward's series polynomial once per diagonal of a thread's tile (18 of its 32
+#             scores; `diag_poly_asm`), bit for bit the same W: 42 FMAs a step fewer at the third
+#             order, 70 at the fifth, and 24 registers fewer;
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
 # ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
-# the timing noise (at most 2 %): off. "coef" and "lazy" are off until timed: offline, at D = 128
-# causal, they take the third-order loop from 757 to 670 SASS instructions an iteration and the
-# fifth-order one from 845 to 759 (gluon-tapa-fwd-h200.md).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy")
+# the timing noise (at most 2 %): off. "coef", "lazy" and "diag" are off until timed: offline, at
+# D = 128 causal, the three take the third-order loop from 757 to 631 SASS instructions an
+# iteration that skips the rescale, and the fifth-order one from 845 to 694
+# (benchmarks/results/gluon-tapa-fwd-sass.md).
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -130,7 +134,28 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
     return gluon_common.supported(q, k, v, pos_q, pos_k, what=what)
 
 
+def diag_poly_asm(order: int) -> tuple[str, str]:
+    """(asm, constraints) of the "diag" variant's W polynomial over one thread's 32 accumulators of a
+    64x64 wgmma tile (4 warps a warpgroup): register k = 4 i + 2 h + b holds row r0 + 8 h and
+    column c0 + 8 i + b (PTX ISA, wgmma .m64nNk16 accumulator fragments), so its in-tile offset is
+    e_k = e_0 + 8 (h - i) - b, and the 14 registers with h = 1, i >= 1 repeat register
+    4 (i - 1) + b's offset. Horner runs on the other 18 (the same FMAs as `_w_poly`, so the same
+    bits) and the 14 copy. Operands: $0-$31 W, $32-$63 e, then 32 copies each of f, g_1 .. g_order."""
+    coef = [64 + 32 * i for i in range(order + 1)]
+    lines, copies = [], []
+    for k in range(32):
+        i, h, b = k // 4, (k // 2) % 2, k % 2
+        if h == 1 and i >= 1:
+            copies.append(f"mov.b32 ${k}, ${4 * (i - 1) + b};")
+            continue
+        lines.append(f"fma.rn.f32 ${k}, ${coef[order]}, ${32 + k}, ${coef[order - 1]};")
+        lines += [f"fma.rn.f32 ${k}, ${k}, ${32 + k}, ${coef[c]};" for c in reversed(range(order - 1))]
+    return "{ " + " ".join(lines + copies) + " }", ",".join(["=r"] * 32 + ["r"] * (32 * (order + 2)))
+
+
 if gluon_common.IMPORT_ERROR is None:
+    _DIAG_ASM3, _DIAG_CONSTRAINTS3 = (gl.constexpr(x) for x in diag_poly_asm(3))
+    _DIAG_ASM5, _DIAG_CONSTRAINTS5 = (gl.constexpr(x) for x in diag_poly_asm(5))
 
     @gluon.jit
     def _lg2(x):
@@ -151,17 +176,19 @@ if gluon_common.IMPORT_ERROR is None:
         return k_turn * gl.exp2(alpha * _lg2(d))
 
     @gluon.jit
-    def _w_series_e(x0, n0, ri, ci, alpha, k_turn, c1, c2, c3, c4, c5, ORDER: gl.constexpr = 5):
+    def _w_series_e(x0, n0, ri, ci, alpha, k_turn, c1, c2, c3, c4, c5, ORDER: gl.constexpr = 5,
+                    DIAG: gl.constexpr = False):
         """W [BM, BN] by the binomial series about the tile's central distance D_c = x0 - n0
         (|D_c| >= r_min, or r_3 for ORDER 3) in the integer in-tile offset e = ri - ci (ri = i,
         ci = j' + (BM - BN) / 2, int32 vectors): terms c_0 .. c_ORDER of u = e / D_c, as a
         polynomial in e with the coefficients f c_k / D_c^k of the tile, f = k_turn |D_c|^alpha. e
-        does not depend on the tile (the compiler may keep it across the loop), and a thread's 32
-        scores of a 64-row wgmma tile lie on 18 diagonals, whose equal integer e can be shared:
-        D = 128, fifth order, 845 SASS instructions an iteration against 878 for the series in
-        u = (i * inv)[:, None] - (j * inv)[None, :], 241 registers against 255. e goes to fp32
-        exactly by the 1.5 * 2**23 shifter (|e| < 2**22). Relative error against k_turn
-        |m - n|^alpha, emulated in fp32 at alpha 0.1: 1.2e-7 at D_c = r_min."""
+        does not depend on the tile (the compiler keeps it across the loop): D = 128, fifth order,
+        845 SASS instructions an iteration against 878 for the series in u = (i * inv)[:, None] -
+        (j * inv)[None, :], 241 registers against 255. A thread's 32 scores of a 64-row wgmma tile
+        lie on 18 diagonals, but the compiler evaluates all 32 (the layout's row and column
+        indices are ORs it does not subtract through); DIAG evaluates the 18 (`diag_poly_asm`).
+        e goes to fp32 exactly by the 1.5 * 2**23 shifter (|e| < 2**22). Relative error against
+        k_turn |m - n|^alpha, emulated in fp32 at alpha 0.1: 1.2e-7 at D_c = r_min."""
         dc = (x0 - n0).to(gl.float32)
         inv = 1.0 / dc
         f = k_turn * gl.exp2(alpha * gl.log2(gl.abs(dc)))
@@ -172,7 +199,7 @@ if gluon_common.IMPORT_ERROR is None:
         if ORDER == 5:
             g4 = fi * inv2 * inv * c4
             g5 = fi * inv2 * inv2 * c5
-        return _w_poly(_offsets(ri, ci), (f, fi * c1, fi * inv * c2, fi * inv2 * c3, g4, g5), ORDER)
+        return _w_poly(_offsets(ri, ci), (f, fi * c1, fi * inv * c2, fi * inv2 * c3, g4, g5), ORDER, DIAG)
 
     @gluon.jit
     def _offsets(ri, ci):
@@ -181,15 +208,27 @@ if gluon_common.IMPORT_ERROR is None:
         return ebits.to(gl.float32, bitcast=True) - 12582912.0
 
     @gluon.jit
-    def _w_poly(e, g, ORDER: gl.constexpr):
-        """f + g_1 e + ... + g_ORDER e^ORDER by Horner, g = (f, g_1 .. g_5) (ORDER 3 or 5)."""
+    def _w_poly(e, g, ORDER: gl.constexpr, DIAG: gl.constexpr = False):
+        """f + g_1 e + ... + g_ORDER e^ORDER by Horner, g = (f, g_1 .. g_5) (ORDER 3 or 5); DIAG:
+        once a diagonal (`diag_poly_asm`; 64x64 tiles of 4 warps a warpgroup)."""
         f, g1, g2, g3, g4, g5 = g
-        if ORDER == 5:
-            w = ((g5 * e + g4) * e + g3) * e + g2
+        if DIAG:
+            gl.static_assert(e.shape[1] == 64 and e.shape[0] * e.shape[1] == 32 * 32 * gl.num_warps(),
+                             "the diag variant needs 64x64 wgmma tiles of 4 warps a warpgroup")
+            if ORDER == 5:
+                w = gl.inline_asm_elementwise(_DIAG_ASM5, _DIAG_CONSTRAINTS5, [e, f, g1, g2, g3, g4, g5],
+                                              dtype=gl.float32, is_pure=True, pack=32)
+            else:
+                w = gl.inline_asm_elementwise(_DIAG_ASM3, _DIAG_CONSTRAINTS3, [e, f, g1, g2, g3],
+                                              dtype=gl.float32, is_pure=True, pack=32)
         else:
-            w = g3 * e + g2
-        w = w * e + g1
-        return w * e + f
+            if ORDER == 5:
+                w = ((g5 * e + g4) * e + g3) * e + g2
+            else:
+                w = g3 * e + g2
+            w = w * e + g1
+            w = w * e + f
+        return w
 
     @gluon.jit
     def _coef_row(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr):
@@ -210,19 +249,21 @@ if gluon_common.IMPORT_ERROR is None:
         return gl.load(table + gl.abs(row_pos[:, None] - (n0 + cols)[None, :]))
 
     @gluon.jit
-    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False, coef=None):
+    def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False, coef=None,
+                DIAG: gl.constexpr = False):
         """W of key block j: MODE 0 the series, 3 the series to the third order (with the "coef"
-        variant's coefficients where `coef` is given, `_coef_row`), 1 (near) the exact power or,
-        TABLE, the distance table, 2 (masked) the exact power."""
+        variant's coefficients where `coef` is given, `_coef_row`; DIAG: the "diag" variant's
+        polynomial), 1 (near) the exact power or, TABLE, the distance table, 2 (masked) the exact
+        power."""
         x0, row_pos, ri, cols, _sq = geo
         alpha, k_turn, c1, c2, c3, c4, c5 = ph[:7]
         if (MODE == 0 or MODE == 3) and coef is not None:
             CENTRE_C: gl.constexpr = (ri.shape[0] - BLOCK_N) // 2
-            w = _w_poly(_offsets(ri, cols + CENTRE_C), coef, 5 if MODE == 0 else 3)
+            w = _w_poly(_offsets(ri, cols + CENTRE_C), coef, 5 if MODE == 0 else 3, DIAG)
         elif MODE == 0 or MODE == 3:
             CENTRE: gl.constexpr = (ri.shape[0] - BLOCK_N) // 2
             w = _w_series_e(x0, j * BLOCK_N, ri, cols + CENTRE, alpha, k_turn, c1, c2, c3, c4,
-                            c5, 5 if MODE == 0 else 3)
+                            c5, 5 if MODE == 0 else 3, DIAG)
         elif MODE == 1 and TABLE:
             w = _w_table(row_pos, j * BLOCK_N, cols, ph[7])
         else:
@@ -232,10 +273,11 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-              COEF: gl.constexpr, LAZY: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+              COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr):
         """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
-        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY:
-        the "coef" and "lazy" variants (VARIANTS)."""
+        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY,
+        DIAG: the "coef", "lazy" and "diag" variants (VARIANTS)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
@@ -256,7 +298,7 @@ if gluon_common.IMPORT_ERROR is None:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
-        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef) * sp)
+        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
@@ -331,7 +373,7 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                 COEF: gl.constexpr, LAZY: gl.constexpr, num_warps: gl.constexpr):
+                 COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
@@ -353,22 +395,22 @@ if gluon_common.IMPORT_ERROR is None:
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
         for j in range(1, a3):  # far before the diagonal: the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         for j in range(a3, a):  # before the diagonal: the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         for j in range(mid, hi):  # masked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, s_layout, o_layout)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
@@ -387,7 +429,7 @@ if gluon_common.IMPORT_ERROR is None:
                               alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
                               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                               TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                              num_warps: gl.constexpr = 4):
+                              DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
         head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
@@ -415,7 +457,7 @@ if gluon_common.IMPORT_ERROR is None:
         bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, num_warps)
+                 TABLE, COEF, LAZY, DIAG, num_warps)
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -484,6 +526,7 @@ class Variants(NamedTuple):
     ws: bool
     coef: bool
     lazy: bool
+    diag: bool
 
 
 def variant_flags(variants) -> Variants:
@@ -545,5 +588,5 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
         *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra, *coef,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
-        COEF=flags.coef, LAZY=flags.lazy, num_warps=warps)
+        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps)
     return out, lse

@@ -185,10 +185,10 @@ def test_distance_table_and_variant_scalars():
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False, False)
     flags = gluon_tapa.variant_flags(["ws", "lazy"])
-    assert flags == (False, False, True, False, True) and flags.lazy and not flags.coef
-    assert gluon_tapa.variant_flags(()) == (False,) * 5
+    assert flags == (False, False, True, False, True, False) and flags.lazy and not flags.coef
+    assert gluon_tapa.variant_flags(()) == (False,) * 6
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
         gluon_tapa.variant_flags({"table", "eager"})
 
@@ -219,6 +219,69 @@ def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
         assert table[row, 6:].tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="multiple of BLOCK_N"):
         gluon_tapa.coefficient_table(256, 256, 64, 128, alpha, k_turn, torch.device("cpu"))
+
+
+def _wgmma_register_cells(num_warps):
+    """[threads, 32] (row, col) of each register of a 64x64 fp32 wgmma accumulator tile
+    (gluon_common.mma_layout), from Triton's own linear layout of it."""
+    gluon_ir = pytest.importorskip("triton._C.libtriton.gluon_ir")
+    from triton._C.libtriton import ir
+    from triton.experimental.gluon import language as gl
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 64, 16])
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    ll = builder.to_linear_layout(layout._to_ir(builder), [16 * num_warps, 64])
+
+    def cell(bases, index):
+        r = c = 0
+        for bit, (dr, dc) in enumerate(bases):
+            if index >> bit & 1:
+                r, c = r ^ dr, c ^ dc
+        return r, c
+
+    cells = []
+    for tid in range(32 * num_warps):
+        lr, lc = cell(ll.lane_bases, tid % 32)
+        wr, wc = cell(ll.warp_bases, tid // 32)
+        cells.append([(lr ^ wr ^ rr, lc ^ wc ^ rc) for rr, rc in (cell(ll.reg_bases, k) for k in range(32))])
+    return cells
+
+
+def _run_asm(asm, operands):
+    """Emulate the "diag" asm (fma.rn.f32 and mov.b32 on $n operands), each FMA rounded to fp32."""
+    regs = dict(enumerate(operands))
+    for stmt in asm.strip("{} ").split(";"):
+        if not stmt.strip():
+            continue
+        op, args = stmt.split(None, 1)
+        n = [int(a.strip().lstrip("$")) for a in args.split(",")]
+        if op == "fma.rn.f32":
+            regs[n[0]] = float(torch.tensor(regs[n[1]] * regs[n[2]] + regs[n[3]], dtype=torch.float32))
+        else:
+            assert op == "mov.b32", op
+            regs[n[0]] = regs[n[1]]
+    return [regs[k] for k in range(32)]
+
+
+@pytest.mark.parametrize("order", [3, 5])
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_diag_asm_evaluates_each_register_at_its_own_offset(order, num_warps):
+    """The "diag" variant's asm, emulated on every thread's 32 registers placed as Triton's layout of
+    the 64x64 wgmma accumulator places them, gives each register the polynomial at its own
+    in-tile offset e = row - col, bit for bit as `_w_poly`'s Horner (same FMAs, fp32 rounding)."""
+    asm, constraints = gluon_tapa.diag_poly_asm(order)
+    assert constraints.count("=r") == 32 and len(constraints.split(",")) == 32 * (order + 3)
+    coef = [0.75, -0.03125, 0.0078125, -0.0013, 2.5e-4, -4.1e-5][: order + 1]   # f, g_1 .. g_order
+    for cells in _wgmma_register_cells(num_warps)[:: 13]:
+        e = [float(r - c) for r, c in cells]
+        got = _run_asm(asm, [0.0] * 32 + e + [g for g in coef for _ in range(32)])
+        for k, ek in enumerate(e):
+            w = coef[order]
+            for g in reversed(coef[:order]):
+                w = float(torch.tensor(w * ek + g, dtype=torch.float32))
+            assert got[k] == w, (k, cells[k], got[k], w)
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -327,8 +390,8 @@ TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
 # lengths past r_3 (1344 for alpha 0.1 at 64 x 64), so that every kind of block runs: third- and
 # fifth-order series, the table or the exact power near the diagonal, the masked blocks
 VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"}),
-                frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"coef", "lazy"}),
-                frozenset({"order3", "coef", "lazy"})]
+                frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"order3", "diag"}),
+                frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
@@ -350,7 +413,8 @@ def test_gluon_tapa_variants_match_float64(B, H, G, T, S, D, causal, params, dty
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy"})], ids=["default", "coef+lazy"])
+@pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy", "diag"})],
+                         ids=["default", "coef+lazy+diag"])
 @pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
@@ -433,8 +497,8 @@ def _chunked_reference(q, k, v, params, chunk=2**20):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [frozenset(), frozenset({"order3"}), frozenset({"order3", "coef"})],
-                         ids=["fifth-order", "order3", "order3+coef"])
+@pytest.mark.parametrize("variants", [frozenset(), frozenset({"order3"}), frozenset({"order3", "coef", "diag"})],
+                         ids=["fifth-order", "order3", "order3+coef+diag"])
 def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch):
     """The phase halves in {-1, 0, 1} (S_P exact in fp32) and phase_scale 5000 put |W S_P| near a
     thousand turns, so a relative error e of W moves the phase by ~1000 e turns: each schedule's
@@ -457,8 +521,9 @@ def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [None, frozenset({"table", "order3"}), frozenset({"order3", "coef", "lazy"})],
-                         ids=["default", "table+order3", "order3+coef+lazy"])
+@pytest.mark.parametrize("variants", [None, frozenset({"table", "order3"}),
+                                      frozenset({"order3", "coef", "lazy", "diag"})],
+                         ids=["default", "table+order3", "order3+coef+lazy+diag"])
 def test_gluon_tapa_distances_beyond_fp32_integers(variants):
     """S = 2**24 + 77 keys, the last 3 as queries: distances up to 2**24 + 76, where fp32 stops
     holding every integer, are subtracted in int32 and converted once; far tiles take the series
