@@ -69,7 +69,7 @@ def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], c
               else bwd.gluon_tapa_bwd_dkdv_ws_kernel if ws else bwd.gluon_tapa_bwd_dkdv_kernel)
     bwd.check_tile(tile, 0 if kernel_name == "dq" else 1)
     consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3],
-              "TABLE": "table" in variants} | ({"PRODUCER_REGS": bwd.PRODUCER_REGS} if ws else {})
+              "TABLE": "table" in variants, "DIAG": "diag" in variants} | ({"PRODUCER_REGS": bwd.PRODUCER_REGS} if ws else {})
     return compile_report(kernel, signature(kernel_name, D, tile, dtype), consts, tile[3])
 
 

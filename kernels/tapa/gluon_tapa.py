@@ -102,9 +102,10 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             O's rescale in warps whose rows all kept theirs (gluon_hopper._softmax, _rescale;
 #             FlashAttention-4's conditional rescaling, https://modal.com/blog/reverse-engineer-flash-attention-4):
 #             64 FMULs a step become a vote and four branches;
-#   "diag":   the forward's series polynomial once per diagonal of a thread's tile (18 of its 32
-#             scores; `diag_poly_asm`), bit for bit the same W: 42 FMAs a step fewer at the third
-#             order, 70 at the fifth, and 24 registers fewer;
+#   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
+#             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
+#             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
+#             and its D=64 spills gone; dK/dV unchanged (the compiler already shares its offsets);
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
 # ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
@@ -134,28 +135,35 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
     return gluon_common.supported(q, k, v, pos_q, pos_k, what=what)
 
 
-def diag_poly_asm(order: int) -> tuple[str, str]:
-    """(asm, constraints) of the "diag" variant's W polynomial over one thread's 32 accumulators of a
-    64x64 wgmma tile (4 warps a warpgroup): register k = 4 i + 2 h + b holds row r0 + 8 h and
-    column c0 + 8 i + b (PTX ISA, wgmma .m64nNk16 accumulator fragments), so its in-tile offset is
-    e_k = e_0 + 8 (h - i) - b, and the 14 registers with h = 1, i >= 1 repeat register
-    4 (i - 1) + b's offset. Horner runs on the other 18 (the same FMAs as `_w_poly`, so the same
-    bits) and the 14 copy. Operands: $0-$31 W, $32-$63 e, then 32 copies each of f, g_1 .. g_order."""
-    coef = [64 + 32 * i for i in range(order + 1)]
+def diag_poly_asm(order: int, regs: int = 32) -> str:
+    """The "diag" variant's W polynomial as PTX over one thread's `regs` accumulators of a wgmma
+    score tile (N = 2 regs columns, 16 rows a warp): register k = 4 i + 2 h + b holds row r0 + 8 h
+    and column c0 + 8 i + b (PTX ISA, wgmma .m64nNk16 accumulator fragments), so its in-tile
+    offset, a function of row - column, is that of register 4 (i - 1) + b wherever h = 1 and
+    i >= 1 (64 x 64: 14 of 32). Horner runs on the others (the same FMAs as `_w_poly`, so the same
+    bits) and those copy. Operands (`diag_constraints`): $0.. W, then e, then `regs` copies each of
+    f, g_1 .. g_order."""
+    coef = [regs * (2 + i) for i in range(order + 1)]
     lines, copies = [], []
-    for k in range(32):
+    for k in range(regs):
         i, h, b = k // 4, (k // 2) % 2, k % 2
         if h == 1 and i >= 1:
             copies.append(f"mov.b32 ${k}, ${4 * (i - 1) + b};")
             continue
-        lines.append(f"fma.rn.f32 ${k}, ${coef[order]}, ${32 + k}, ${coef[order - 1]};")
-        lines += [f"fma.rn.f32 ${k}, ${k}, ${32 + k}, ${coef[c]};" for c in reversed(range(order - 1))]
-    return "{ " + " ".join(lines + copies) + " }", ",".join(["=r"] * 32 + ["r"] * (32 * (order + 2)))
+        lines.append(f"fma.rn.f32 ${k}, ${coef[order]}, ${regs + k}, ${coef[order - 1]};")
+        lines += [f"fma.rn.f32 ${k}, ${k}, ${regs + k}, ${coef[c]};" for c in reversed(range(order - 1))]
+    return "{ " + " ".join(lines + copies) + " }"
+
+
+def diag_constraints(order: int, regs: int = 32) -> str:
+    """The operand constraints of `diag_poly_asm(order, regs)`: `regs` outputs, then the inputs."""
+    return ",".join(["=r"] * regs + ["r"] * (regs * (order + 2)))
 
 
 if gluon_common.IMPORT_ERROR is None:
-    _DIAG_ASM3, _DIAG_CONSTRAINTS3 = (gl.constexpr(x) for x in diag_poly_asm(3))
-    _DIAG_ASM5, _DIAG_CONSTRAINTS5 = (gl.constexpr(x) for x in diag_poly_asm(5))
+    # compile-time calls from the kernels (a plain function may not be referenced from Gluon code)
+    diag_poly_asm = gluon.constexpr_function(diag_poly_asm)
+    diag_constraints = gluon.constexpr_function(diag_constraints)
 
     @gluon.jit
     def _lg2(x):
@@ -210,17 +218,19 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _w_poly(e, g, ORDER: gl.constexpr, DIAG: gl.constexpr = False):
         """f + g_1 e + ... + g_ORDER e^ORDER by Horner, g = (f, g_1 .. g_5) (ORDER 3 or 5); DIAG:
-        once a diagonal (`diag_poly_asm`; 64x64 tiles of 4 warps a warpgroup)."""
+        once a diagonal (`diag_poly_asm`; e in a wgmma accumulator layout, 16 rows a warp)."""
         f, g1, g2, g3, g4, g5 = g
         if DIAG:
-            gl.static_assert(e.shape[1] == 64 and e.shape[0] * e.shape[1] == 32 * 32 * gl.num_warps(),
-                             "the diag variant needs 64x64 wgmma tiles of 4 warps a warpgroup")
+            REGS: gl.constexpr = e.shape[1] // 2
+            gl.static_assert(e.shape[0] == 16 * gl.num_warps() and REGS % 4 == 0,
+                             "the diag variant needs a wgmma accumulator tile, 16 rows a warp")
             if ORDER == 5:
-                w = gl.inline_asm_elementwise(_DIAG_ASM5, _DIAG_CONSTRAINTS5, [e, f, g1, g2, g3, g4, g5],
-                                              dtype=gl.float32, is_pure=True, pack=32)
+                w = gl.inline_asm_elementwise(diag_poly_asm(5, REGS), diag_constraints(5, REGS),
+                                              [e, f, g1, g2, g3, g4, g5], dtype=gl.float32, is_pure=True,
+                                              pack=REGS)
             else:
-                w = gl.inline_asm_elementwise(_DIAG_ASM3, _DIAG_CONSTRAINTS3, [e, f, g1, g2, g3],
-                                              dtype=gl.float32, is_pure=True, pack=32)
+                w = gl.inline_asm_elementwise(diag_poly_asm(3, REGS), diag_constraints(3, REGS),
+                                              [e, f, g1, g2, g3], dtype=gl.float32, is_pure=True, pack=REGS)
         else:
             if ORDER == 5:
                 w = ((g5 * e + g4) * e + g3) * e + g2

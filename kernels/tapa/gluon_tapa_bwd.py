@@ -31,8 +31,8 @@ accumulators are scaled once in the epilogue, as the plain backward scales dK.
 W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >= r_min take the
 binomial series about the centre (`gluon_tapa._w_series_e`, the radius `phase._taylor`'s), tiles near
 the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
-key ends in dQ) the exact power too; the forward's "order3" and "table" variants
-(`gluon_tapa.VARIANTS`) apply to both kernels. The dK/dV kernel's tiles are transposed (rows keys,
+key ends in dQ) the exact power too; the forward's "order3", "table" and "diag" variants
+(`gluon_tapa.VARIANTS`) apply to both kernels ("coef" and "lazy" are the forward's alone). The dK/dV kernel's tiles are transposed (rows keys,
 columns queries): the same helpers take negated offsets (`_weight_t`). Its "ws" variant
 (`gluon_tapa_bwd_dkdv_ws_kernel`) issues the ring's loads from a one-warp producer partition, the
 consumers releasing each slot through an `empty` mbarrier, as the plain backward's warp-specialised
@@ -148,16 +148,19 @@ if gluon_common.IMPORT_ERROR is None:
     # ------------------------------------------------------------------------- dK / dV
 
     @gluon.jit
-    def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr, TABLE: gl.constexpr):
+    def _weight_t(i, geo, ph, MODE: gl.constexpr, BLOCK_M: gl.constexpr, TABLE: gl.constexpr,
+                  DIAG: gl.constexpr = False):
         """W^T [BN keys, BM queries] of query block i: MODE 0 (3) the series to the fifth (third)
         order about D_c = i BM + xq - n0 (e = (c - r) - CENTRE, the forward's helper with
-        negated offsets), 1 (near) the exact power or, TABLE, the distance table, 2 the exact power."""
+        negated offsets; DIAG: once a diagonal, `gluon_tapa.diag_poly_asm`, which holds for e a
+        function of c - r too), 1 (near) the exact power or, TABLE, the distance table, 2 the exact
+        power."""
         xq, n0, key_pos, ri_t, cols, ci_t, _sk = geo
         alpha, k_turn, c1, c2, c3, c4, c5, table = ph
         CENTRE: gl.constexpr = (BLOCK_M - ri_t.shape[0]) // 2
         if MODE == 0 or MODE == 3:
             w = _w_series_e(i * BLOCK_M + xq, n0, ri_t, ci_t, alpha, k_turn, c1, c2, c3, c4, c5,
-                            5 if MODE == 0 else 3)
+                            5 if MODE == 0 else 3, DIAG)
         elif MODE == 1 and TABLE:
             w = _w_table(key_pos, i * BLOCK_M + xq - CENTRE, cols, table)
         else:
@@ -196,7 +199,7 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dkdv_step(it, dka, dkp, dks, dv, bufs, descs, geo, ph, sched, lse_ptr, dlt_ptr, T, S, qk_scale,
                    MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                   TABLE: gl.constexpr, WS: gl.constexpr, st_layout: gl.constexpr):
+                   TABLE: gl.constexpr, WS: gl.constexpr, st_layout: gl.constexpr, DIAG: gl.constexpr = False):
         """One query block of the dK/dV schedule (module docstring); MODE as `_weight_t`'s (2: masked,
         the causal diagonal); WS: a producer partition refills the ring (`_dkdv_release`)."""
         ka_smem, kp_smem, v_smem, qa_smem, qp_smem, do_smem, bars, _empty = bufs
@@ -214,7 +217,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(1, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[6][:, None]
-        c, ws = _phase(_weight_t(i, geo, ph, MODE, BLOCK_M, TABLE), sp)
+        c, ws = _phase(_weight_t(i, geo, ph, MODE, BLOCK_M, TABLE, DIAG), sp)
         # dP^T issued once S_P^T and W are dead: three [BN, BM] tiles fewer in flight beside the
         # 2 D accumulator columns (D = 128 spilled otherwise, benchmarks/gluon_compile_tapa_bwd.py)
         dp_tok = warpgroup_mma(v_smem, do_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -345,7 +348,7 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dkdv_consume(descs, bufs, kv_bar, bounds, ph, lse_ptr, dlt_ptr, dk_ptr, dv_ptr, T, S, GROUP, qk_scale,
                       r_min, r_3, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                      TABLE: gl.constexpr, WS: gl.constexpr, num_warps: gl.constexpr):
+                      TABLE: gl.constexpr, WS: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
         """The wgmma warps: every query block of every head of the group by kind (masked, series of
         either order, near), then the epilogue."""
         n0, i_bg, bh0, lo, mid, n_qb = bounds
@@ -371,29 +374,30 @@ if gluon_common.IMPORT_ERROR is None:
             base = hg * nblk - lo
             for it in range(base + lo, base + mid):  # the causal diagonal: masked, exact
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
             for it in range(base + mid, base + a3):  # far before the diagonal (non-causal): third order
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
             for it in range(base + a3, base + a):  # before the diagonal (non-causal): the series
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
             for it in range(base + a, base + b):  # near the diagonal, unmasked: the exact power
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
             for it in range(base + b, base + b3):  # after the diagonal: the series
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
             for it in range(base + b3, base + n_qb):  # far after the diagonal: third order
                 dka, dkp, dks, dv = _dkdv_step(it, dka, dkp, dks, dv, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, WS,
-                                               st_layout)
+                                               st_layout, DIAG)
         _dkdv_epilogue(dka, dkp, dks, dv, dk_ptr, dv_ptr, i_bg, n0, S, ds_scale, LINEAR, num_warps)
 
     @gluon.jit
     def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
                                    dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
                                    r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
-                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
+                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
+                                   num_warps: gl.constexpr = 8):
         """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
         query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
         views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
@@ -406,13 +410,13 @@ if gluon_common.IMPORT_ERROR is None:
             _load_q(descs, bufs, s, n_qb - lo, lo, bh0, T, GROUP * (n_qb - lo), STAGES)
         _dkdv_consume(descs, bufs, kv_bar, bounds, (alpha, k_turn, c1, c2, c3, c4, c5, w_table), lse_ptr, dlt_ptr,
                       dk_ptr, dv_ptr, T, S, GROUP, qk_scale, r_min, r_3, ds_scale, CAUSAL, LINEAR, STAGES, TABLE,
-                      False, num_warps)
+                      False, DIAG, num_warps)
 
     @gluon.jit
     def gluon_tapa_bwd_dkdv_ws_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
                                       dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
                                       r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
-                                      STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                                      STAGES: gl.constexpr, TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
                                       PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 8):
         """`gluon_tapa_bwd_dkdv_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "ws" variant; FA3's producer / consumer split)."""
@@ -422,7 +426,7 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_dkdv_consume, (descs, bufs, kv_bar, bounds, (alpha, k_turn, c1, c2, c3, c4, c5, w_table), lse_ptr,
                              dlt_ptr, dk_ptr, dv_ptr, T, S, GROUP, qk_scale, r_min, r_3, ds_scale, CAUSAL, LINEAR,
-                             STAGES, TABLE, True, num_warps)),
+                             STAGES, TABLE, True, DIAG, num_warps)),
             (_dkdv_produce, (descs, (ka_desc, kp_desc, v_desc), bufs, kv_bar, bounds, T, S, GROUP, STAGES)),
         ], [1], [PRODUCER_REGS])
 
@@ -431,7 +435,7 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, MODE: gl.constexpr,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                 s_layout: gl.constexpr):
+                 s_layout: gl.constexpr, DIAG: gl.constexpr = False):
         """Key block j of the dQ schedule; MODE as `gluon_tapa._weight`'s (2: masked, keys past S
         and, causally, past each row's limit)."""
         qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
@@ -449,7 +453,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N, TABLE), sp)
+        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, None, DIAG), sp)
         keys = j * BLOCK_N + geo[3]
         vis = (keys < S)[None, :]
         if CAUSAL:
@@ -475,7 +479,8 @@ if gluon_common.IMPORT_ERROR is None:
     def gluon_tapa_bwd_dq_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dq_ptr,
                                  T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table,
                                  ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                                 TABLE: gl.constexpr = False, num_warps: gl.constexpr = 8):
+                                 TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
+                                 num_warps: gl.constexpr = 8):
         """dQ of one BLOCK_M block of query rows of one (batch, head) over its key blocks: block 0
         masked (the diagonal or the ragged end, as in the forward), then series / exact / series by
         distance, then the masked blocks."""
@@ -520,19 +525,19 @@ if gluon_common.IMPORT_ERROR is None:
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3
         args = (bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale)
         for j in range(gl.minimum(hi, 1)):  # block 0: masked, exact
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(1, a3):  # far before the diagonal: the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(a3, a):  # before the diagonal: the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(b, b3):  # after the diagonal (non-causal): the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         for j in range(gl.maximum(mid, 1), hi):  # masked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
         row_base = i_bh.to(gl.int64) * T
         _store_half(dq_ptr, dqa * ds_scale, row_base, m0, T, 0, num_warps)
         if LINEAR:
@@ -589,7 +594,8 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
-    table, order3, ws = gluon_tapa.variant_flags(variants)[:3]   # "coef" and "lazy" are the forward's
+    flags = gluon_tapa.variant_flags(variants)   # "coef" and "lazy" are the forward's
+    table, order3, ws, diag = flags.table, flags.order3, flags.ws, flags.diag
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
@@ -607,5 +613,5 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device)
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
         kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
-                     ds_scale, STAGES=stages, TABLE=table, num_warps=warps, **meta, **extra_meta)
+                     ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)
     return dq, dk, dv

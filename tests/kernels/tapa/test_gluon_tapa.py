@@ -221,18 +221,18 @@ def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
         gluon_tapa.coefficient_table(256, 256, 64, 128, alpha, k_turn, torch.device("cpu"))
 
 
-def _wgmma_register_cells(num_warps):
-    """[threads, 32] (row, col) of each register of a 64x64 fp32 wgmma accumulator tile
-    (gluon_common.mma_layout), from Triton's own linear layout of it."""
+def _wgmma_register_cells(num_warps, n):
+    """[threads, n / 2] (row, col) of each register of a [16 num_warps, n] fp32 wgmma accumulator
+    tile (gluon_common.mma_layout), from Triton's own linear layout of it."""
     gluon_ir = pytest.importorskip("triton._C.libtriton.gluon_ir")
     from triton._C.libtriton import ir
     from triton.experimental.gluon import language as gl
 
     ctx = ir.context()
     ir.load_dialects(ctx)
-    layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 64, 16])
+    layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
     builder = gluon_ir.GluonOpBuilder(ctx)
-    ll = builder.to_linear_layout(layout._to_ir(builder), [16 * num_warps, 64])
+    ll = builder.to_linear_layout(layout._to_ir(builder), [16 * num_warps, n])
 
     def cell(bases, index):
         r = c = 0
@@ -245,38 +245,40 @@ def _wgmma_register_cells(num_warps):
     for tid in range(32 * num_warps):
         lr, lc = cell(ll.lane_bases, tid % 32)
         wr, wc = cell(ll.warp_bases, tid // 32)
-        cells.append([(lr ^ wr ^ rr, lc ^ wc ^ rc) for rr, rc in (cell(ll.reg_bases, k) for k in range(32))])
+        cells.append([(lr ^ wr ^ rr, lc ^ wc ^ rc) for rr, rc in (cell(ll.reg_bases, k) for k in range(n // 2))])
     return cells
 
 
-def _run_asm(asm, operands):
+def _run_asm(asm, operands, regs):
     """Emulate the "diag" asm (fma.rn.f32 and mov.b32 on $n operands), each FMA rounded to fp32."""
-    regs = dict(enumerate(operands))
+    values = dict(enumerate(operands))
     for stmt in asm.strip("{} ").split(";"):
         if not stmt.strip():
             continue
         op, args = stmt.split(None, 1)
         n = [int(a.strip().lstrip("$")) for a in args.split(",")]
         if op == "fma.rn.f32":
-            regs[n[0]] = float(torch.tensor(regs[n[1]] * regs[n[2]] + regs[n[3]], dtype=torch.float32))
+            values[n[0]] = float(torch.tensor(values[n[1]] * values[n[2]] + values[n[3]], dtype=torch.float32))
         else:
             assert op == "mov.b32", op
-            regs[n[0]] = regs[n[1]]
-    return [regs[k] for k in range(32)]
+            values[n[0]] = values[n[1]]
+    return [values[k] for k in range(regs)]
 
 
 @pytest.mark.parametrize("order", [3, 5])
-@pytest.mark.parametrize("num_warps", [4, 8])
-def test_diag_asm_evaluates_each_register_at_its_own_offset(order, num_warps):
-    """The "diag" variant's asm, emulated on every thread's 32 registers placed as Triton's layout of
-    the 64x64 wgmma accumulator places them, gives each register the polynomial at its own
-    in-tile offset e = row - col, bit for bit as `_w_poly`'s Horner (same FMAs, fp32 rounding)."""
-    asm, constraints = gluon_tapa.diag_poly_asm(order)
-    assert constraints.count("=r") == 32 and len(constraints.split(",")) == 32 * (order + 3)
+@pytest.mark.parametrize("num_warps,n", [(4, 64), (8, 64), (8, 32)])   # the forward's, dQ's and dK/dV's tiles
+@pytest.mark.parametrize("sign", [1, -1])   # dK/dV's transposed tiles: e a function of col - row
+def test_diag_asm_evaluates_each_register_at_its_own_offset(order, num_warps, n, sign):
+    """The "diag" variant's asm, emulated on every thread's registers placed as Triton's layout of
+    the wgmma accumulator places them, gives each register the polynomial at its own in-tile
+    offset e = +-(row - col), bit for bit as `_w_poly`'s Horner (same FMAs, fp32 rounding)."""
+    regs = n // 2
+    asm, constraints = gluon_tapa.diag_poly_asm(order, regs), gluon_tapa.diag_constraints(order, regs)
+    assert constraints.count("=r") == regs and len(constraints.split(",")) == regs * (order + 3)
     coef = [0.75, -0.03125, 0.0078125, -0.0013, 2.5e-4, -4.1e-5][: order + 1]   # f, g_1 .. g_order
-    for cells in _wgmma_register_cells(num_warps)[:: 13]:
-        e = [float(r - c) for r, c in cells]
-        got = _run_asm(asm, [0.0] * 32 + e + [g for g in coef for _ in range(32)])
+    for cells in _wgmma_register_cells(num_warps, n)[:: 13]:
+        e = [float(sign * (r - c)) for r, c in cells]
+        got = _run_asm(asm, [0.0] * regs + e + [g for g in coef for _ in range(regs)], regs)
         for k, ek in enumerate(e):
             w = coef[order]
             for g in reversed(coef[:order]):
@@ -422,6 +424,21 @@ def test_gluon_tapa_every_tile(tile, D, phase_kind, variants):
     q, k, v, _ = make_inputs(1, 8, 2, 1000, 1003, D, torch.bfloat16)
     check_forward(q, k, v, {"phase": phase_kind}, causal=True, tile=tile, variants=variants,
                   label=f"gluon-tapa-{'x'.join(map(str, tile))}")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("coef", [False, True], ids=["in-kernel", "coef"])
+@pytest.mark.parametrize("tile", [(64, 64, 2, 4), (128, 64, 2, 8)], ids=["64x64x2x4", "128x64x2x8"])
+@pytest.mark.parametrize("D,phase_kind", [(128, "quadratic"), (64, "quadratic"), (128, "linear")])
+def test_gluon_tapa_diag_is_bitwise_the_series(D, phase_kind, tile, coef):
+    """The "diag" schedule evaluates the same FMAs once per diagonal (`diag_poly_asm`): out and lse
+    are bitwise those without it, over lengths whose tiles take both series orders."""
+    q, k, v, _ = make_inputs(1, 4, 2, 3000, 3000, D, torch.bfloat16)
+    base = {"order3", "coef"} if coef else {"order3"}
+    (out, lse), (out_d, lse_d) = (gluon_forward(q, k, v, {"phase": phase_kind}, True, tile, var)
+                                  for var in (base, base | {"diag"}))
+    assert torch.equal(out, out_d) and torch.equal(lse, lse_d)
 
 
 def _lazy_reference_updates(q, k, params, block_n=64):

@@ -297,7 +297,8 @@ def test_gluon_tapa_backward_every_tile(kind, tile, D):
                    **{kind: tile})
 
 
-VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"ws"}), frozenset({"table", "order3", "ws"})]
+VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"ws"}), frozenset({"table", "order3", "ws"}),
+                frozenset({"order3", "ws", "diag"})]
 # lengths past r_3 of both kernels' tiles, so that every kind of block runs
 VARIANT_CASES = [(1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
                  (1, 4, 1, 3000, 3000, 64, False, {"phase": "linear"}, torch.float16),
@@ -324,6 +325,21 @@ def test_gluon_tapa_backward_ws_wide_dkdv_tile(phase_kind):
     q, k, v, do = make_inputs(1, 4, 2, 2000, 2000, 128, torch.bfloat16)
     check_backward(q, k, v, do, {"phase": phase_kind}, causal=True, variants={"ws", "order3", "table"},
                    dkdv_tile=(32, 128, 2, 8), label=f"ws-32x128-{phase_kind}")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("D,phase_kind", [(128, "quadratic"), (64, "quadratic"), (64, "linear")])
+def test_gluon_tapa_backward_diag_is_bitwise_the_series(D, phase_kind):
+    """The "diag" schedule evaluates the same FMAs once per diagonal (gluon_tapa.diag_poly_asm): dQ,
+    dK and dV are bitwise those without it, over lengths whose tiles take both series orders."""
+    q, k, v, do = make_inputs(1, 4, 2, 3000, 3000, D, torch.bfloat16)
+    params = {"phase": phase_kind}
+    out, lse = forward(q, k, v, params, True, "gluon")
+    plain, diag = (gluon_backward(do, q, k, v, out, lse, params, True, variants=var)
+                   for var in ({"order3", "ws"}, {"order3", "ws", "diag"}))
+    for name, a, b in zip(("dq", "dk", "dv"), plain, diag):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.gpu
