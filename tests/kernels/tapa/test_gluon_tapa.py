@@ -1,15 +1,17 @@
 """Gluon Hopper TAPA forward (kernels/tapa/gluon_tapa.py) against the float64 reference.
 
 CPU: the module imports without a GPU, `supported` gives the routing reasons, the launcher validates
-like `tapa_attention`, the TMA descriptors of the D/2 halves are views, and the series' radius covers
-every tile the kernel gives the series.
+like `tapa_attention`, the TMA descriptors of the D/2 halves are views, the series' radius covers
+every tile the kernel gives the series, the "coef" table's rows cover every tile, and the "diag" asm,
+emulated over Triton's own layout of the wgmma accumulator, gives each register its own offset.
 GPU (`gpu`, sm_90 only): out and lse against float64 (relative RMS error, and no worse than the
 Triton `tl` TAPA forward's own error) into NaN-poisoned buffers, over lengths no block divides
 (1, 77, 1000, 4099), T < S and T > S, GQA 8/2, quadratic and linear phase, bf16 and fp16, causal and
 not, alphas that take the series, the exact series (alpha = 1) and no series (alpha = 7.5), every
 tile; absolute offsets of the positions (the kernel is index-only: TAPA depends on |m - n| alone) up
 to 2**50 and distances beyond 2**24 (S = 2**24 + 77); the lse fed to the `tl` TAPA backward gives
-the `tl` path's gradients.
+the `tl` path's gradients; the schedules of `gluon_tapa.VARIANTS` ("lazy" also with logits that grow
+along the keys, so that rows both keep and replace their max; "diag" bitwise against the series).
 """
 
 from __future__ import annotations
