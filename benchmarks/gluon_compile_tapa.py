@@ -63,7 +63,10 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     sig, consts = signature(D, tile, dtype)
     consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
                "LAZY": "lazy" in variants, "DIAG": "diag" in variants}
-    return compile_report(gluon_tapa.gluon_tapa_fwd_kernel, sig, consts, tile[3])
+    kernel = gluon_tapa.gluon_tapa_fwd_kernel
+    if "fws" in variants:
+        kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
+    return compile_report(kernel, sig, consts, tile[3])
 
 
 def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str,
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", type=int, nargs="+", default=list(gluon_tapa.TILES))
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
-                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa.TILES[D])")
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa.TILES[D], TILES_FWS[D] with fws)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = 0
     for D, tile, variants, causal, phase, dt in itertools.product(args.dims, args.tiles or [None], args.variants,
                                                                   args.causal, args.phases, args.dtypes):
-        tile = tile or gluon_tapa.TILES[D]
+        tile = tile or (gluon_tapa.TILES_FWS if "fws" in variants else gluon_tapa.TILES)[D]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
         label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
         if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype, variants),

@@ -55,7 +55,7 @@ import torch
 from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.common.triton_common import LOG2E
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
 from phaselab.kernels.tapa.phase import _taylor, series_radius
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
@@ -75,6 +75,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _block_range,
         _epilogue,
         _free_k,
+        _load,
         _p_operand,
         _pv,
         _softmax,
@@ -86,6 +87,12 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
 # 255 registers, D = 64: 225; benchmarks/gluon_compile_tapa.py); on the H200 the wider 128x64x2x8
 # was no faster at D = 128 and 10-19 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h200.md).
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
+# The "fws" kernel's tile: Triton gives a warp-specialised kernel whole warpgroups (the producer
+# warp's takes 4 warps of the launch) and a register budget for one CTA an SM, so two 64-row
+# consumer warpgroups keep today's 8 softmax warps an SM (64x64x2x4 with "fws": 8 warps at 256
+# registers, one CTA an SM, half the softmax warps); 128x64x2x8 launches 12 warps at 168 and
+# raises the consumers to 240 (setmaxnreg), no spills (benchmarks/gluon_compile_tapa.py).
+TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # Optional schedules of the kernels, each a constexpr (`gluon_tapa_fwd(variants=...)`), each cutting
 # the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
 # counts):
@@ -102,6 +109,9 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             O's rescale in warps whose rows all kept theirs (gluon_hopper._softmax, _rescale;
 #             FlashAttention-4's conditional rescaling, https://modal.com/blog/reverse-engineer-flash-attention-4):
 #             64 FMULs a step become a vote and four branches;
+#   "fws":    the forward's loads in a one-warp producer partition (`gluon_tapa_fwd_ws_kernel`, as
+#             "ws" does for dK/dV; tile TILES_FWS): the softmax warps release ring slots instead
+#             of issuing TMA: 60 instructions a step fewer at the third order;
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -113,7 +123,7 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # D = 128 causal, the three take the third-order loop from 757 to 631 SASS instructions an
 # iteration that skips the rescale, and the fifth-order one from 845 to 694
 # (benchmarks/results/gluon-tapa-fwd-sass.md).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -283,12 +293,13 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-              COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, s_layout: gl.constexpr,
+              COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr, s_layout: gl.constexpr,
               o_layout: gl.constexpr):
         """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
         P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY,
-        DIAG: the "coef", "lazy" and "diag" variants (VARIANTS)."""
-        qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
+        DIAG, WS: the "coef", "lazy", "diag" and "fws" variants (VARIANTS; WS: a producer warp
+        refills the rings, `_produce`)."""
+        qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
@@ -303,26 +314,28 @@ if gluon_common.IMPORT_ERROR is None:
         sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
         o_tok = _pv(o, p, alpha_r, v_smem, v_bars, j - 1, STAGES, o_layout, LAZY)
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
-        _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
+        _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS)
         if LINEAR:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
         c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
-        _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+        _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
                                         s_layout, LAZY)
         p = _p_operand(p, ka_smem.dtype, o_layout)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
-        _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)  # the V slot of block j-1
+        _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_empty, kv_row, STAGES, WS)  # the V slot of block j-1
         return o, p, alpha_r, m_i, l_i
 
     @gluon.jit
     def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL: gl.constexpr,
-                     LINEAR: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+                     LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr):
         """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
+        ka_empty, kp_empty = bufs[8], bufs[9]
         ka_desc, kp_desc = descs[0], descs[1]
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
@@ -331,8 +344,8 @@ if gluon_common.IMPORT_ERROR is None:
         mbarrier.wait(ka_bars.index(0), 0)
         sp = warpgroup_mma(qp_smem, kp_smem.index(0).permute((1, 0)), zeros, use_acc=False)
         sa = warpgroup_mma(qa_smem, ka_smem.index(0).permute((1, 0)), zeros, use_acc=False)
-        _free_k(0, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
-        _free_k(0, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
+        _free_k(0, hi, kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS)
+        _free_k(0, hi, ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS)
         if LINEAR:
             sp = sp + geo[4][:, None]
         c = _cos_turns(_weight(0, geo, ph, 2, BLOCK_N) * sp)
@@ -383,7 +396,8 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                 COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
+                 COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
+                 num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
@@ -399,28 +413,28 @@ if gluon_common.IMPORT_ERROR is None:
         mbarrier.wait(q_bar, 0)
         geo = _geometry(m0, T, S, LINEAR, bufs[1], BLOCK_N, s_layout, num_warps)
         p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL, LINEAR,
-                                            STAGES, s_layout, o_layout)
+                                            STAGES, WS, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
         for j in range(1, a3):  # far before the diagonal: the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         for j in range(a3, a):  # before the diagonal: the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         for j in range(mid, hi):  # masked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
@@ -429,10 +443,70 @@ if gluon_common.IMPORT_ERROR is None:
         """A STAGES-slot ring of desc's blocks and its ready barriers."""
         smem = gl.allocate_shared_memory(desc.dtype, [STAGES, desc.block_type.shape[0], desc.block_type.shape[1]],
                                          desc.layout)
+        return smem, _barriers(STAGES)
+
+    @gluon.jit
+    def _barriers(STAGES: gl.constexpr):
+        """STAGES mbarriers of one arrival each."""
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
-        return smem, bars
+        return bars
+
+    @gluon.jit
+    def _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL: gl.constexpr,
+               STAGES: gl.constexpr, WS: gl.constexpr):
+        """(i_bh, m0, kv_row, mid, hi, q_bar, bufs) of this program: Q's halves, the K_A, K_P and V
+        rings with their ready barriers and (WS) the consumers' "empty" barriers (without WS the
+        ready ones stand in, never waited on as empty)."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        i_bh = gl.program_id(1)
+        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
+        qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        ka_smem, ka_bars = _ring(ka_desc, STAGES)
+        kp_smem, kp_bars = _ring(kp_desc, STAGES)
+        v_smem, v_bars = _ring(v_desc, STAGES)
+        if WS:
+            ka_empty = _barriers(STAGES)
+            kp_empty = _barriers(STAGES)
+            v_empty = _barriers(STAGES)
+        else:
+            ka_empty = ka_bars
+            kp_empty = kp_bars
+            v_empty = v_bars
+        bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty)
+        return i_bh, i_m * BLOCK_M, kv_row, mid, hi, q_bar, bufs
+
+    @gluon.jit
+    def _load_q(qa_desc, qp_desc, q_bar, bufs, q_row):
+        """TMA Q's amplitude and phase halves (one barrier)."""
+        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(qa_desc, [q_row, 0], q_bar, bufs[0])
+        tma.async_copy_global_to_shared(qp_desc, [q_row, 0], q_bar, bufs[1])
+
+    @gluon.jit
+    def _produce(qa_desc, qp_desc, descs, q_bar, bufs, q_row, kv_row, hi, STAGES: gl.constexpr):
+        """The producer warp ("fws"): Q's halves, then K_P, K_A and V of each key block into its
+        slot once the consumers released the block STAGES earlier (a fresh barrier passes the
+        wait on parity 1), in the order the consumers use them."""
+        _qa, _qp, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
+        ka_desc, kp_desc, v_desc = descs
+        BLOCK_N: gl.constexpr = ka_smem.shape[1]
+        _load_q(qa_desc, qp_desc, q_bar, bufs, q_row)
+        for i in range(hi):
+            phase = ((i // STAGES) & 1) ^ 1
+            mbarrier.wait(kp_empty.index(i % STAGES), phase)
+            _load(kp_desc, kv_row + i * BLOCK_N, kp_bars, kp_smem, i, hi, STAGES)
+            mbarrier.wait(ka_empty.index(i % STAGES), phase)
+            _load(ka_desc, kv_row + i * BLOCK_N, ka_bars, ka_smem, i, hi, STAGES)
+            mbarrier.wait(v_empty.index(i % STAGES), phase)
+            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
 
     @gluon.jit
     def gluon_tapa_fwd_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
@@ -443,31 +517,37 @@ if gluon_common.IMPORT_ERROR is None:
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
         head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
-        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
-        i_bh = gl.program_id(1)
-        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
-        m0 = i_m * BLOCK_M
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
-        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
-        qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
-        qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
-        ka_smem, ka_bars = _ring(ka_desc, STAGES)
-        kp_smem, kp_bars = _ring(kp_desc, STAGES)
-        v_smem, v_bars = _ring(v_desc, STAGES)
-        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(qa_desc, [i_bh * T + m0, 0], q_bar, qa_smem)
-        tma.async_copy_global_to_shared(qp_desc, [i_bh * T + m0, 0], q_bar, qp_smem)
+        i_bh, m0, kv_row, mid, hi, q_bar, bufs = _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP,
+                                                        CAUSAL, STAGES, False)
+        ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs[2], bufs[3], bufs[4], bufs[5], bufs[6], bufs[7]
+        _load_q(qa_desc, qp_desc, q_bar, bufs, i_bh * T + m0)
         for i in gl.static_range(STAGES):
             _free_k(i - STAGES, hi, kp_desc, kp_smem, kp_bars, kp_bars, kv_row, STAGES, False)
             _free_k(i - STAGES, hi, ka_desc, ka_smem, ka_bars, ka_bars, kv_row, STAGES, False)
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
-        bufs = (qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, num_warps)
+                 TABLE, COEF, LAZY, DIAG, False, num_warps)
+
+    @gluon.jit
+    def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
+                                 qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
+                                 CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                                 TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
+                                 LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
+                                 PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 4):
+        """`gluon_tapa_fwd_kernel` with the loads in a one-warp producer partition holding
+        PRODUCER_REGS registers a thread (the "fws" variant; the consumers release each slot
+        through an "empty" mbarrier instead of issuing its refill)."""
+        i_bh, m0, kv_row, mid, hi, q_bar, bufs = _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP,
+                                                        CAUSAL, STAGES, True)
+        descs = (ka_desc, kp_desc, v_desc)
+        gl.warp_specialize([
+            (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
+                        lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
+                        TABLE, COEF, LAZY, DIAG, True, num_warps)),
+            (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -537,6 +617,7 @@ class Variants(NamedTuple):
     coef: bool
     lazy: bool
     diag: bool
+    fws: bool
 
 
 def variant_flags(variants) -> Variants:
@@ -570,8 +651,8 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of TAPA attention with index
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
     same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
-    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D]; variants: names from
-    VARIANTS (default DEFAULT_VARIANTS)."""
+    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_FWS[D] with
+    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS)."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
@@ -581,7 +662,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
     G, S = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or TILES[D]
+    block_m, block_n, stages, warps = tile or (TILES_FWS if flags.fws else TILES)[D]
     if out is None:
         out = torch.empty_like(q)
     if lse is None:
@@ -595,8 +676,10 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
         coef = coefficient_table(T, S, block_m, block_n, float(params["alpha"]), scalars[2], q.device)
     else:
         coef = (extra[1], 0)   # a table the kernel never reads
-    gluon_tapa_fwd_kernel[(triton.cdiv(T, block_m), B * H)](
+    kernel, meta = ((gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}) if flags.fws
+                    else (gluon_tapa_fwd_kernel, {}))
+    kernel[(triton.cdiv(T, block_m), B * H)](
         *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra, *coef,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
-        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps)
+        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta)
     return out, lse

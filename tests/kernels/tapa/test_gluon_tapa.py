@@ -187,10 +187,10 @@ def test_distance_table_and_variant_scalars():
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False, False)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False, False, False)
     flags = gluon_tapa.variant_flags(["ws", "lazy"])
-    assert flags == (False, False, True, False, True, False) and flags.lazy and not flags.coef
-    assert gluon_tapa.variant_flags(()) == (False,) * 6
+    assert flags == (False, False, True, False, True, False, False) and flags.lazy and not flags.coef
+    assert gluon_tapa.variant_flags(()) == (False,) * len(gluon_tapa.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
         gluon_tapa.variant_flags({"table", "eager"})
 
@@ -384,6 +384,17 @@ def _case_id(c):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("stages", [1, 2])
+def test_gluon_tapa_fws_smoke(stages):
+    """The "fws" producer partition on a small causal launch (every ring slot reused several
+    times): run this first, with a short timeout, where a handshake could hang."""
+    q, k, v, _ = make_inputs(1, 2, 1, 700, 700, 128, torch.bfloat16)
+    check_forward(q, k, v, {}, causal=True, tile=(128, 64, stages, 8), variants={"order3", "fws"},
+                  label=f"gluon-tapa-fws-{stages}")
+
+
+@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
 def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dtype):
     q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
@@ -395,7 +406,8 @@ TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
 # fifth-order series, the table or the exact power near the diagonal, the masked blocks
 VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"}),
                 frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"order3", "diag"}),
-                frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"})]
+                frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"}),
+                frozenset({"order3", "fws"}), frozenset({"order3", "coef", "lazy", "diag", "fws"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
@@ -417,8 +429,9 @@ def test_gluon_tapa_variants_match_float64(B, H, G, T, S, D, causal, params, dty
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy", "diag"})],
-                         ids=["default", "coef+lazy+diag"])
+@pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy", "diag"}),
+                                      frozenset({"order3", "coef", "lazy", "diag", "fws"})],
+                         ids=["default", "coef+lazy+diag", "coef+lazy+diag+fws"])
 @pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
