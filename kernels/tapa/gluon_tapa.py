@@ -119,10 +119,10 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
 # ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
-# the timing noise (at most 2 %): off. "coef", "lazy" and "diag" are off until timed: offline, at
-# D = 128 causal, the three take the third-order loop from 757 to 631 SASS instructions an
-# iteration that skips the rescale, and the fifth-order one from 845 to 694
-# (benchmarks/results/gluon-tapa-fwd-sass.md).
+# the timing noise (at most 2 %): off. "coef", "lazy", "diag" and "fws" are off until timed:
+# offline, at D = 128 causal, the four take the third-order loop from 757 to 569 SASS instructions
+# an iteration that skips the rescale, and the fifth-order one from 845 to 634
+# (benchmarks/results/gluon-tapa-fwd-cpu-sass.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws")
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
