@@ -249,19 +249,21 @@ if gluon_common.IMPORT_ERROR is None:
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
     @gluon.jit
+    def _produce_block(desc, bars, smem, empty, kv_row, i, hi, STAGES: gl.constexpr):
+        """A producer warp's load of block i into its ring slot, once the consumers released the
+        block STAGES earlier (a fresh barrier passes the wait on parity 1)."""
+        mbarrier.wait(empty.index(i % STAGES), ((i // STAGES) & 1) ^ 1)
+        _load(desc, kv_row + i * smem.shape[1], bars, smem, i, hi, STAGES)
+
+    @gluon.jit
     def _produce(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bars, v_bars, k_empty, v_empty, q_row,
                  kv_row, hi, STAGES: gl.constexpr):
-        """The producer warp: Q, then K_i and V_i in order, each into its slot once the consumers
-        released the block STAGES earlier (a fresh barrier passes the wait on parity 1)."""
-        BLOCK_N: gl.constexpr = k_smem.shape[1]
+        """The producer warp: Q, then K_i and V_i in order (`_produce_block`)."""
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
         for i in range(hi):
-            phase = ((i // STAGES) & 1) ^ 1
-            mbarrier.wait(k_empty.index(i % STAGES), phase)
-            _load(k_desc, kv_row + i * BLOCK_N, k_bars, k_smem, i, hi, STAGES)
-            mbarrier.wait(v_empty.index(i % STAGES), phase)
-            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+            _produce_block(k_desc, k_bars, k_smem, k_empty, kv_row, i, hi, STAGES)
+            _produce_block(v_desc, v_bars, v_smem, v_empty, kv_row, i, hi, STAGES)
 
     @gluon.jit
     def _setup(q_desc, k_desc, i_bh, T, S, H, GROUP, STAGES: gl.constexpr, CAUSAL: gl.constexpr):

@@ -75,8 +75,8 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _block_range,
         _epilogue,
         _free_k,
-        _load,
         _p_operand,
+        _produce_block,
         _pv,
         _softmax,
     )
@@ -492,21 +492,15 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _produce(qa_desc, qp_desc, descs, q_bar, bufs, q_row, kv_row, hi, STAGES: gl.constexpr):
-        """The producer warp ("fws"): Q's halves, then K_P, K_A and V of each key block into its
-        slot once the consumers released the block STAGES earlier (a fresh barrier passes the
-        wait on parity 1), in the order the consumers use them."""
+        """The producer warp ("fws"): Q's halves, then K_P, K_A and V of each key block in the
+        order the consumers use them (`gluon_hopper._produce_block`)."""
         _qa, _qp, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
-        BLOCK_N: gl.constexpr = ka_smem.shape[1]
         _load_q(qa_desc, qp_desc, q_bar, bufs, q_row)
         for i in range(hi):
-            phase = ((i // STAGES) & 1) ^ 1
-            mbarrier.wait(kp_empty.index(i % STAGES), phase)
-            _load(kp_desc, kv_row + i * BLOCK_N, kp_bars, kp_smem, i, hi, STAGES)
-            mbarrier.wait(ka_empty.index(i % STAGES), phase)
-            _load(ka_desc, kv_row + i * BLOCK_N, ka_bars, ka_smem, i, hi, STAGES)
-            mbarrier.wait(v_empty.index(i % STAGES), phase)
-            _load(v_desc, kv_row + i * BLOCK_N, v_bars, v_smem, i, hi, STAGES)
+            _produce_block(kp_desc, kp_bars, kp_smem, kp_empty, kv_row, i, hi, STAGES)
+            _produce_block(ka_desc, ka_bars, ka_smem, ka_empty, kv_row, i, hi, STAGES)
+            _produce_block(v_desc, v_bars, v_smem, v_empty, kv_row, i, hi, STAGES)
 
     @gluon.jit
     def gluon_tapa_fwd_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, qk_scale,
