@@ -66,7 +66,8 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     kernel = gluon_tapa.gluon_tapa_fwd_kernel
     if "fws" in variants:
         kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
-    return compile_report(kernel, sig, consts, tile[3])
+    cap = gluon_tapa.OCCUPANCY_REGS.get(D) if "occupancy" in variants and "fws" not in variants else None
+    return compile_report(kernel, sig, consts, tile[3], maxnreg=cap)   # the cap as the launcher applies it
 
 
 def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str,

@@ -112,6 +112,12 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #   "fws":    the forward's loads in a one-warp producer partition (`gluon_tapa_fwd_ws_kernel`, as
 #             "ws" does for dK/dV; tile TILES_FWS): the softmax warps release ring slots instead
 #             of issuing TMA: 60 instructions a step fewer at the third order;
+#   "occupancy": the D = 64 forward compiled for at most OCCUPANCY_REGS[64] registers a thread, so
+#             that three 4-warp CTAs share an SM (12 softmax warps instead of 8): with "coef",
+#             "lazy" and "diag" it needs no spill in the quadratic phase (176 registers uncapped;
+#             40 / 48 B of spills in the linear one); the default schedule spills 1172 B under the cap (removed at ee028d1 for that: 2.95 / 2.81x against 2.29 /
+#             2.04x cuDNN). No effect at D = 128, where three CTAs' shared memory does not fit, nor
+#             with "fws", whose register split is set by its partitions;
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -123,7 +129,8 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # offline, at D = 128 causal, the four take the third-order loop from 757 to 569 SASS instructions
 # an iteration that skips the rescale, and the fifth-order one from 845 to 634
 # (benchmarks/results/gluon-tapa-fwd-cpu-sass.md).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy")
+OCCUPANCY_REGS = {64: 168}
 DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -612,6 +619,7 @@ class Variants(NamedTuple):
     lazy: bool
     diag: bool
     fws: bool
+    occupancy: bool
 
 
 def variant_flags(variants) -> Variants:
@@ -675,5 +683,6 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     kernel[(triton.cdiv(T, block_m), B * H)](
         *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra, *coef,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
-        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta)
+        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta,
+        **({"maxnreg": OCCUPANCY_REGS[D]} if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS else {}))
     return out, lse

@@ -187,9 +187,9 @@ def test_distance_table_and_variant_scalars():
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
     assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True, False, False, False, False, False)
+    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True) + (False,) * 6
     flags = gluon_tapa.variant_flags(["ws", "lazy"])
-    assert flags == (False, False, True, False, True, False, False) and flags.lazy and not flags.coef
+    assert flags == (False, False, True, False, True, False, False, False) and flags.lazy and not flags.coef
     assert gluon_tapa.variant_flags(()) == (False,) * len(gluon_tapa.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
         gluon_tapa.variant_flags({"table", "eager"})
@@ -407,7 +407,8 @@ TILES = [(64, 64, 2, 4), (64, 64, 1, 4), (64, 64, 3, 4), (128, 64, 2, 8)]
 VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozenset({"table", "order3"}),
                 frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"order3", "diag"}),
                 frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"}),
-                frozenset({"order3", "fws"}), frozenset({"order3", "coef", "lazy", "diag", "fws"})]
+                frozenset({"order3", "fws"}), frozenset({"order3", "coef", "lazy", "diag", "fws"}),
+                frozenset({"order3", "coef", "lazy", "diag", "occupancy"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
