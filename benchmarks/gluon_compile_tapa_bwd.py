@@ -57,7 +57,7 @@ def signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype: 
     outs = ("dq_ptr",) if kernel_name == "dq" else ("dk_ptr", "dv_ptr")
     sig |= {n: mangle_type(x) for n in outs} | {"T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5", "ds_scale")}
-    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32"}
+    sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32", "w_coef": "*fp32", "coef_base": "i32"}
     return sig
 
 
@@ -69,7 +69,9 @@ def compile_variant(kernel_name: str, D: int, tile: tuple[int, int, int, int], c
               else bwd.gluon_tapa_bwd_dkdv_ws_kernel if ws else bwd.gluon_tapa_bwd_dkdv_kernel)
     bwd.check_tile(tile, 0 if kernel_name == "dq" else 1)
     consts = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "num_warps": tile[3],
-              "TABLE": "table" in variants, "DIAG": "diag" in variants} | ({"PRODUCER_REGS": bwd.PRODUCER_REGS} if ws else {})
+              "TABLE": "table" in variants, "DIAG": "diag" in variants}
+    consts |= {"PRODUCER_REGS": bwd.PRODUCER_REGS} if ws else {}
+    consts |= {"COEF": "coef" in variants} if kernel_name == "dq" else {}
     return compile_report(kernel, signature(kernel_name, D, tile, dtype), consts, tile[3])
 
 

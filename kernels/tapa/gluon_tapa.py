@@ -102,9 +102,10 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
 #             (gluon_tapa_bwd.gluon_tapa_bwd_dkdv_ws_kernel): one CTA barrier a step instead of five;
-#   "coef":   the forward's series tiles read their coefficients (f, g_1 .. g_5) from a table of the
-#             launch's tiles (`coefficient_table`, float64 rounded once) instead of computing them
-#             (a reciprocal, an accurate log2, an exp2 and products: ~33 instructions a tile);
+#   "coef":   the series tiles of the forward and of dQ read their coefficients (f, g_1 .. g_5) from
+#             a table of the launch's tiles (`coefficient_table`, float64 rounded once) instead of
+#             computing them (a reciprocal, an accurate log2, an exp2 and products: ~33
+#             instructions a tile; dK/dV's transposed tiles compute them);
 #   "lazy":   the forward keeps a row's max until a block exceeds it by 8 (log2 units) and skips
 #             O's rescale in warps whose rows all kept theirs (gluon_hopper._softmax, _rescale;
 #             FlashAttention-4's conditional rescaling, https://modal.com/blog/reverse-engineer-flash-attention-4):

@@ -32,7 +32,8 @@ W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >=
 binomial series about the centre (`gluon_tapa._w_series_e`, the radius `phase._taylor`'s), tiles near
 the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
 key ends in dQ) the exact power too; the forward's "order3", "table" and "diag" variants
-(`gluon_tapa.VARIANTS`) apply to both kernels ("coef" and "lazy" are the forward's alone). The dK/dV kernel's tiles are transposed (rows keys,
+(`gluon_tapa.VARIANTS`) apply to both kernels, "coef" to dQ ("lazy", "fws" and "occupancy" are the
+forward's alone). The dK/dV kernel's tiles are transposed (rows keys,
 columns queries): the same helpers take negated offsets (`_weight_t`). Its "ws" variant
 (`gluon_tapa_bwd_dkdv_ws_kernel`) issues the ring's loads from a one-warp producer partition, the
 consumers releasing each slot through an `empty` mbarrier, as the plain backward's warp-specialised
@@ -84,6 +85,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _store_rows,
     )
     from phaselab.kernels.tapa.gluon_tapa import (
+        _coef_row,
         _geometry,
         _linear_setup,
         _near_range,
@@ -395,9 +397,9 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def gluon_tapa_bwd_dkdv_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
                                    dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
-                                   r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
-                                   STAGES: gl.constexpr, TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                   num_warps: gl.constexpr = 8):
+                                   r_3, w_table, w_coef, coef_base, ds_scale, CAUSAL: gl.constexpr,
+                                   LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                                   DIAG: gl.constexpr = False, num_warps: gl.constexpr = 8):
         """dK, dV of one BLOCK_N block of keys of one (batch, kv head) over the query blocks of every
         query head of its group. Descriptors: q's and k's amplitude / phase halves as [rows, D/2]
         views, dO and v whole ([B*H*T, D], [B*G*S, D])."""
@@ -415,9 +417,10 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def gluon_tapa_bwd_dkdv_ws_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dk_ptr,
                                       dv_ptr, T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
-                                      r_3, w_table, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
-                                      STAGES: gl.constexpr, TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                      PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 8):
+                                      r_3, w_table, w_coef, coef_base, ds_scale, CAUSAL: gl.constexpr,
+                                      LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                                      DIAG: gl.constexpr = False, PRODUCER_REGS: gl.constexpr = 24,
+                                      num_warps: gl.constexpr = 8):
         """`gluon_tapa_bwd_dkdv_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "ws" variant; FA3's producer / consumer split)."""
         descs = (qa_desc, qp_desc, do_desc)
@@ -435,14 +438,18 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _dq_step(j, hi, dqa, dqp, dqs, bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale, MODE: gl.constexpr,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                 s_layout: gl.constexpr, DIAG: gl.constexpr = False):
+                 s_layout: gl.constexpr, DIAG: gl.constexpr = False, COEF: gl.constexpr = False):
         """Key block j of the dQ schedule; MODE as `gluon_tapa._weight`'s (2: masked, keys past S
-        and, causally, past each row's limit)."""
+        and, causally, past each row's limit); COEF: the series' coefficients from the "coef"
+        table (`gluon_tapa._coef_row`), loaded before the wgmmas are issued."""
         qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
         slot = j % STAGES
+        coef = None
+        if COEF and (MODE == 0 or MODE == 3):
+            coef = _coef_row(j, geo, ph, MODE, BLOCK_N)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(kp_bars.index(slot), (j // STAGES) & 1)
         sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -453,7 +460,7 @@ if gluon_common.IMPORT_ERROR is None:
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, None, DIAG), sp)
+        c, ws = _phase(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG), sp)
         keys = j * BLOCK_N + geo[3]
         vis = (keys < S)[None, :]
         if CAUSAL:
@@ -478,9 +485,9 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def gluon_tapa_bwd_dq_kernel(qa_desc, qp_desc, do_desc, ka_desc, kp_desc, v_desc, lse_ptr, dlt_ptr, dq_ptr,
                                  T, S, H, GROUP, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table,
-                                 ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                                 TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                 num_warps: gl.constexpr = 8):
+                                 w_coef, coef_base, ds_scale, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                 STAGES: gl.constexpr, TABLE: gl.constexpr = False, DIAG: gl.constexpr = False,
+                                 COEF: gl.constexpr = False, num_warps: gl.constexpr = 8):
         """dQ of one BLOCK_M block of query rows of one (batch, head) over its key blocks: block 0
         masked (the diagonal or the ragged end, as in the forward), then series / exact / series by
         distance, then the masked blocks."""
@@ -512,7 +519,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(s - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         bufs = (qa_smem, qp_smem, do_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars)
         descs = (ka_desc, kp_desc, v_desc)
-        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base)
         rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = gl.load(lse_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=float("inf"))
         dlt = gl.load(dlt_ptr + i_bh.to(gl.int64) * T + rows, mask=rows < T, other=0.0)
@@ -525,19 +532,19 @@ if gluon_common.IMPORT_ERROR is None:
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3
         args = (bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale)
         for j in range(gl.minimum(hi, 1)):  # block 0: masked, exact
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(1, a3):  # far before the diagonal: the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(a3, a):  # before the diagonal: the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(b, b3):  # after the diagonal (non-causal): the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         for j in range(gl.maximum(mid, 1), hi):  # masked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
         row_base = i_bh.to(gl.int64) * T
         _store_half(dq_ptr, dqa * ds_scale, row_base, m0, T, 0, num_warps)
         if LINEAR:
@@ -594,7 +601,7 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
-    flags = gluon_tapa.variant_flags(variants)   # "coef" and "lazy" are the forward's
+    flags = gluon_tapa.variant_flags(variants)   # "lazy", "fws" and "occupancy" are the forward's
     table, order3, ws, diag = flags.table, flags.order3, flags.ws, flags.diag
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
@@ -608,9 +615,14 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                               else (gluon_tapa_bwd_dkdv_kernel, {}))
     for kernel, (bm, bn, stages, warps), grid, outs, extra_meta in (
             (dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv), dkdv_meta),
-            (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,), {})):
+            (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,), {"COEF": flags.coef})):
         *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
         extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device)
+        if extra_meta.get("COEF"):   # dQ's tiles as the forward's; dK/dV's transposed ones take none
+            extra = (*extra, *gluon_tapa.coefficient_table(T, S, bm, bn, float(params["alpha"]), scalars[2],
+                                                           q.device))
+        else:
+            extra = (*extra, extra[1], 0)   # a table the kernel never reads
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
         kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
                      ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)

@@ -196,7 +196,8 @@ def test_variant_flags_refuse_unknown_names():
 
 
 @pytest.mark.parametrize("T,S,bm,bn,alpha", [(4096, 4096, 64, 64, 0.1), (300, 4099, 64, 64, 0.5),
-                                             (4099, 300, 128, 64, 0.1), (1, 77, 64, 64, 2.5)])
+                                             (4099, 300, 128, 64, 0.1), (1, 77, 64, 64, 2.5),
+                                             (3001, 2999, 128, 32, 0.1)])   # the last: dQ's D=128 tile
 def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
     """The "coef" variant's table: the kernel's row of each (query block, key block) tile
     (`_coef_row`: (x0 - base) // BN - j, x0 = m0 + S - T + (BM - BN) / 2 as `_geometry`'s) lies in
