@@ -122,12 +122,13 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _rescale(o, alpha, o_layout: gl.constexpr):
         """O * alpha[:, None], skipped by a warp whose rows all have alpha == 1 (the LAZY softmax's
-        common case; x * 1 == x exactly): a warp vote, then one warp-uniform branch around each
-        16 of a thread's accumulators (`_RESCALE_ASM`). A row's accumulators all lie in one warp
-        in the wgmma layout, so each row is scaled whole or not at all."""
+        common case; x * 1 == x exactly; a NaN alpha counts as != 1): a warp vote, then one
+        warp-uniform branch around each 16 of a thread's accumulators (`_RESCALE_ASM`). A row's
+        accumulators all lie in one warp in the wgmma layout, so each row is scaled whole or not
+        at all."""
         a = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
         any_a = gl.inline_asm_elementwise(
-            "{ .reg .pred p, q; setp.ne.f32 p, $2, 0f3F800000; setp.ne.f32 q, $3, 0f3F800000; or.pred p, p, q; "
+            "{ .reg .pred p, q; setp.neu.f32 p, $2, 0f3F800000; setp.neu.f32 q, $3, 0f3F800000; or.pred p, p, q; "
             "vote.sync.any.pred p, p, -1; selp.u32 $0, 1, 0, p; selp.u32 $1, 1, 0, p; }",
             "=r,=r,r,r", [a], dtype=gl.int32, is_pure=False, pack=2)
         return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS, [o, any_a[:, None], a[:, None]],

@@ -116,9 +116,10 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #   "occupancy": the D = 64 forward compiled for at most OCCUPANCY_REGS[64] registers a thread, so
 #             that three 4-warp CTAs share an SM (12 softmax warps instead of 8): with "coef",
 #             "lazy" and "diag" it needs no spill in the quadratic phase (176 registers uncapped;
-#             40 / 48 B of spills in the linear one); the default schedule spills 1172 B under the cap (removed at ee028d1 for that: 2.95 / 2.81x against 2.29 /
-#             2.04x cuDNN). No effect at D = 128, where three CTAs' shared memory does not fit, nor
-#             with "fws", whose register split is set by its partitions;
+#             40 / 48 B of spills in the linear one); the default schedule spills 1172 B under the
+#             cap and ran 2.95 / 2.81x cuDNN so, against 2.29 / 2.04x uncapped (gluon-tapa-fwd-h200.md).
+#             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
+#             whose register split is set by its partitions;
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)

@@ -532,19 +532,26 @@ if gluon_common.IMPORT_ERROR is None:
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3
         args = (bufs, descs, geo, ph, lse, dlt, kv_row, S, qk_scale)
         for j in range(gl.minimum(hi, 1)):  # block 0: masked, exact
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(1, a3):  # far before the diagonal: the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(a3, a):  # before the diagonal: the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 1, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(b, b3):  # after the diagonal (non-causal): the series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 0, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 3, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         for j in range(gl.maximum(mid, 1), hi):  # masked: the exact power
-            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout, DIAG, COEF)
+            dqa, dqp, dqs = _dq_step(j, hi, dqa, dqp, dqs, *args, 2, CAUSAL, LINEAR, STAGES, TABLE, s_layout,
+                                     DIAG, COEF)
         row_base = i_bh.to(gl.int64) * T
         _store_half(dq_ptr, dqa * ds_scale, row_base, m0, T, 0, num_warps)
         if LINEAR:
