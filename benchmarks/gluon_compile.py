@@ -80,16 +80,21 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
 
 
 def sass_loops(cuobjdump: Path, cubin: Path) -> list[tuple[int, int, int]]:
+    """`loop_counts` of a cubin's SASS; empty where Triton ships no cuobjdump."""
+    if not cuobjdump.is_file():
+        return []
+    return loop_counts(subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
+                                      check=True).stdout)
+
+
+def loop_counts(sass: str) -> list[tuple[int, int, int]]:
     """(instructions, of which MUFU, of which skippable) per iteration of each innermost SASS loop
     that issues wgmma (HGMMA), in code order: the key-block loops of these kernels
     (`kernel_sass.loops`' backward-branch ranges, less the branches back from after the kernel's
     EXIT: an mbarrier wait's retry). Skippable: jumped over by a forward branch within the loop
     (gluon_hopper._rescale's), so an iteration that takes every such branch issues
     instructions - skippable. An offline proxy of their cost where the non-tensor pipes, not the
-    tensor cores, bound a tile (issue slots per score); empty where Triton ships no cuobjdump."""
-    if not cuobjdump.is_file():
-        return []
-    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    tensor cores, bound a tile (issue slots per score)."""
     found = [body for body in kernel_sass.loops(sass)
              if any(op == "HGMMA" for _, op, _ in body) and not any(op == "EXIT" for _, op, _ in body)]
     spans = [(body[0][0], body[-1][0]) for body in found]
