@@ -634,8 +634,10 @@ def variant_flags(variants) -> Variants:
 
 
 def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, block_n: int, table: bool,
-                    order3: bool, device: torch.device) -> tuple:
-    """(r_3, w_table) of a launch, after `kernel_scalars` (its k_turn and r_min): r_3 = _R_MIN_CAP
+                    order3: bool, device: torch.device, coef: bool = False) -> tuple:
+    """(r_3, w_table, w_coef, coef_base) of a launch, after `kernel_scalars` (its k_turn and r_min):
+    with "coef" the `coefficient_table` and its base, else the distance table again (never read)
+    and 0; r_3 = _R_MIN_CAP
     without "order3" (2**29, past the third order's own radius and every distance of a launch but
     the last few near 2**29: no third-order block; r_3 = r_min would give every series tile the
     third order), and the distance table the kernel reads only in tiles with
@@ -644,7 +646,9 @@ def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, 
     k_turn, r_min = scalars[2], scalars[-1]
     r_3 = order3_radius(alpha, block_m, block_n, r_min) if order3 else _R_MIN_CAP
     length = min(r_min, max(S, T)) + block_m + block_n if table else 1
-    return r_3, distance_table(length, float(alpha), k_turn, device)
+    w_table = distance_table(length, float(alpha), k_turn, device)
+    w_coef = coefficient_table(T, S, block_m, block_n, float(alpha), k_turn, device) if coef else (w_table, 0)
+    return r_3, w_table, *w_coef
 
 
 def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,
@@ -675,15 +679,12 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
             or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError("gluon_tapa_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
-    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device)
-    if flags.coef:
-        coef = coefficient_table(T, S, block_m, block_n, float(params["alpha"]), scalars[2], q.device)
-    else:
-        coef = (extra[1], 0)   # a table the kernel never reads
+    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
+                            flags.coef)
     kernel, meta = ((gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}) if flags.fws
                     else (gluon_tapa_fwd_kernel, {}))
     kernel[(triton.cdiv(T, block_m), B * H)](
-        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra, *coef,
+        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
         COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta,
         **({"maxnreg": OCCUPANCY_REGS[D]} if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS else {}))

@@ -624,12 +624,9 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
             (dkdv_kernel, dkdv_tile, (triton.cdiv(S, dkdv_tile[1]), B * G), (dk, dv), dkdv_meta),
             (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,), {"COEF": flags.coef})):
         *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
-        extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device)
-        if extra_meta.get("COEF"):   # dQ's tiles as the forward's; dK/dV's transposed ones take none
-            extra = (*extra, *gluon_tapa.coefficient_table(T, S, bm, bn, float(params["alpha"]), scalars[2],
-                                                           q.device))
-        else:
-            extra = (*extra, extra[1], 0)   # a table the kernel never reads
+        # dQ's tiles read the forward's coefficient table; dK/dV's transposed ones compute theirs
+        extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device,
+                                           extra_meta.get("COEF", False))
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
         kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
                      ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)
