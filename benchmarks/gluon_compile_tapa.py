@@ -10,8 +10,8 @@ The GPU machine runs Triton 3.6.0; check against it where the local Triton is an
     python benchmarks/gluon_compile_tapa.py --dims 128 --causal 1 --phases quadratic --variants none table \
         table+order3
 
-`--variants` names combinations of gluon_tapa.VARIANTS joined by "+" ("none": the default
-schedule); each row also prints the SASS instructions an iteration of every key-block loop.
+`--variants` names combinations of gluon_tapa.VARIANTS joined by "+" ("none": no optional
+schedule; "default", the default: each head dim's DEFAULT_VARIANTS); each row also prints the SASS instructions an iteration of every key-block loop.
 
 On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
 batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
@@ -96,12 +96,20 @@ def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int], v
               f"(tl x cuDNN {tl_ms / ref:.2f})")
 
 
-def parse_variants(text: str) -> frozenset[str]:
+def parse_variants(text: str) -> frozenset[str] | None:
+    """A "+"-joined set of gluon_tapa.VARIANTS; "none": the empty set; "default": None, each head
+    dim's gluon_tapa.DEFAULT_VARIANTS (`resolve`)."""
+    if text == "default":
+        return None
     chosen = frozenset() if text == "none" else frozenset(text.split("+"))
     if not chosen <= set(gluon_tapa.VARIANTS):
         raise argparse.ArgumentTypeError(f"variants {text!r}: 'none' or names from {', '.join(gluon_tapa.VARIANTS)} "
                                          "joined by '+'")
     return chosen
+
+
+def resolve(variants: frozenset[str] | None, D: int) -> frozenset[str]:
+    return gluon_tapa.DEFAULT_VARIANTS[D] if variants is None else variants
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
-    p.add_argument("--variants", type=parse_variants, nargs="+", default=[gluon_tapa.DEFAULT_VARIANTS],
-                   help="combinations of " + ", ".join(gluon_tapa.VARIANTS) + " joined by '+', or 'none'")
+    p.add_argument("--variants", type=parse_variants, nargs="+", default=[None],
+                   help="combinations of " + ", ".join(gluon_tapa.VARIANTS) + " joined by '+', 'none' or "
+                   "'default' (each head dim's DEFAULT_VARIANTS)")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
     args = p.parse_args(argv)
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     failed = 0
     for D, tile, variants, causal, phase, dt in itertools.product(args.dims, args.tiles or [None], args.variants,
                                                                   args.causal, args.phases, args.dtypes):
+        variants = resolve(variants, D)
         tile = tile or (gluon_tapa.TILES_FWS if "fws" in variants else gluon_tapa.TILES)[D]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
         label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"

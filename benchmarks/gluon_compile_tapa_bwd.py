@@ -36,7 +36,7 @@ from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     report_variant,
     require_gluon,
 )
-from gluon_compile_tapa import parse_variants
+from gluon_compile_tapa import parse_variants, resolve
 
 from phaselab.kernels.tapa import gluon_tapa_bwd as bwd
 
@@ -86,7 +86,7 @@ def compile_check(dims, kernels=KERNELS, tiles=None, causal=(1, 0), phases=PHASE
     failed = 0
     for name, D, tile, var, c, phase, dt in itertools.product(kernels, dims, tiles or [None], variants, causal,
                                                               phases, dtypes):
-        tile = tile or (bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES)[D]
+        tile, var = tile or (bwd.DQ_TILES if name == "dq" else bwd.DKDV_TILES)[D], resolve(var, D)
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
         label = (f"| {name} | {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(var)) or 'none'} | {c} | {phase} "
                  f"| {dt} |")
@@ -121,8 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
-    p.add_argument("--variants", type=parse_variants, nargs="+", default=[bwd.gluon_tapa.DEFAULT_VARIANTS],
-                   help="combinations of " + ", ".join(bwd.gluon_tapa.VARIANTS) + " joined by '+', or 'none'")
+    p.add_argument("--variants", type=parse_variants, nargs="+", default=[None],
+                   help="combinations of " + ", ".join(bwd.gluon_tapa.VARIANTS) + " joined by '+', 'none' or "
+                   "'default' (each head dim's DEFAULT_VARIANTS)")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time forward + backward of each variant at these lengths")
     args = p.parse_args(argv)
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     for D, N in itertools.product(args.dims, args.time):
         ref = time_fwd_bwd(D, N, None)
         for var, tiles in itertools.product(args.variants, timed_tiles):
+            var = resolve(var, D)
             ms = time_fwd_bwd(D, N, var, **tiles)
             label = " ".join([f"D={D} N={N}", "+".join(sorted(var)) or "none",
                               *(f"{k} {'x'.join(map(str, t))}" for k, t in tiles.items())])

@@ -63,7 +63,7 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
         record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune,
                        core=run_on)
     else:   # the Gluon kernels' optional schedules (gluon_tapa.VARIANTS) that ran
-        record_options("tapa", core=run_on, variants=sorted(gluon_tapa.DEFAULT_VARIANTS))
+        record_options("tapa", core=run_on, variants=sorted(gluon_tapa.DEFAULT_VARIANTS[D]))
     out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
                              params["phase"] == "linear", scale, bool(causal), bool(deterministic),
                              options.exp2, options.tapa_series, options.autotune, run_on)

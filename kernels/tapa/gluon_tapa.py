@@ -133,7 +133,11 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # (benchmarks/results/gluon-tapa-fwd-cpu-sass.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy")
 OCCUPANCY_REGS = {64: 168}
-DEFAULT_VARIANTS: frozenset[str] = frozenset({"ws", "order3"})
+# Per head dim, from the timings of benchmarks/results/gluon-tapa-fwd-h100.md and gluon-tapa-bwd-h100.md
+DEFAULT_VARIANTS: dict[int, frozenset[str]] = {
+    64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy"}),
+    128: frozenset({"ws", "order3", "coef", "lazy", "diag"}),
+}
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
 _MAX_LEN = 2**29
@@ -624,9 +628,9 @@ class Variants(NamedTuple):
     occupancy: bool
 
 
-def variant_flags(variants) -> Variants:
-    """The flags of a set of names from VARIANTS (None: DEFAULT_VARIANTS); unknown names refused."""
-    chosen = DEFAULT_VARIANTS if variants is None else frozenset(variants)
+def variant_flags(variants, D: int) -> Variants:
+    """The flags of a set of names from VARIANTS (None: DEFAULT_VARIANTS[D]); unknown names refused."""
+    chosen = DEFAULT_VARIANTS[D] if variants is None else frozenset(variants)
     unknown = sorted(chosen - set(VARIANTS))
     if unknown:
         raise ValueError(f"unknown TAPA kernel variants {unknown} (known: {', '.join(VARIANTS)})")
@@ -660,15 +664,15 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
     same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
     poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_FWS[D] with
-    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS)."""
+    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D])."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
     if reason is not None:
         raise ValueError(f"gluon_tapa_fwd: {reason}")
-    flags = variant_flags(variants)   # "ws" is the backward's
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, T, D = q.shape
+    flags = variant_flags(variants, D)   # "ws" is the backward's
     G, S = k.shape[1], k.shape[2]
     block_m, block_n, stages, warps = tile or (TILES_FWS if flags.fws else TILES)[D]
     if out is None:

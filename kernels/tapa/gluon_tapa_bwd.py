@@ -605,13 +605,13 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     validated the same way; `supported` must hold. grads: optional preallocated contiguous (dq, dk,
     dv) (tests poison them); dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
     DKDV_TILES[D] / DQ_TILES[D]; variants: names from `gluon_tapa.VARIANTS` (default
-    `gluon_tapa.DEFAULT_VARIANTS`), the same schedules in both kernels. Deterministic: no atomics."""
+    `gluon_tapa.DEFAULT_VARIANTS[D]`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
-    flags = gluon_tapa.variant_flags(variants)   # "lazy", "fws" and "occupancy" are the forward's
-    table, order3, ws, diag = flags.table, flags.order3, flags.ws, flags.diag
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
+    flags = gluon_tapa.variant_flags(variants, D)   # "lazy", "fws" and "occupancy" are the forward's
+    table, order3, ws, diag = flags.table, flags.order3, flags.ws, flags.diag
     G, S = k.shape[1], k.shape[2]
     dkdv_tile, dq_tile = tuple(dkdv_tile or DKDV_TILES[D]), tuple(dq_tile or DQ_TILES[D])
     check_tile(dkdv_tile, 1)

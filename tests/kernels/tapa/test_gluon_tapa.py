@@ -191,13 +191,14 @@ def test_distance_table_and_variant_scalars():
 
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
-    assert gluon_tapa.variant_flags(None) == tuple(v in gluon_tapa.DEFAULT_VARIANTS for v in gluon_tapa.VARIANTS)
-    assert gluon_tapa.variant_flags({"table", "order3"}) == (True, True) + (False,) * 6
-    flags = gluon_tapa.variant_flags(["ws", "lazy"])
+    for D, chosen in gluon_tapa.DEFAULT_VARIANTS.items():
+        assert gluon_tapa.variant_flags(None, D) == tuple(v in chosen for v in gluon_tapa.VARIANTS)
+    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 6
+    flags = gluon_tapa.variant_flags(["ws", "lazy"], 128)
     assert flags == (False, False, True, False, True, False, False, False) and flags.lazy and not flags.coef
-    assert gluon_tapa.variant_flags(()) == (False,) * len(gluon_tapa.VARIANTS)
+    assert gluon_tapa.variant_flags((), 128) == (False,) * len(gluon_tapa.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
-        gluon_tapa.variant_flags({"table", "eager"})
+        gluon_tapa.variant_flags({"table", "eager"}, 64)
 
 
 @pytest.mark.parametrize("T,S,bm,bn,alpha", [(4096, 4096, 64, 64, 0.1), (300, 4099, 64, 64, 0.5),
