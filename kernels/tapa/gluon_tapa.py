@@ -126,14 +126,13 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             and its D=64 spills gone; dK/dV unchanged (the compiler already shares its offsets);
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
-# ms with every series tile at the fifth order); both on by default. "table" gains nothing beyond
-# the timing noise (at most 2 %): off. "coef", "lazy", "diag" and "fws" are off until timed:
-# offline, at D = 128 causal, the four take the third-order loop from 757 to 569 SASS instructions
-# an iteration that skips the rescale, and the fifth-order one from 845 to 634
-# (benchmarks/results/gluon-tapa-fwd-cpu-sass.md).
+# ms with every series tile at the fifth order); "table" gains nothing beyond the timing noise (at
+# most 2 %). Timed on an H100 (benchmarks/results/gluon-tapa-{fwd,bwd}-h100.md): "coef", "lazy"
+# and "diag" together make the D = 128 forward 11 % / 8.5 % faster at 4k / 16k, and "occupancy"
+# with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it.
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy")
 OCCUPANCY_REGS = {64: 168}
-# Per head dim, from the timings of benchmarks/results/gluon-tapa-fwd-h100.md and gluon-tapa-bwd-h100.md
+# The schedules a launch takes unless told, per head dim (from the timings above)
 DEFAULT_VARIANTS: dict[int, frozenset[str]] = {
     64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy"}),
     128: frozenset({"ws", "order3", "coef", "lazy", "diag"}),

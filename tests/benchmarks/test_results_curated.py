@@ -31,7 +31,7 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "gluon-bwd": None,   # gluon_compile_bwd.py --time: likewise
            "gluon-tapa-fwd": None,   # gluon_compile_tapa.py --time: likewise
            "gluon-tapa-bwd": None}   # gluon_compile_tapa_bwd.py --time: likewise
-CARDS = ("h200", "cpu")
+CARDS = ("h200", "h100", "cpu")
 CARDLESS = {"orchestrator-overhead", "encoding-walk"}   # measure our code on the CPU machine, no card
 # flags that set how long, where or against what a run is written, not what it measures
 NOT_CONFIG = {"--out", "--versus", "--warmup", "--iters", "--steps", "--budget-s", "--pack-steps",
