@@ -11,7 +11,8 @@ The GPU machine runs Triton 3.6.0; check against it where the local Triton is an
         table+order3
 
 `--variants` names combinations of gluon_tapa.VARIANTS joined by "+" ("none": no optional
-schedule; "default", the default: each head dim's DEFAULT_VARIANTS); each row also prints the SASS instructions an iteration of every key-block loop.
+schedule; "default", the default: each head dim's DEFAULT_VARIANTS); each row also prints the
+SASS instructions an iteration of every key-block loop.
 
 On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
 batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
