@@ -191,8 +191,12 @@ def test_distance_table_and_variant_scalars():
 
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
+    assert set(gluon_tapa.DEFAULT_VARIANTS) == set(gluon_tapa.TILES)   # a default for every head dim
     for D, chosen in gluon_tapa.DEFAULT_VARIANTS.items():
         assert gluon_tapa.variant_flags(None, D) == tuple(v in chosen for v in gluon_tapa.VARIANTS)
+        assert chosen <= set(gluon_tapa.VARIANTS) and {"ws", "order3"} <= chosen
+        # the register cap is for the head dims that have one, and fws (its own split) is off
+        assert ("occupancy" in chosen) == (D in gluon_tapa.OCCUPANCY_REGS) and "fws" not in chosen
     assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 6
     flags = gluon_tapa.variant_flags(["ws", "lazy"], 128)
     assert flags == (False, False, True, False, True, False, False, False) and flags.lazy and not flags.coef
