@@ -104,8 +104,8 @@ def parse_variants(text: str) -> frozenset[str] | None:
         return None
     chosen = frozenset() if text == "none" else frozenset(text.split("+"))
     if not chosen <= set(gluon_tapa.VARIANTS):
-        raise argparse.ArgumentTypeError(f"variants {text!r}: 'none' or names from {', '.join(gluon_tapa.VARIANTS)} "
-                                         "joined by '+'")
+        raise argparse.ArgumentTypeError(f"variants {text!r}: 'none', 'default' or names from "
+                                         f"{', '.join(gluon_tapa.VARIANTS)} joined by '+'")
     return chosen
 
 
