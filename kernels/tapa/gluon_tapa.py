@@ -120,6 +120,12 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             cap and ran 2.95 / 2.81x cuDNN so, against 2.29 / 2.04x uncapped (gluon-tapa-fwd-h200.md).
 #             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
 #             whose register split is set by its partitions;
+#   "persistent": the forward as a persistent kernel (`gluon_tapa_fwd_persistent_kernel`,
+#             PERSISTENT_CTAS programs an SM, each running query blocks in turn through one sequence
+#             of ring slots): once an item's K blocks retire, its slots take the next item's first
+#             blocks, and the next Q loads into a second buffer, so the load latency of each query
+#             block's prologue overlaps the previous one (FlashAttention-3's persistent scheduling,
+#             https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws";
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -130,8 +136,12 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # most 2 %). Timed on an H100 (benchmarks/results/gluon-tapa-{fwd,bwd}-h100.md): "coef", "lazy"
 # and "diag" together make the D = 128 forward 11 % / 8.5 % faster at 4k / 16k, and "occupancy"
 # with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it.
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
+# CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
+# memory of the persistent kernel at D = 128: two Q buffers 32 KiB and rings 64 KiB), the
+# persistent forward's programs an SM
+PERSISTENT_CTAS = {64: 2, 128: 2}
 # The schedules a launch takes unless told, per head dim (from the timings above)
 DEFAULT_VARIANTS: dict[int, frozenset[str]] = {
     64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy"}),
@@ -303,48 +313,69 @@ if gluon_common.IMPORT_ERROR is None:
         return w
 
     @gluon.jit
-    def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, MODE: gl.constexpr,
+    def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-              COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr):
+              COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
+              PERSIST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
         P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY,
-        DIAG, WS: the "coef", "lazy", "diag" and "fws" variants (VARIANTS; WS: a producer warp
-        refills the rings, `_produce`)."""
+        DIAG, WS, PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (VARIANTS;
+        WS: a producer warp refills the rings, `_produce`; PERSIST: block j sits at ring index
+        ring[0] + j, `_release`)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
-        slot = j % STAGES
+        rj = j
+        if PERSIST:
+            rj = j + ring[0]
+        slot = rj % STAGES
         coef = None
         if COEF and (MODE == 0 or MODE == 3):
             coef = _coef_row(j, geo, ph, MODE, BLOCK_N)
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(kp_bars.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(kp_bars.index(slot), (rj // STAGES) & 1)
         sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        mbarrier.wait(ka_bars.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(ka_bars.index(slot), (rj // STAGES) & 1)
         sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, j - 1, STAGES, o_layout, LAZY)
+        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, rj - 1, STAGES, o_layout, LAZY)
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
-        _free_k(j, hi, kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS)
+        _release(j, hi, ring[0], kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
         c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
-        _free_k(j, hi, ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS)
+        _release(j, hi, ring[0], ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, PERSIST)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
                                         s_layout, LAZY)
         p = _p_operand(p, ka_smem.dtype, o_layout)
         o = warpgroup_mma_wait(0, deps=(o_tok,))
-        _free_k(j - 1, hi, v_desc, v_smem, v_bars, v_empty, kv_row, STAGES, WS)  # the V slot of block j-1
+        _release(j - 1, hi, ring[0], v_desc, v_smem, v_bars, v_empty, kv_row, STAGES, WS, PERSIST)  # V of block j-1
         return o, p, alpha_r, m_i, l_i
 
     @gluon.jit
-    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL: gl.constexpr,
-                     LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr):
+    def _release(j, hi, g, desc, smem, bars, empty, kv_row, STAGES: gl.constexpr, WS: gl.constexpr,
+                 PERSIST: gl.constexpr):
+        """Block j's slot of one ring is free (its wgmma retired): `gluon_hopper._free_k`, or
+        (PERSIST, the item's block j at ring index g + j) load block j + STAGES into it."""
+        if PERSIST:
+            _load_block(g + j + STAGES, kv_row + (j + STAGES) * smem.shape[1], j + STAGES < hi, desc, smem, bars,
+                        STAGES)
+        else:
+            _free_k(j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
+
+    @gluon.jit
+    def _load_block(r, row, pred, desc, smem, bars, STAGES: gl.constexpr):
+        """TMA rows row.. of desc into the slot of ring index r, if pred."""
+        mbarrier.expect(bars.index(r % STAGES), desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(r % STAGES), smem.index(r % STAGES), pred=pred)
+
+    @gluon.jit
+    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL: gl.constexpr,
+                     LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, PERSIST: gl.constexpr,
+                     s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
         ka_empty, kp_empty = bufs[8], bufs[9]
@@ -352,12 +383,17 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(kp_bars.index(0), 0)
-        mbarrier.wait(ka_bars.index(0), 0)
-        sp = warpgroup_mma(qp_smem, kp_smem.index(0).permute((1, 0)), zeros, use_acc=False)
-        sa = warpgroup_mma(qa_smem, ka_smem.index(0).permute((1, 0)), zeros, use_acc=False)
-        _free_k(0, hi, kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS)
-        _free_k(0, hi, ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS)
+        slot = 0
+        phase = 0
+        if PERSIST:
+            slot = ring[0] % STAGES
+            phase = (ring[0] // STAGES) & 1
+        mbarrier.wait(kp_bars.index(slot), phase)
+        mbarrier.wait(ka_bars.index(slot), phase)
+        sp = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False)
+        sa = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False)
+        _release(0, hi, ring[0], kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, PERSIST)
+        _release(0, hi, ring[0], ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
             sp = sp + geo[4][:, None]
         c = _cos_turns(_weight(0, geo, ph, 2, BLOCK_N) * sp)
@@ -409,11 +445,12 @@ if gluon_common.IMPORT_ERROR is None:
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
                  COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
-        the first), |D_c| < r_min the exact power."""
+        the first), |D_c| < r_min the exact power. PERSIST: one item of the persistent kernel (its
+        Q barrier's phase q_phase; ring as `_prefetch`'s)."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -422,33 +459,54 @@ if gluon_common.IMPORT_ERROR is None:
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
-        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bar, q_phase)
         geo = _geometry(m0, T, S, LINEAR, bufs[1], BLOCK_N, s_layout, num_warps)
-        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, CAUSAL, LINEAR,
-                                            STAGES, WS, s_layout, o_layout)
+        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL,
+                                            LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
-        args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
+        args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
         for j in range(1, a3):  # far before the diagonal: the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
         for j in range(a3, a):  # before the diagonal: the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
         for j in range(a, b):  # near the diagonal, unmasked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
         for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
         for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
         for j in range(mid, hi):  # masked: the exact power
             o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, s_layout, o_layout)
-        o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], hi - 1, STAGES, o_layout),))
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        r_last = hi - 1
+        if PERSIST:
+            r_last = r_last + ring[0]
+            _prefetch(ring, hi, bufs, descs, STAGES, 0, STAGES, 0, STAGES - 1)
+        o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], r_last, STAGES, o_layout),))
+        if PERSIST:
+            _prefetch(ring, hi, bufs, descs, STAGES, 0, 0, STAGES - 1, STAGES)
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
+
+    @gluon.jit
+    def _prefetch(ring, hi, bufs, descs, STAGES: gl.constexpr, K_LO: gl.constexpr, K_HI: gl.constexpr,
+                  V_LO: gl.constexpr, V_HI: gl.constexpr):
+        """The persistent kernel's loads of the next item's K blocks [K_LO, K_HI) and V blocks
+        [V_LO, V_HI) into slots whose blocks of this item retired: ring = (this item's first ring
+        index g, the next item's kv_row and hi, 0 where there is none); the next item's block k
+        sits at ring index g + hi + k."""
+        g, kv_next, hi_next = ring
+        BLOCK_N: gl.constexpr = bufs[2].shape[1]
+        for k in gl.static_range(K_LO, K_HI):
+            _load_block(g + hi + k, kv_next + k * BLOCK_N, k < hi_next, descs[1], bufs[3], bufs[6], STAGES)
+            _load_block(g + hi + k, kv_next + k * BLOCK_N, k < hi_next, descs[0], bufs[2], bufs[5], STAGES)
+        for k in gl.static_range(V_LO, V_HI):
+            _load_block(g + hi + k, kv_next + k * BLOCK_N, k < hi_next, descs[2], bufs[4], bufs[7], STAGES)
 
     @gluon.jit
     def _ring(desc, STAGES: gl.constexpr):
@@ -533,7 +591,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, False, num_warps)
+                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps)
 
     @gluon.jit
     def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
@@ -551,9 +609,76 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
                         lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                        TABLE, COEF, LAZY, DIAG, True, num_warps)),
+                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps)),
             (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
         ], [1], [PRODUCER_REGS])
+
+    @gluon.jit
+    def _item(w, n_items, T, S, H, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(i_bh, m0, kv_row, mid, hi) of item w of the persistent kernel, in the order the
+        one-block-a-program grid runs them (query blocks longest first within a head, heads in
+        turn; neighbouring items share a head's K and V in L2); hi = 0 past the last item."""
+        n_m = gl.cdiv(T, BLOCK_M)
+        i_bh = w // n_m
+        i_m = n_m - 1 - w % n_m
+        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        return i_bh, i_m * BLOCK_M, kv_row, mid, gl.where(w < n_items, hi, 0)
+
+    @gluon.jit
+    def gluon_tapa_fwd_persistent_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
+                                         n_items, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table,
+                                         w_coef, coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                         STAGES: gl.constexpr, TABLE: gl.constexpr = False,
+                                         COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
+                                         DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
+        """`gluon_tapa_fwd_kernel` as a persistent kernel (the "persistent" variant): program p
+        runs items p, p + P, ... (`_item`, P programs) with one sequence of key blocks through
+        its rings: once an item's last K blocks retire its slots take the next item's first
+        blocks (`_prefetch`, before its last PV and epilogue), and the next item's Q halves load
+        into a second buffer while this one runs, so the prologue's load latency of a
+        one-block-a-program launch overlaps the previous item."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        qa_all = gl.allocate_shared_memory(qa_desc.dtype, [2] + qa_desc.block_type.shape, qa_desc.layout)
+        qp_all = gl.allocate_shared_memory(qp_desc.dtype, [2] + qp_desc.block_type.shape, qp_desc.layout)
+        q_bars = _barriers(2)
+        ka_smem, ka_bars = _ring(ka_desc, STAGES)
+        kp_smem, kp_bars = _ring(kp_desc, STAGES)
+        v_smem, v_bars = _ring(v_desc, STAGES)
+        descs = (ka_desc, kp_desc, v_desc)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base)
+        i_bh, m0, kv_row, mid, hi = _item(pid, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+        _load_q(qa_desc, qp_desc, q_bars.index(0), (qa_all.index(0), qp_all.index(0)), i_bh * T + m0)
+        for k in gl.static_range(STAGES):
+            _load_block(k, kv_row + k * BLOCK_N, k < hi, kp_desc, kp_smem, kp_bars, STAGES)
+            _load_block(k, kv_row + k * BLOCK_N, k < hi, ka_desc, ka_smem, ka_bars, STAGES)
+            _load_block(k, kv_row + k * BLOCK_N, k < hi, v_desc, v_smem, v_bars, STAGES)
+        g = 0
+        for t in range(gl.cdiv(n_items - pid, n_prog)):
+            b = t % 2
+            nb_bh, nb_m0, nb_kv, nb_mid, nb_hi = _item(pid + (t + 1) * n_prog, n_items, T, S, H, GROUP, BLOCK_M,
+                                                       BLOCK_N, CAUSAL)
+            nq = (qa_all.index(1 - b), qp_all.index(1 - b))
+            mbarrier.expect(q_bars.index(1 - b), qa_desc.block_type.nbytes + qp_desc.block_type.nbytes,
+                            pred=nb_hi > 0)
+            tma.async_copy_global_to_shared(qa_desc, [nb_bh * T + nb_m0, 0], q_bars.index(1 - b), nq[0],
+                                            pred=nb_hi > 0)
+            tma.async_copy_global_to_shared(qp_desc, [nb_bh * T + nb_m0, 0], q_bars.index(1 - b), nq[1],
+                                            pred=nb_hi > 0)
+            bufs = (qa_all.index(b), qp_all.index(b), ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_bars,
+                    kp_bars, v_bars)
+            _consume(bufs, descs, ph, q_bars.index(b), o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale,
+                     r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
+                     (t // 2) & 1, True, num_warps)
+            g = g + hi
+            i_bh = nb_bh
+            m0 = nb_m0
+            kv_row = nb_kv
+            mid = nb_mid
+            hi = nb_hi
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -625,6 +750,7 @@ class Variants(NamedTuple):
     diag: bool
     fws: bool
     occupancy: bool
+    persistent: bool
 
 
 def variant_flags(variants, D: int) -> Variants:
@@ -654,16 +780,24 @@ def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, 
     return r_3, w_table, *w_coef
 
 
+def persistent_programs(n_items: int, D: int, flags: Variants, device: torch.device) -> int:
+    """The persistent forward's grid: PERSISTENT_CTAS[D] programs an SM ("occupancy": three at
+    D = 64), never more than its items."""
+    per_sm = 3 if flags.occupancy and D in OCCUPANCY_REGS else PERSISTENT_CTAS[D]
+    return min(n_items, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
+
+
 def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,
                    phase_scale: float = 2.0 * math.pi, phase: str = "quadratic", scale: float = 1.0,
                    causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                   tile: tuple[int, int, int, int] | None = None,
-                   variants=None) -> tuple[torch.Tensor, torch.Tensor]:
+                   tile: tuple[int, int, int, int] | None = None, variants=None,
+                   programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of TAPA attention with index
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
     same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
     poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_FWS[D] with
-    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D])."""
+    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D]); programs: the
+    "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each)."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": phase}).params
     reason = supported(q, k, v, theta=params["theta"], scale=scale)
@@ -684,10 +818,17 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
                             flags.coef)
-    kernel, meta = ((gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}) if flags.fws
-                    else (gluon_tapa_fwd_kernel, {}))
-    kernel[(triton.cdiv(T, block_m), B * H)](
-        *descriptors(q, k, v, block_m, block_n), out, lse, T, S, H, H // G, *scalars, *extra,
+    n_items = triton.cdiv(T, block_m) * B * H
+    if flags.fws:
+        kernel, grid, meta = gluon_tapa_fwd_ws_kernel, (triton.cdiv(T, block_m), B * H), {"PRODUCER_REGS": PRODUCER_REGS}
+    elif flags.persistent:
+        grid = (min(n_items, programs or persistent_programs(n_items, D, flags, q.device)),)
+        kernel, meta = gluon_tapa_fwd_persistent_kernel, {}
+    else:
+        kernel, grid, meta = gluon_tapa_fwd_kernel, (triton.cdiv(T, block_m), B * H), {}
+    lengths = (T, S, H, H // G) + ((n_items,) if flags.persistent and not flags.fws else ())
+    kernel[grid](
+        *descriptors(q, k, v, block_m, block_n), out, lse, *lengths, *scalars, *extra,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
         COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta,
         **({"maxnreg": OCCUPANCY_REGS[D]} if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS else {}))

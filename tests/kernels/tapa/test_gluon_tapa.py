@@ -197,9 +197,10 @@ def test_variant_flags_refuse_unknown_names():
         assert chosen <= set(gluon_tapa.VARIANTS) and {"ws", "order3"} <= chosen
         # the register cap is for the head dims that have one, and fws (its own split) is off
         assert ("occupancy" in chosen) == (D in gluon_tapa.OCCUPANCY_REGS) and "fws" not in chosen
-    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 6
-    flags = gluon_tapa.variant_flags(["ws", "lazy"], 128)
-    assert flags == (False, False, True, False, True, False, False, False) and flags.lazy and not flags.coef
+    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 7
+    flags = gluon_tapa.variant_flags(["ws", "lazy", "persistent"], 128)
+    assert flags == (False, False, True, False, True, False, False, False, True) and flags.lazy and not flags.coef
+    assert flags.persistent
     assert gluon_tapa.variant_flags((), 128) == (False,) * len(gluon_tapa.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
         gluon_tapa.variant_flags({"table", "eager"}, 64)
@@ -340,11 +341,12 @@ def ref_out_lse(q, k, v, params, causal, offset=0):
     return out, torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
 
 
-def gluon_forward(q, k, v, params, causal, tile=None, variants=None):
+def gluon_forward(q, k, v, params, causal, tile=None, variants=None, programs=None):
     """out, lse of the Gluon kernel into NaN-poisoned buffers (a row it skips stays NaN and fails)."""
     out = torch.full_like(q, float("nan"))
     lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
-    return gluon_tapa.gluon_tapa_fwd(q, k, v, causal=causal, out=out, lse=lse, tile=tile, variants=variants, **params)
+    return gluon_tapa.gluon_tapa_fwd(q, k, v, causal=causal, out=out, lse=lse, tile=tile, variants=variants,
+                                     programs=programs, **params)
 
 
 def tl_config(params, D, causal):
@@ -352,9 +354,9 @@ def tl_config(params, D, causal):
             "linear": params.get("phase", "quadratic") == "linear", "scale": 1.0, "causal": causal}
 
 
-def check_forward(q, k, v, params, *, causal, tile=None, label="gluon-tapa", offset=0, variants=None):
+def check_forward(q, k, v, params, *, causal, tile=None, label="gluon-tapa", offset=0, variants=None, programs=None):
     T, S, D = q.shape[2], k.shape[2], q.shape[-1]
-    out, lse = gluon_forward(q, k, v, params, causal, tile, variants)
+    out, lse = gluon_forward(q, k, v, params, causal, tile, variants, programs)
     ref, want = ref_out_lse(q, k, v, params, causal, offset)
     err = assert_close(f"{label}-out", ref, out, RATIO[q.dtype])
     empty = torch.isposinf(want)
@@ -406,6 +408,19 @@ def test_gluon_tapa_fws_smoke(stages):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("programs", [1, 3, None], ids=["1-program", "3-programs", "default-grid"])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
+def test_gluon_tapa_persistent_matches_float64(B, H, G, T, S, D, causal, params, dtype, programs):
+    """The "persistent" kernel: one program running every item (each ring slot and Q buffer
+    reused across items of every length, hi = 1 among them), three, and the default grid."""
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
+    variants = gluon_tapa.DEFAULT_VARIANTS[D] | {"persistent"}
+    check_forward(q, k, v, params, causal=causal, variants=variants, programs=programs,
+                  label=f"gluon-tapa-persistent-{programs}")
+
+
+@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
 def test_gluon_tapa_forward_matches_float64(B, H, G, T, S, D, causal, params, dtype):
     q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
@@ -419,7 +434,9 @@ VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozen
                 frozenset({"order3", "coef"}), frozenset({"order3", "lazy"}), frozenset({"order3", "diag"}),
                 frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"}),
                 frozenset({"order3", "fws"}), frozenset({"order3", "coef", "lazy", "diag", "fws"}),
-                frozenset({"order3", "coef", "lazy", "diag", "occupancy"})]
+                frozenset({"order3", "coef", "lazy", "diag", "occupancy"}),
+                frozenset({"order3", "coef", "lazy", "diag", "persistent"}),
+                frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
@@ -442,8 +459,9 @@ def test_gluon_tapa_variants_match_float64(B, H, G, T, S, D, causal, params, dty
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("variants", [None, frozenset({"order3", "coef", "lazy", "diag"}),
-                                      frozenset({"order3", "coef", "lazy", "diag", "fws"})],
-                         ids=["default", "coef+lazy+diag", "coef+lazy+diag+fws"])
+                                      frozenset({"order3", "coef", "lazy", "diag", "fws"}),
+                                      frozenset({"order3", "coef", "lazy", "diag", "persistent"})],
+                         ids=["default", "coef+lazy+diag", "coef+lazy+diag+fws", "coef+lazy+diag+persistent"])
 @pytest.mark.parametrize("tile", TILES, ids=["x".join(map(str, t)) for t in TILES])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("phase_kind", ["quadratic", "linear"])
