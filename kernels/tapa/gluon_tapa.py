@@ -313,22 +313,21 @@ if gluon_common.IMPORT_ERROR is None:
         return w
 
     @gluon.jit
-    def _step(j, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, MODE: gl.constexpr,
+    def _step(r, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
               COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
               PERSIST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """Key block j (module docstring's schedule); MODE as `_weight`'s (2: masked). Enters with
-        P_{j-1} and its alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY,
-        DIAG, WS, PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (VARIANTS;
-        WS: a producer warp refills the rings, `_produce`; PERSIST: block j sits at ring index
-        ring[0] + j, `_release`)."""
+        """Key block j = r - ring[0] at ring index r (module docstring's schedule; ring[0] is 0 but
+        in the "persistent" kernel); MODE as `_weight`'s (2: masked). Enters with P_{j-1} and its
+        alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY, DIAG, WS,
+        PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (VARIANTS; WS: a
+        producer warp refills the rings, `_produce`; PERSIST: `_release`)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
-        rj = j
-        if PERSIST:
-            rj = j + ring[0]
+        j = r - ring[0]
+        rj = r
         slot = rj % STAGES
         coef = None
         if COEF and (MODE == 0 or MODE == 3):
@@ -466,27 +465,27 @@ if gluon_common.IMPORT_ERROR is None:
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
-        for j in range(1, a3):  # far before the diagonal: the third-order series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+        g = ring[0]  # the loops run over ring indices (`_step`)
+        for r in range(g + 1, g + a3):  # far before the diagonal: the third-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        for j in range(a3, a):  # before the diagonal: the fifth-order series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+        for r in range(g + a3, g + a):  # before the diagonal: the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        for j in range(a, b):  # near the diagonal, unmasked: the exact power
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
+        for r in range(g + a, g + b):  # near the diagonal, unmasked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        for j in range(b, b3):  # after the diagonal (non-causal): the fifth-order series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+        for r in range(g + b, g + b3):  # after the diagonal (non-causal): the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        for j in range(b3, mid):  # far after the diagonal (non-causal): the third-order series
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+        for r in range(g + b3, g + mid):  # far after the diagonal (non-causal): the third-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        for j in range(mid, hi):  # masked: the exact power
-            o, p, alpha_r, m_i, l_i = _step(j, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
+        for r in range(g + mid, g + hi):  # masked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
                                             COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        r_last = hi - 1
+        r_last = g + hi - 1
         if PERSIST:
-            r_last = r_last + ring[0]
             _prefetch(ring, hi, bufs, descs, STAGES, 0, STAGES, 0, STAGES - 1)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], r_last, STAGES, o_layout),))
         if PERSIST:
