@@ -658,8 +658,11 @@ if gluon_common.IMPORT_ERROR is None:
         g = 0
         for t in range(gl.cdiv(n_items - pid, n_prog)):
             b = t % 2
-            nb_bh, nb_m0, nb_kv, nb_mid, nb_hi = _item(pid + (t + 1) * n_prog, n_items, T, S, H, GROUP, BLOCK_M,
-                                                       BLOCK_N, CAUSAL)
+            # each item's geometry recomputed, not carried: Triton 3.6 dropped one of five such
+            # loop-carried scalars (the loop kept the first item's mid)
+            i_bh, m0, kv_row, mid, hi = _item(pid + t * n_prog, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+            nb_bh, nb_m0, nb_kv, _nb_mid, nb_hi = _item(pid + (t + 1) * n_prog, n_items, T, S, H, GROUP, BLOCK_M,
+                                                        BLOCK_N, CAUSAL)
             nq = (qa_all.index(1 - b), qp_all.index(1 - b))
             mbarrier.expect(q_bars.index(1 - b), qa_desc.block_type.nbytes + qp_desc.block_type.nbytes,
                             pred=nb_hi > 0)
@@ -673,11 +676,6 @@ if gluon_common.IMPORT_ERROR is None:
                      r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
                      (t // 2) & 1, True, num_warps)
             g = g + hi
-            i_bh = nb_bh
-            m0 = nb_m0
-            kv_row = nb_kv
-            mid = nb_mid
-            hi = nb_hi
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
