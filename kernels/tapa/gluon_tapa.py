@@ -125,7 +125,8 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             of ring slots): once an item's K blocks retire, its slots take the next item's first
 #             blocks, and the next Q loads into a second buffer, so the load latency of each query
 #             block's prologue overlaps the previous one (FlashAttention-3's persistent scheduling,
-#             https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws";
+#             https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off until its GPU
+#             tests and timings have run (kernels/attention/README.md);
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
