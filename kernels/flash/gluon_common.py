@@ -30,7 +30,7 @@ except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels h
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
 __all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
-           "fence_async_shared", "gl", "gl_dtype", "gluon", "mbarrier", "mma_layout", "rows_layout",
+           "fence_async_shared", "gl", "gl_dtype", "gluon", "kv_base_row", "mbarrier", "mma_layout", "rows_layout",
            "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
 
 HEAD_DIMS = (64, 128)
@@ -83,6 +83,12 @@ if IMPORT_ERROR is None:
     def mma_layout(num_warps, n):
         """wgmma accumulator layout: warps stacked along M (16 rows each), instruction n wide."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, n, 16])
+
+    @gluon.jit
+    def kv_base_row(i_bh, H, GROUP, S):
+        """The first row of query head i_bh's K and V in their [B*G*S, D] views: GQA's kv head
+        h // (H // G) of batch i_bh // H (GROUP = H // G query heads a kv head)."""
+        return (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
 
     @gluon.constexpr_function
     def rows_layout(num_warps, d):

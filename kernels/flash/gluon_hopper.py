@@ -45,6 +45,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
     from phaselab.kernels.flash.gluon_common import (
         gl,
         gluon,
+        kv_base_row,
         mbarrier,
         mma_layout,
         rows_layout,
@@ -86,9 +87,13 @@ if gluon_common.IMPORT_ERROR is None:
     @gluon.jit
     def _load(desc, row, bars, smem, i, hi, STAGES: gl.constexpr):
         """TMA block i (rows row..row+BLOCK) into ring slot i % STAGES, if i < hi."""
-        slot = i % STAGES
-        mbarrier.expect(bars.index(slot), desc.block_type.nbytes, pred=i < hi)
-        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(slot), smem.index(slot), pred=i < hi)
+        _load_block(i, row, i < hi, desc, smem, bars, STAGES)
+
+    @gluon.jit
+    def _load_block(r, row, pred, desc, smem, bars, STAGES: gl.constexpr):
+        """TMA rows row.. of desc into the slot of ring index r (slot r % STAGES), if pred."""
+        mbarrier.expect(bars.index(r % STAGES), desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(r % STAGES), smem.index(r % STAGES), pred=pred)
 
     @gluon.jit
     def _softmax(s, m_i, l_i, n0, row_lim, S, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
@@ -273,7 +278,7 @@ if gluon_common.IMPORT_ERROR is None:
         HEAD_D: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
         i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)

@@ -52,6 +52,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         fence_async_shared,
         gl,
         gluon,
+        kv_base_row,
         mbarrier,
         mma_layout,
         rows_layout,
@@ -379,7 +380,7 @@ if gluon_common.IMPORT_ERROR is None:
         dq_layout: gl.constexpr = mma_layout(num_warps, HEAD_D)
         m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # longest (causal) rows first
         i_bh = gl.program_id(1)
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _key_range(m0, T, S, BLOCK_M, BLOCK_N, CAUSAL)
 
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_M, HEAD_D], q_desc.layout)

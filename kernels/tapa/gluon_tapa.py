@@ -63,6 +63,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         fence_async_shared,
         gl,
         gluon,
+        kv_base_row,
         mbarrier,
         mma_layout,
         rows_layout,
@@ -75,6 +76,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         _block_range,
         _epilogue,
         _free_k,
+        _load_block,
         _p_operand,
         _produce_block,
         _pv,
@@ -328,17 +330,16 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
         j = r - ring[0]
-        rj = r
-        slot = rj % STAGES
+        slot = r % STAGES
         coef = None
         if COEF and (MODE == 0 or MODE == 3):
             coef = _coef_row(j, geo, ph, MODE, BLOCK_N)
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(kp_bars.index(slot), (rj // STAGES) & 1)
+        mbarrier.wait(kp_bars.index(slot), (r // STAGES) & 1)
         sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        mbarrier.wait(ka_bars.index(slot), (rj // STAGES) & 1)
+        mbarrier.wait(ka_bars.index(slot), (r // STAGES) & 1)
         sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, rj - 1, STAGES, o_layout, LAZY)
+        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, r - 1, STAGES, o_layout, LAZY)
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         _release(j, hi, ring[0], kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
@@ -365,12 +366,6 @@ if gluon_common.IMPORT_ERROR is None:
                         STAGES)
         else:
             _free_k(j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
-
-    @gluon.jit
-    def _load_block(r, row, pred, desc, smem, bars, STAGES: gl.constexpr):
-        """TMA rows row.. of desc into the slot of ring index r, if pred."""
-        mbarrier.expect(bars.index(r % STAGES), desc.block_type.nbytes, pred=pred)
-        tma.async_copy_global_to_shared(desc, [row, 0], bars.index(r % STAGES), smem.index(r % STAGES), pred=pred)
 
     @gluon.jit
     def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL: gl.constexpr,
@@ -533,7 +528,7 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
         i_bh = gl.program_id(1)
         i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
         qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
         qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
@@ -554,11 +549,11 @@ if gluon_common.IMPORT_ERROR is None:
         return i_bh, i_m * BLOCK_M, kv_row, mid, hi, q_bar, bufs
 
     @gluon.jit
-    def _load_q(qa_desc, qp_desc, q_bar, bufs, q_row):
-        """TMA Q's amplitude and phase halves (one barrier)."""
-        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(qa_desc, [q_row, 0], q_bar, bufs[0])
-        tma.async_copy_global_to_shared(qp_desc, [q_row, 0], q_bar, bufs[1])
+    def _load_q(qa_desc, qp_desc, q_bar, bufs, q_row, pred=True):
+        """TMA Q's amplitude and phase halves (one barrier), if pred."""
+        mbarrier.expect(q_bar, qa_desc.block_type.nbytes + qp_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(qa_desc, [q_row, 0], q_bar, bufs[0], pred=pred)
+        tma.async_copy_global_to_shared(qp_desc, [q_row, 0], q_bar, bufs[1], pred=pred)
 
     @gluon.jit
     def _produce(qa_desc, qp_desc, descs, q_bar, bufs, q_row, kv_row, hi, STAGES: gl.constexpr):
@@ -621,7 +616,7 @@ if gluon_common.IMPORT_ERROR is None:
         n_m = gl.cdiv(T, BLOCK_M)
         i_bh = w // n_m
         i_m = n_m - 1 - w % n_m
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
         return i_bh, i_m * BLOCK_M, kv_row, mid, gl.where(w < n_items, hi, 0)
 
@@ -664,13 +659,8 @@ if gluon_common.IMPORT_ERROR is None:
             i_bh, m0, kv_row, mid, hi = _item(pid + t * n_prog, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
             nb_bh, nb_m0, nb_kv, _nb_mid, nb_hi = _item(pid + (t + 1) * n_prog, n_items, T, S, H, GROUP, BLOCK_M,
                                                         BLOCK_N, CAUSAL)
-            nq = (qa_all.index(1 - b), qp_all.index(1 - b))
-            mbarrier.expect(q_bars.index(1 - b), qa_desc.block_type.nbytes + qp_desc.block_type.nbytes,
-                            pred=nb_hi > 0)
-            tma.async_copy_global_to_shared(qa_desc, [nb_bh * T + nb_m0, 0], q_bars.index(1 - b), nq[0],
-                                            pred=nb_hi > 0)
-            tma.async_copy_global_to_shared(qp_desc, [nb_bh * T + nb_m0, 0], q_bars.index(1 - b), nq[1],
-                                            pred=nb_hi > 0)
+            _load_q(qa_desc, qp_desc, q_bars.index(1 - b), (qa_all.index(1 - b), qp_all.index(1 - b)),
+                    nb_bh * T + nb_m0, nb_hi > 0)
             bufs = (qa_all.index(b), qp_all.index(b), ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_bars,
                     kp_bars, v_bars)
             _consume(bufs, descs, ph, q_bars.index(b), o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale,
@@ -816,15 +806,15 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
                             flags.coef)
-    n_items = triton.cdiv(T, block_m) * B * H
+    grid, lengths, meta = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), {}
     if flags.fws:
-        kernel, grid, meta = gluon_tapa_fwd_ws_kernel, (triton.cdiv(T, block_m), B * H), {"PRODUCER_REGS": PRODUCER_REGS}
+        kernel, meta = gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
     elif flags.persistent:
-        grid = (min(n_items, programs or persistent_programs(n_items, D, flags, q.device)),)
-        kernel, meta = gluon_tapa_fwd_persistent_kernel, {}
+        n_items = grid[0] * grid[1]
+        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
+        grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
     else:
-        kernel, grid, meta = gluon_tapa_fwd_kernel, (triton.cdiv(T, block_m), B * H), {}
-    lengths = (T, S, H, H // G) + ((n_items,) if flags.persistent and not flags.fws else ())
+        kernel = gluon_tapa_fwd_kernel
     kernel[grid](
         *descriptors(q, k, v, block_m, block_n), out, lse, *lengths, *scalars, *extra,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,

@@ -68,6 +68,7 @@ if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common im
         fence_async_shared,
         gl,
         gluon,
+        kv_base_row,
         mbarrier,
         mma_layout,
         rows_layout,
@@ -498,7 +499,7 @@ if gluon_common.IMPORT_ERROR is None:
         h_layout: gl.constexpr = mma_layout(num_warps, DA)
         m0 = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_M  # longest (causal) rows first
         i_bh = gl.program_id(1)
-        kv_row = (i_bh // H * (H // GROUP) + i_bh % H // GROUP) * S
+        kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _key_range(m0, T, S, BLOCK_M, BLOCK_N, CAUSAL)  # hi = 0: no key visible, dQ = 0
         qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
         qp_smem = gl.allocate_shared_memory(qp_desc.dtype, qp_desc.block_type.shape, qp_desc.layout)
