@@ -1,6 +1,6 @@
-"""What the Gluon Hopper kernels (gluon_hopper.py forward, gluon_hopper_bwd.py backward) share on
-the host: Gluon's Hopper API or why it is missing, the head dims and dtypes they take, the routing
-check and the TMA descriptors.
+"""What the Gluon Hopper kernels (gluon_hopper.py, gluon_hopper_bwd.py, and TAPA's on them) share:
+on the host Gluon's Hopper API or why it is missing, the head dims and dtypes they take, the
+routing check and the TMA descriptors; in the kernels the register layouts and a head's K/V row.
 
 The module imports without Gluon (CPU machines, other Triton versions): `IMPORT_ERROR` says why,
 `supported` turns it into a routing reason, and nothing Gluon runs under TRITON_INTERPRET.
