@@ -123,12 +123,13 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
 #             whose register split is set by its partitions;
 #   "persistent": the forward as a persistent kernel (`gluon_tapa_fwd_persistent_kernel`,
-#             PERSISTENT_CTAS programs an SM, each running query blocks in turn through one sequence
-#             of ring slots): once an item's K blocks retire, its slots take the next item's first
-#             blocks, and the next Q loads into a second buffer, so the load latency of each query
-#             block's prologue overlaps the previous one (FlashAttention-3's persistent scheduling,
-#             https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off until its GPU
-#             tests and timings have run (kernels/attention/README.md);
+#             PERSISTENT_CTAS programs an SM), each program claiming query blocks through an atomic
+#             count in the order a one-block-a-program grid runs them and running them through one
+#             sequence of ring slots: once an item's K blocks retire, its slots take the next item's
+#             first blocks, and the next Q loads into a second buffer, so the load latency of each
+#             query block's prologue overlaps the previous one (FlashAttention-3's persistent
+#             scheduling, https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off
+#             (kernels/attention/README.md has its timings);
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -622,13 +623,15 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def gluon_tapa_fwd_persistent_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
-                                         n_items, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table,
-                                         w_coef, coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
+                                         n_items, claim_ptr, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min,
+                                         r_3, w_table, w_coef, coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
                                          STAGES: gl.constexpr, TABLE: gl.constexpr = False,
                                          COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
                                          DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` as a persistent kernel (the "persistent" variant): program p
-        runs items p, p + P, ... (`_item`, P programs) with one sequence of key blocks through
+        runs item p, then claims the next unclaimed item (P + an atomic count at claim_ptr, which
+        starts at zero; `_item`'s order, as the hardware hands out the blocks of a one-block-a-
+        program grid) while the current one runs, with one sequence of key blocks through
         its rings: once an item's last K blocks retire its slots take the next item's first
         blocks (`_prefetch`, before its last PV and epilogue), and the next item's Q halves load
         into a second buffer while this one runs, so the prologue's load latency of a
@@ -651,14 +654,16 @@ if gluon_common.IMPORT_ERROR is None:
             _load_block(k, kv_row + k * BLOCK_N, k < hi, kp_desc, kp_smem, kp_bars, STAGES)
             _load_block(k, kv_row + k * BLOCK_N, k < hi, ka_desc, ka_smem, ka_bars, STAGES)
             _load_block(k, kv_row + k * BLOCK_N, k < hi, v_desc, v_smem, v_bars, STAGES)
+        w = pid
+        t = 0
         g = 0
-        for t in range(gl.cdiv(n_items - pid, n_prog)):
+        while w < n_items:
             b = t % 2
-            # each item's geometry recomputed, not carried: Triton 3.6 dropped one of five such
-            # loop-carried scalars (the loop kept the first item's mid)
-            i_bh, m0, kv_row, mid, hi = _item(pid + t * n_prog, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
-            nb_bh, nb_m0, nb_kv, _nb_mid, nb_hi = _item(pid + (t + 1) * n_prog, n_items, T, S, H, GROUP, BLOCK_M,
-                                                        BLOCK_N, CAUSAL)
+            w_next = n_prog + gl.atomic_add(claim_ptr, 1, sem="relaxed")
+            # each item's geometry recomputed from w, not carried: Triton 3.6 dropped one of five
+            # such loop-carried scalars (the loop kept the first item's mid)
+            i_bh, m0, kv_row, mid, hi = _item(w, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
+            nb_bh, nb_m0, nb_kv, _nb_mid, nb_hi = _item(w_next, n_items, T, S, H, GROUP, BLOCK_M, BLOCK_N, CAUSAL)
             _load_q(qa_desc, qp_desc, q_bars.index(1 - b), (qa_all.index(1 - b), qp_all.index(1 - b)),
                     nb_bh * T + nb_m0, nb_hi > 0)
             bufs = (qa_all.index(b), qp_all.index(b), ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_bars,
@@ -667,6 +672,8 @@ if gluon_common.IMPORT_ERROR is None:
                      r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
                      (t // 2) & 1, True, num_warps)
             g = g + hi
+            t = t + 1
+            w = w_next
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -811,7 +818,8 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
         kernel, meta = gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
     elif flags.persistent:
         n_items = grid[0] * grid[1]
-        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
+        claims = torch.zeros(1, dtype=torch.int32, device=q.device)   # the items' atomic count
+        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items, claims)
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
     else:
         kernel = gluon_tapa_fwd_kernel
