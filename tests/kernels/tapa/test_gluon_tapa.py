@@ -378,6 +378,7 @@ CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
     (1, 8, 2, 1000, 1000, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 128, True, {"alpha": 0.5, "phase_scale": 1.0}, torch.float16),
     (2, 4, 2, 4099, 4099, 64, False, {}, torch.bfloat16),
+    (1, 4, 2, 4099, 4099, 64, True, {}, torch.bfloat16),  # the 124M model's heads, every kind of block
     (1, 4, 4, 4099, 4099, 128, False, {"phase": "linear"}, torch.float16),
     (1, 4, 4, 100, 733, 128, True, {}, torch.bfloat16),
     (1, 8, 2, 1, 1000, 64, True, {"phase": "linear"}, torch.float16),

@@ -251,6 +251,7 @@ CASES = [  # (B, H, G, T, S, D, causal, params, dtype)
     (1, 4, 2, 1000, 1000, 128, True, {"phase": "linear"}, torch.float16),
     (1, 4, 1, 1000, 1000, 64, False, {"phase": "linear"}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 128, True, {}, torch.bfloat16),
+    (1, 4, 2, 4099, 4099, 64, True, {}, torch.bfloat16),  # the 124M model's heads, every kind of block
     (1, 4, 2, 300, 77, 64, True, {}, torch.bfloat16),  # T > S: the first 223 rows see no key
 ]
 
