@@ -436,6 +436,7 @@ VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozen
                 frozenset({"coef", "lazy", "diag"}), frozenset({"order3", "coef", "lazy", "diag"}),
                 frozenset({"order3", "fws"}), frozenset({"order3", "coef", "lazy", "diag", "fws"}),
                 frozenset({"order3", "coef", "lazy", "diag", "occupancy"}),
+                frozenset({"order3", "coef", "lazy", "diag", "table"}),
                 frozenset({"order3", "coef", "lazy", "diag", "persistent"}),
                 frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"})]
 VARIANT_CASES = [

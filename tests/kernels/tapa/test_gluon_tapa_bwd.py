@@ -300,7 +300,7 @@ def test_gluon_tapa_backward_every_tile(kind, tile, D):
 
 VARIANT_SETS = [frozenset({"table"}), frozenset({"order3"}), frozenset({"ws"}),
                 frozenset({"table", "order3", "ws"}), frozenset({"order3", "ws", "diag"}),
-                frozenset({"order3", "ws", "coef", "diag"})]
+                frozenset({"order3", "ws", "coef", "diag"}), frozenset({"order3", "ws", "coef", "diag", "table"})]
 # lengths past r_3 of both kernels' tiles, so that every kind of block runs
 VARIANT_CASES = [(1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
                  (1, 4, 1, 3000, 3000, 64, False, {"phase": "linear"}, torch.float16),
