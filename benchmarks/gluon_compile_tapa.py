@@ -16,7 +16,13 @@ SASS instructions an iteration of every key-block loop.
 
 On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
 batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
-and the Triton `tl` TAPA forward at those lengths.
+and the Triton `tl` TAPA forward at those lengths. The variants of one (D, tile, causal, phase) are
+timed in turn, `--repeats R` rounds of cuDNN then every variant, so that a drift of the card's
+speed within the process reaches every variant alike; each variant's line gives the median of its
+rounds, their range, and the median of its per-round ratios to cuDNN:
+
+    python benchmarks/gluon_compile_tapa.py --dims 128 --causal 1 --phases quadratic \
+        --variants default order3+ws+coef+lazy+diag+table --time 4096 16384 --repeats 5
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import statistics
 from functools import partial
 
 import torch
@@ -91,12 +98,43 @@ def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bo
                                                        variants=variants))
 
 
-def _print_timings(D: int, tile, causal: bool, phase: str, lengths: list[int], variants: frozenset[str]) -> None:
+def interleaved(lengths: list[int], n_rows: int, repeats: int, time_row, time_ref) -> dict[int, dict]:
+    """Per length N: {"ref": [cuDNN ms a round], "rows": [[ms a round] per row]} from `repeats`
+    rounds of time_ref(N) then time_row(i, N) for every row i in turn."""
+    out = {}
     for N in lengths:
-        ms = time_tapa(D, N, tile, causal, phase, variants)
-        tl_ms, ref = time_tapa(D, N, None, causal, phase), time_forward(D, N, None, causal)
-        print(f"  N={N}: {ms:.3f} ms, tl TAPA {tl_ms:.3f} ms, cuDNN {ref:.3f} ms, x cuDNN {ms / ref:.2f} "
-              f"(tl x cuDNN {tl_ms / ref:.2f})")
+        ref, rows = [], [[] for _ in range(n_rows)]
+        for _ in range(repeats):
+            ref.append(time_ref(N))
+            for i in range(n_rows):
+                rows[i].append(time_row(i, N))
+        out[N] = {"ref": ref, "rows": rows}
+    return out
+
+
+def timing_lines(names: list[str], timings: dict[int, dict]) -> list[str]:
+    """One line per length and row: the median ms of its rounds, their range, and the median of
+    its per-round ratios to cuDNN."""
+    lines = []
+    for N, t in timings.items():
+        lines.append(f"  N={N}: cuDNN {statistics.median(t['ref']):.3f} ms (median of {len(t['ref'])} rounds)")
+        for name, ms in zip(names, t["rows"]):
+            ratio = statistics.median(m / r for m, r in zip(ms, t["ref"]))
+            lines.append(f"  N={N} {name}: {statistics.median(ms):.3f} ms ({min(ms):.3f}-{max(ms):.3f}), "
+                         f"x cuDNN {ratio:.2f}")
+    return lines
+
+
+def _print_timings(D: int, rows: list[tuple[frozenset[str], tuple]], causal: bool, phase: str,
+                   lengths: list[int], repeats: int) -> None:
+    """Times the compiled rows (variants, tile) of one group in turn, and the `tl` forward once."""
+    for N in lengths:
+        print(f"  N={N}: tl TAPA {time_tapa(D, N, None, causal, phase):.3f} ms")
+    timings = interleaved(lengths, len(rows), repeats,
+                          lambda i, N: time_tapa(D, N, rows[i][1], causal, phase, rows[i][0]),
+                          lambda N: time_forward(D, N, None, causal))
+    names = [f"{'+'.join(sorted(v)) or 'none'} {'x'.join(map(str, t))}" for v, t in rows]
+    print("\n".join(timing_lines(names, timings)))
 
 
 def parse_variants(text: str) -> frozenset[str] | None:
@@ -128,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
                    "'default' (each head dim's DEFAULT_VARIANTS)")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
+    p.add_argument("--repeats", type=int, default=1, metavar="R",
+                   help="with --time: rounds of cuDNN then every variant in turn (default 1)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
     require_gluon("gluon_compile_tapa.py", gluon_tapa.gluon_common.IMPORT_ERROR)
     import triton
 
@@ -136,18 +178,21 @@ def main(argv: list[str] | None = None) -> None:
     print("| D | tile (MxNxstagesxwarps) | variants | causal | phase | dtype | regs | spill st/ld B | smem B | "
           "bar.sync | wgmma.wait | ex2 | cos |\n|---:|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
     failed = 0
-    for D, tile, variants, causal, phase, dt in itertools.product(args.dims, args.tiles or [None], args.variants,
-                                                                  args.causal, args.phases, args.dtypes):
-        variants = resolve(variants, D)
-        tile = tile or (gluon_tapa.TILES_FWS if "fws" in variants else gluon_tapa.TILES)[D]
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
-        label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
-        if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype, variants),
-                          extra=("ex2", "cos")) is None:
-            failed += 1
-            continue
-        if dt == "bf16" and args.time:
-            _print_timings(D, tile, bool(causal), phase, args.time, variants)
+    for D, tile_arg, causal, phase, dt in itertools.product(args.dims, args.tiles or [None], args.causal,
+                                                            args.phases, args.dtypes):
+        rows = []
+        for variants in args.variants:
+            variants = resolve(variants, D)
+            tile = tile_arg or (gluon_tapa.TILES_FWS if "fws" in variants else gluon_tapa.TILES)[D]
+            dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
+            label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
+            if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype,
+                                             variants), extra=("ex2", "cos")) is None:
+                failed += 1
+            else:
+                rows.append((variants, tile))
+        if dt == "bf16" and args.time and rows:
+            _print_timings(D, rows, bool(causal), phase, args.time, args.repeats)
     if failed:
         raise SystemExit(f"{failed} variant(s) failed to compile")
 
