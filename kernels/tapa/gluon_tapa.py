@@ -139,7 +139,9 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # ms with every series tile at the fifth order); "table" gains nothing beyond the timing noise (at
 # most 2 %). Timed on an H100 (benchmarks/results/gluon-tapa-{fwd,bwd}-h100.md): "coef", "lazy"
 # and "diag" together make the D = 128 forward 11 % / 8.5 % faster at 4k / 16k, and "occupancy"
-# with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it.
+# with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it;
+# beside those, "table" is 4.9 % / 1.1 % faster at D = 128 in one pair of rows, "persistent" on par
+# at D = 128 and 7-17 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h100-4k.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
