@@ -8,6 +8,7 @@ The module imports without Gluon (CPU machines, other Triton versions): `IMPORT_
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -68,13 +69,19 @@ def gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[dtype]
 
 
+@functools.lru_cache(maxsize=32)
+def block_layout(rows: int, D: int, dtype: torch.dtype):
+    """The NVMMA shared layout of a [rows, D] block, built once per shape and dtype: it is frozen,
+    and building it took the host more than the rest of a descriptor (a launch builds 5 to 12)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(dtype))
+
+
 def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """TMA descriptor of a contiguous [..., L, D] tensor as a [rows_total, D] matrix, blocks of
     `rows` rows and the whole head dim."""
     D = t.shape[-1]
     flat = t.reshape(-1, D)
-    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(t.dtype))
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], layout)
+    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], block_layout(rows, D, t.dtype))
 
 
 if IMPORT_ERROR is None:

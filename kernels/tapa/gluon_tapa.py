@@ -686,6 +686,7 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int,
             descriptor(k[..., :half], block_n), descriptor(k[..., half:], block_n), descriptor(v, block_n))
 
 
+@functools.lru_cache(maxsize=64)
 def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block_m: int, block_n: int) -> tuple:
     """(qk_scale, alpha, k_turn, c_1 .. c_5, r_min) of the kernel: qk_scale = scale log2 e / sqrt(D_A),
     k_turn = phase_scale / (2 pi sqrt(D_P)), the series' coefficients binom(alpha, k) and the
