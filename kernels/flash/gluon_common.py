@@ -72,7 +72,8 @@ def gl_dtype(dtype: torch.dtype):
 @functools.lru_cache(maxsize=32)
 def block_layout(rows: int, D: int, dtype: torch.dtype):
     """The NVMMA shared layout of a [rows, D] block, built once per shape and dtype: it is frozen,
-    and building it took the host more than the rest of a descriptor (a launch builds 5 to 12)."""
+    and building it took the host more than the rest of a descriptor (TAPA's forward builds 5, its
+    backward 12)."""
     return gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(dtype))
 
 
