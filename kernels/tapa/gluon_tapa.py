@@ -140,8 +140,9 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # most 2 %). Timed on an H100 (benchmarks/results/gluon-tapa-{fwd,bwd}-h100.md): "coef", "lazy"
 # and "diag" together make the D = 128 forward 11 % / 8.5 % faster at 4k / 16k, and "occupancy"
 # with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it;
-# beside those, "table" is 4.9 % / 1.1 % faster at D = 128 in one pair of rows, "persistent" on par
-# at D = 128 and 7-17 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h100-4k.md).
+# beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
+# (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
+# 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; gluon-tapa-fwd-h100-table.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
@@ -150,8 +151,8 @@ OCCUPANCY_REGS = {64: 168}
 PERSISTENT_CTAS = {64: 2, 128: 2}
 # The schedules a launch takes unless told, per head dim (from the timings above)
 DEFAULT_VARIANTS: dict[int, frozenset[str]] = {
-    64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy"}),
-    128: frozenset({"ws", "order3", "coef", "lazy", "diag"}),
+    64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy", "table"}),
+    128: frozenset({"ws", "order3", "coef", "lazy", "diag", "table"}),
 }
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
