@@ -1,6 +1,6 @@
 """What the attention custom ops share (kernels/pope/ops.py `phaselab::pope_fwd/bwd`,
-kernels/tapa/ops.py `phaselab::tapa_fwd/bwd`): last-dim density and the vmap rule that folds the
-member dimension into the heads.
+kernels/tapa/ops.py `phaselab::tapa_fwd/bwd`): last-dim density, the vmap rule that folds the
+member dimension into the heads, and when an op's body may be called without the dispatcher.
 
 Why custom ops (https://pytorch.org/docs/stable/notes/custom_operators.html):
 - torch.compile treats an op as one opaque node, so a compiled model keeps ONE graph through its
@@ -17,6 +17,21 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def dispatch_adds_nothing(*tensors: Tensor) -> bool:
+    """True where calling a custom op's body directly does what calling the op would: no autograd
+    to record (grad off, or no input requiring it), no torch.compile tracing, no functorch
+    transform (vmap, grad), no torch function or dispatch mode (fake tensors, a `torch.device`
+    context), plain tensors. The dispatcher's hops then only cost host time: ~100 us of a Gluon
+    TAPA forward's ~500 on an H100 machine, before its kernel starts (the custom ops' known
+    overhead, https://github.com/pytorch/pytorch/issues/139500)."""
+    return (not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            and all(type(t) is Tensor for t in tensors)
+            and torch._C._len_torch_dispatch_stack() == 0
+            and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._functorch.peek_interpreter_stack() is None)
 
 
 def last_dim_dense(*xs: Tensor) -> tuple[Tensor, ...]:

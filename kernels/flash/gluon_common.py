@@ -25,14 +25,15 @@ try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.driver import driver
 
     IMPORT_ERROR = None
 except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
-           "fence_async_shared", "gl", "gl_dtype", "gluon", "kv_base_row", "mbarrier", "mma_layout", "rows_layout",
-           "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "capability", "descriptor",
+           "fence_async_shared", "gl", "gl_dtype", "gluon", "kv_base_row", "launch", "mbarrier", "mma_layout",
+           "rows_layout", "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
 
 HEAD_DIMS = (64, 128)
 DTYPES = (torch.bfloat16, torch.float16)
@@ -60,9 +61,16 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
         return "TRITON_INTERPRET is set (Gluon does not run in the interpreter)"
     if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
         return f"device {q.device} (needs CUDA, one device)"
-    if torch.cuda.get_device_capability(q.device) != (9, 0):
-        return f"capability {torch.cuda.get_device_capability(q.device)} (needs sm_90)"
+    if capability(q.device.index) != (9, 0):
+        return f"capability {capability(q.device.index)} (needs sm_90)"
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def capability(index: int) -> tuple[int, int]:
+    """torch.cuda.get_device_capability of device `index`, asked once: it is fixed, and the query
+    took 4-12 us of host time on an H100 machine, twice in every TAPA forward's routing."""
+    return torch.cuda.get_device_capability(index)
 
 
 def gl_dtype(dtype: torch.dtype):
@@ -103,3 +111,55 @@ if IMPORT_ERROR is None:
         """16-byte vectors along the head dim, for global loads and stores of [rows, d] tiles."""
         cols = min(32, d // 8)
         return gl.BlockedLayout([1, 8], [32 // cols, cols], [num_warps, 1], [1, 0])
+
+
+# Compiled kernels of earlier launches (`launch`), keyed by everything Triton specialises a launch on
+_LAUNCHES: dict = {}
+_LAUNCHES_MAX = 256
+
+
+def _launch_fact(x):
+    """What of one kernel argument a compiled kernel may depend on: a superset of Triton's
+    specialisation (integers by value, tensors by dtype and 16-byte alignment, descriptors by
+    dtype, shape, strides, block and layout; floats pass as fp32 and are never specialised)."""
+    if isinstance(x, int):   # bool too: the type tells them apart
+        return type(x), x
+    if isinstance(x, float):
+        return float
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.data_ptr() % 16 == 0
+    if isinstance(x, TensorDescriptor):
+        return (x.base.dtype, tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.layout, x.padding,
+                x.base.data_ptr() % 16 == 0)
+    raise TypeError(f"no launch key for a {type(x).__name__}")
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """kernel[grid](*args, **meta), the non-constexpr arguments positional. A launch whose kernel,
+    device, keywords and arguments' `_launch_fact`s match an earlier one's runs that one's compiled
+    kernel through its launcher directly, skipping Triton's per-call binding and cache-key work
+    (JITFunction.run: 62 -> 41 us a launch on an H100 machine); the first launch of each goes
+    through Triton, and so does any launch this cannot key."""
+    device = torch.cuda.current_device()
+    try:
+        key = (kernel, device, tuple(meta.items()), tuple(map(_launch_fact, args)))
+        hit = _LAUNCHES.get(key)
+    except TypeError:   # an argument this cannot key, or an unhashable fact
+        kernel[grid](*args, **meta)
+        return
+    if hit is None:
+        compiled = kernel[grid](*args, **meta)
+        if compiled is None:
+            return
+        bound, _, _ = kernel.device_caches[device][4](*args, **meta)   # Triton's binder: the constexprs' values
+        if len(_LAUNCHES) >= _LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = (compiled, tuple(bound.values())[len(args):])
+        return
+    compiled, constexprs = hit
+    values = (*args, *constexprs)
+    stream = driver.active.get_current_stream(device)
+    hooks = triton.knobs.runtime
+    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                 compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
+                 hooks.launch_enter_hook, hooks.launch_exit_hook, *values)

@@ -39,7 +39,7 @@ import torch
 
 from phaselab.kernels.common.triton_common import LOG2E
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor, launch
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
     from phaselab.kernels.flash.gluon_common import (
@@ -365,10 +365,10 @@ def gluon_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale:
     grid = (triton.cdiv(T, block_m), B * H)
     args = (q_desc, k_desc, v_desc, out, lse, T, S, H, H // G, scale * LOG2E)
     if warp_specialize:
-        gluon_flash_fwd_ws_kernel[grid](*args, CAUSAL=bool(causal), STAGES=stages, PRODUCER_REGS=PRODUCER_REGS,
-                                        num_warps=warps)
+        launch(gluon_flash_fwd_ws_kernel, grid, *args, CAUSAL=bool(causal), STAGES=stages,
+               PRODUCER_REGS=PRODUCER_REGS, num_warps=warps)
     else:
-        gluon_flash_fwd_kernel[grid](*args, CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
+        launch(gluon_flash_fwd_kernel, grid, *args, CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
     return out, lse
 
 

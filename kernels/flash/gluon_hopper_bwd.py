@@ -45,7 +45,7 @@ import torch
 
 from phaselab.kernels.common.triton_common import LOG2E, do_o_rows
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor, launch
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
     from phaselab.kernels.flash.gluon_common import (
@@ -469,15 +469,15 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     kernel, extra = gluon_flash_bwd_dkdv_kernel, {}
     if warp_specialize:
         kernel, extra = gluon_flash_bwd_dkdv_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
-    kernel[(triton.cdiv(S, bn), B * G)](
-        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
+    launch(
+        kernel, (triton.cdiv(S, bn), B * G), descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
         T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), ATOMIC_DQ=not deterministic, STAGES=stages,
         num_warps=warps, **extra)
     if not deterministic:
         dq.copy_(dq_acc)
         return dq, dk, dv
     bm, bn, stages, warps = dq_tile
-    gluon_flash_bwd_dq_kernel[(triton.cdiv(T, bm), B * H)](
-        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,
+    launch(
+        gluon_flash_bwd_dq_kernel, (triton.cdiv(T, bm), B * H), descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,
         T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
     return dq, dk, dv

@@ -1,5 +1,6 @@
 """TAPA attention's validated public wrapper (MATH §4.2): checks, records what ran and calls the
-`phaselab::tapa_fwd` custom op (ops.py; kernels in tapa/triton_tapa.py), differentiable in q, k, v.
+`phaselab::tapa_fwd` custom op (ops.py `tapa_fwd_call`: its body directly where the dispatcher adds
+nothing; kernels in tapa/triton_tapa.py and the Gluon ones), differentiable in q, k, v.
 The registry's `triton` backend (kernels/attention/function.py) calls `tapa_attention`.
 
 Example:
@@ -64,9 +65,9 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
                        core=run_on)
     else:   # the Gluon kernels' optional schedules (gluon_tapa.VARIANTS) that ran
         record_options("tapa", core=run_on, variants=sorted(gluon_tapa.DEFAULT_VARIANTS[D]))
-    out, _lse = ops.tapa_fwd(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]), float(params["phase_scale"]),
-                             params["phase"] == "linear", scale, bool(causal), bool(deterministic),
-                             options.exp2, options.tapa_series, options.autotune, run_on)
+    out, _lse = ops.tapa_fwd_call(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]),
+                                  float(params["phase_scale"]), params["phase"] == "linear", scale, bool(causal),
+                                  bool(deterministic), options.exp2, options.tapa_series, options.autotune, run_on)
     return out
 
 

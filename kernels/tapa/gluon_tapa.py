@@ -55,7 +55,7 @@ import torch
 from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.common.triton_common import LOG2E
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor, launch
 from phaselab.kernels.tapa.phase import _taylor, series_radius
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
@@ -827,8 +827,8 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
     else:
         kernel = gluon_tapa_fwd_kernel
-    kernel[grid](
-        *descriptors(q, k, v, block_m, block_n), out, lse, *lengths, *scalars, *extra,
+    launch(
+        kernel, grid, *descriptors(q, k, v, block_m, block_n), out, lse, *lengths, *scalars, *extra,
         CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
         COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta,
         **({"maxnreg": OCCUPANCY_REGS[D]} if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS else {}))

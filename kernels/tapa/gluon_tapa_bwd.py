@@ -60,7 +60,7 @@ import torch
 from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.common.triton_common import do_o_rows
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor
+from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor, launch
 from phaselab.kernels.tapa import gluon_tapa
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
@@ -629,6 +629,6 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device,
                                            extra_meta.get("COEF", False))
         qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
-        kernel[grid](qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars, *extra,
-                     ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)
+        launch(kernel, grid, qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars,
+               *extra, ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)
     return dq, dk, dv

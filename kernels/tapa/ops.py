@@ -12,14 +12,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from phaselab.kernels.common.ops import fold, last_dim_dense, per_member, unfold
+from phaselab.kernels.common.ops import dispatch_adds_nothing, fold, last_dim_dense, per_member, unfold
 from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, triton_tapa
 
 
-@torch.library.custom_op("phaselab::tapa_fwd", mutates_args=())
-def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
-             phase_scale: float, linear: bool, scale: float, causal: bool,
-             deterministic: bool, exp2: str, series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
+def tapa_fwd_call(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, *cfg) -> tuple[Tensor, Tensor]:
+    """`tapa_fwd`, or its body called directly where the dispatcher would add only host time
+    (`common.ops.dispatch_adds_nothing`: no autograd, tracing, transform or mode)."""
+    direct = dispatch_adds_nothing(q, k, v, pos_q, pos_k)
+    return (tapa_fwd_body if direct else tapa_fwd)(q, k, v, pos_q, pos_k, *cfg)
+
+
+def tapa_fwd_body(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
+                  phase_scale: float, linear: bool, scale: float, causal: bool, deterministic: bool, exp2: str,
+                  series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
+    """What `tapa_fwd` runs: (out, lse), both contiguous."""
     q, k, v = last_dim_dense(q, k, v)
     if core == "gluon":  # D_A = D / 2 (gluon_tapa.supported), so theta is 0.5
         return gluon_tapa.gluon_tapa_fwd(q, k, v, alpha=alpha, phase_scale=phase_scale, scale=scale, causal=causal,
@@ -27,6 +34,14 @@ def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_am
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,
                                 linear=linear, scale=scale, causal=causal, series=series, exp2=exp2,
                                 autotune=autotune)
+
+
+@torch.library.custom_op("phaselab::tapa_fwd", mutates_args=())
+def tapa_fwd(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, d_amp: int, alpha: float,
+             phase_scale: float, linear: bool, scale: float, causal: bool,
+             deterministic: bool, exp2: str, series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
+    return tapa_fwd_body(q, k, v, pos_q, pos_k, d_amp, alpha, phase_scale, linear, scale, causal, deterministic,
+                         exp2, series, autotune, core)
 
 
 @tapa_fwd.register_fake

@@ -69,6 +69,41 @@ def test_compile_fullgraph_matches_eager(attend):
         assert_close(name, b, a, 1e-6)
 
 
+def test_dispatch_adds_nothing_only_without_autograd_tracing_transforms_or_modes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from phaselab.kernels.common.ops import dispatch_adds_nothing
+    x, leaf = torch.zeros(2, 3), torch.zeros(2, 3, requires_grad=True)
+    assert dispatch_adds_nothing(x) and not dispatch_adds_nothing(x, leaf)
+    with torch.no_grad():
+        assert dispatch_adds_nothing(x, leaf)
+    assert not dispatch_adds_nothing(torch.nn.Parameter(torch.zeros(2), requires_grad=False))   # a subclass
+    with FakeTensorMode():
+        assert not dispatch_adds_nothing(x)
+    with torch.device("cpu"):   # a torch function mode
+        assert not dispatch_adds_nothing(x)
+    seen = []
+    vmap(lambda t: seen.append(dispatch_adds_nothing(t)) or t)(torch.zeros(2, 3))
+    assert seen == [False]
+
+
+def test_tapa_without_autograd_calls_the_op_body_with_the_same_values(monkeypatch):
+    """No grad: tapa_attention runs the op's body directly (the op itself refused here) and gives
+    the values the op gives with autograd on."""
+    (q, k, v, _), pos_q, pos_k, inv_freq = _leaves()
+    with_op = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+    assert with_op.grad_fn is not None
+
+    def refuse(*args):
+        raise AssertionError("the dispatcher was called")
+    monkeypatch.setattr(tapa_ops, "tapa_fwd", refuse)
+    with torch.no_grad():
+        direct = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+    assert torch.equal(direct, with_op.detach())
+    with pytest.raises(AssertionError, match="dispatcher"):
+        _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+
+
 def test_op_schemas_pass_torch_library_checks():
     (q, k, v, delta), pos_q, pos_k, inv_freq = _leaves()
     for impl in ("expand", "fused"):

@@ -58,6 +58,24 @@ def test_supported_without_gluon_or_under_interpreter(monkeypatch):
     assert gluon_hopper.supported(q, k, v).startswith("TRITON_INTERPRET is set")
 
 
+@pytest.mark.skipif(gluon_hopper.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
+def test_launch_facts_tell_apart_what_triton_specialises():
+    """gluon_common.launch reuses a compiled kernel only for arguments whose facts all match:
+    integers by value (1 and 16-divisibility are specialised), tensors by dtype and 16-byte
+    alignment, descriptors by shape, strides and block; floats never."""
+    fact, descriptor = gluon_hopper.gluon_common._launch_fact, gluon_hopper.gluon_common.descriptor
+    t = torch.zeros(8, 64, dtype=torch.bfloat16)
+    assert fact(16) != fact(17) and fact(1) != fact(2) and fact(1) != fact(True) and fact(1.0) == fact(2.5)
+    assert fact(t) == fact(torch.ones(4, dtype=torch.bfloat16)) and fact(t) != fact(t.half())
+    assert fact(t) != fact(t[:, 1:])   # 2 bytes past an aligned base
+    assert fact(descriptor(t, 16)) == fact(descriptor(torch.ones(8, 64, dtype=torch.bfloat16), 16))
+    assert fact(descriptor(t, 16)) != fact(descriptor(t, 32))
+    assert fact(descriptor(t, 16)) != fact(descriptor(torch.zeros(16, 64, dtype=torch.bfloat16), 16))
+    hash(fact(descriptor(t, 16)))
+    with pytest.raises(TypeError):
+        fact(None)
+
+
 def test_launcher_refuses_what_is_not_supported(gluon_importable):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="gluon_flash_fwd: device cpu"):

@@ -631,3 +631,17 @@ def test_gluon_tapa_lse_feeds_tl_backward(B, H, G, T, S, D, causal, params, dtyp
         assert_close(f"gluon-vs-tl-{name}", t.float(), g.float(), RATIO[dtype])
         err, tl_err = rel_rms(ref, g), rel_rms(ref, t)
         assert err <= 1.25 * tl_err + 1e-4, f"{name}: error {err:.3e} vs the tl path's {tl_err:.3e}"
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("D,T", [(128, 1000), (64, 77)])
+def test_gluon_tapa_cached_launch_matches_float64(D, T):
+    """A launch like an earlier one runs from gluon_common.launch's cache (no new entry): its
+    result on new inputs matches float64 as the first launch's does."""
+    for seed in (1, 2):
+        q, k, v, _ = make_inputs(1, 4, 2, T, T, D, torch.bfloat16, seed=seed)
+        entries = len(gluon_tapa.gluon_common._LAUNCHES)
+        check_forward(q, k, v, {}, causal=True, label=f"gluon-tapa-launch-{seed}")
+        if seed == 2:
+            assert len(gluon_tapa.gluon_common._LAUNCHES) == entries, "the second launch was not a cache hit"

@@ -367,3 +367,17 @@ def test_gluon_tapa_backward_distances_beyond_fp32_integers():
     # (test_gluon_tapa.py's 2**24 test); the Gluon dq measured 2.43e-2 on the H200. The bound
     # that matters here is the tl backward's own error (check_backward's 1.25x).
     check_backward(q, k, v, do, {"alpha": 0.5}, causal=True, label="gluon-tapa-bwd-2**24", ratio=4e-2)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("D,T", [(128, 1000), (64, 77)])
+def test_gluon_tapa_backward_cached_launch_matches_float64(D, T):
+    """The backward's launches from gluon_common.launch's cache (the second call adds no entry)
+    match float64 as the first call's do."""
+    for seed in (1, 2):
+        q, k, v, do = make_inputs(1, 4, 2, T, T, D, torch.bfloat16, seed=seed)
+        entries = len(gluon_tapa.gluon_common._LAUNCHES)
+        check_backward(q, k, v, do, {}, causal=True, label=f"gluon-tapa-bwd-launch-{seed}")
+        if seed == 2:
+            assert len(gluon_tapa.gluon_common._LAUNCHES) == entries, "the second launches were not cache hits"
