@@ -66,11 +66,18 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
     return None
 
 
-@functools.lru_cache(maxsize=16)
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
 def capability(index: int) -> tuple[int, int]:
     """torch.cuda.get_device_capability of device `index`, asked once: it is fixed, and the query
-    took 4-12 us of host time on an H100 machine, twice in every TAPA forward's routing."""
-    return torch.cuda.get_device_capability(index)
+    took 4-12 us of host time on an H100 machine, twice in every TAPA forward's routing. A plain
+    dict, not functools.lru_cache: torch.compile traces this (the routing runs in a compiled
+    model) and warns at every lru_cache it meets."""
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def gl_dtype(dtype: torch.dtype):
