@@ -4,7 +4,8 @@ kernels/common/ops.py). The forward op returns (out, lse) and the backward op ta
 inputs are the validated ones of `function.tapa_attention` (int64 positions); every output is
 contiguous, as the fake implementations say. `core` names the kernels (`function.CORES`): "tl"
 (triton_tapa.py, reading the positions given) or "gluon" (the Hopper kernels gluon_tapa.py and
-gluon_tapa_bwd.py, index positions: the caller's `trivial_pos`).
+gluon_tapa_bwd.py, index positions: the caller's `trivial_pos`). `tapa_fwd_call` is the forward's
+entry: the op, or its body directly where the dispatcher would add only host time.
 """
 
 from __future__ import annotations
