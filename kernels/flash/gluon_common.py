@@ -142,7 +142,8 @@ def _launch_fact(x):
 
 
 def launch(kernel, grid: tuple, *args, **meta) -> None:
-    """kernel[grid](*args, **meta), the non-constexpr arguments positional. A launch whose kernel,
+    """kernel[grid](*args, **meta): the non-constexpr arguments positional, the constexprs (which
+    follow them in the kernel's signature) and options as keywords. A launch whose kernel,
     device, keywords and arguments' `_launch_fact`s match an earlier one's runs that one's compiled
     kernel through its launcher directly, skipping Triton's per-call binding and cache-key work
     (JITFunction.run: 62 -> 41 us a launch on an H100 machine); the first launch of each goes

@@ -470,7 +470,8 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     if warp_specialize:
         kernel, extra = gluon_flash_bwd_dkdv_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
     launch(
-        kernel, (triton.cdiv(S, bn), B * G), descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
+        kernel, (triton.cdiv(S, bn), B * G),
+        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dk, dv, dq_acc,
         T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), ATOMIC_DQ=not deterministic, STAGES=stages,
         num_warps=warps, **extra)
     if not deterministic:
@@ -478,6 +479,7 @@ def gluon_flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         return dq, dk, dv
     bm, bn, stages, warps = dq_tile
     launch(
-        gluon_flash_bwd_dq_kernel, (triton.cdiv(T, bm), B * H), descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,
+        gluon_flash_bwd_dq_kernel, (triton.cdiv(T, bm), B * H),
+        descriptor(q, bm), descriptor(do, bm), descriptor(k, bn), descriptor(v, bn), lse, dlt, dq,
         T, S, H, H // G, *cfg.values(), CAUSAL=bool(causal), STAGES=stages, num_warps=warps)
     return dq, dk, dv

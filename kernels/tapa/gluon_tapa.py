@@ -142,7 +142,7 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it;
 # beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
 # (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
-# 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; gluon-tapa-fwd-h100-table.md).
+# 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
