@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels import relbias
 from phaselab.kernels.attention.reference import alibi_bias
+from phaselab.kernels.common.checks import capability
 from phaselab.kernels.common.options import AttentionOptions
 from phaselab.kernels.common.reference_common import _check_qk, repeat_kv, visibility
 from phaselab.kernels.common.score_mod import ScoreMod, distance_bias
@@ -45,7 +46,7 @@ def _kernel_choice(q_BHTD: Tensor, attn_mask: Any, is_causal: bool) -> contextli
     priority list, `set_priority=True`, is not traceable by torch.compile: pytorch/pytorch#155898.)"""
     D = q_BHTD.shape[-1]
     if (is_causal and attn_mask is None and q_BHTD.is_cuda and q_BHTD.dtype in (torch.bfloat16, torch.float16)
-            and D <= 128 and D % 8 == 0 and torch.cuda.get_device_capability(q_BHTD.device) >= (9, 0)):
+            and D <= 128 and D % 8 == 0 and capability(q_BHTD.device.index) >= (9, 0)):
         return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
     return contextlib.nullcontext()
 

@@ -1,6 +1,6 @@
 """Input checks of the fused attention wrappers (pope/function.py, tapa/function.py) and the
 limits the `triton` backend states (function.py): dtypes, BHTD shapes, GQA, integer positions on
-q's device, a finite scale.
+q's device, a finite scale; the device capability the routing checks ask for.
 """
 
 from __future__ import annotations
@@ -12,6 +12,20 @@ from torch import Tensor
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def capability(index: int) -> tuple[int, int]:
+    """torch.cuda.get_device_capability of CUDA device `index`, asked once: it is fixed, and the
+    query took 4-12 us of host time on an H100 machine, in routing checks that run every call. A
+    plain dict, not functools.lru_cache: torch.compile traces the routing of a compiled model and
+    warns at every lru_cache it meets."""
+    cap = _CAPABILITY.get(index)
+    if cap is None:
+        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def check_device(name: str, t: Tensor, device: torch.device) -> None:

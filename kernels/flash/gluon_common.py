@@ -13,6 +13,8 @@ import os
 
 import torch
 
+from phaselab.kernels.common.checks import capability
+
 try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
     import triton
     from triton.experimental import gluon
@@ -31,7 +33,7 @@ try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
 except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "capability", "descriptor",
+__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
            "fence_async_shared", "gl", "gl_dtype", "gluon", "kv_base_row", "launch", "mbarrier", "mma_layout",
            "rows_layout", "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
 
@@ -64,20 +66,6 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
     if capability(q.device.index) != (9, 0):
         return f"capability {capability(q.device.index)} (needs sm_90)"
     return None
-
-
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-
-
-def capability(index: int) -> tuple[int, int]:
-    """torch.cuda.get_device_capability of device `index`, asked once: it is fixed, and the query
-    took 4-12 us of host time on an H100 machine, twice in every TAPA forward's routing. A plain
-    dict, not functools.lru_cache: torch.compile traces this (the routing runs in a compiled
-    model) and warns at every lru_cache it meets."""
-    cap = _CAPABILITY.get(index)
-    if cap is None:
-        cap = _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return cap
 
 
 def gl_dtype(dtype: torch.dtype):

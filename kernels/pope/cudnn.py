@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from phaselab.kernels.common import triton_common
+from phaselab.kernels.common.checks import capability
 from phaselab.kernels.pope.triton_expand import pope_expand_bwd, pope_expand_fwd
 
 GROUP_BYTES = 256 * 2**20   # q_hat, k_hat and their gradients of one head group, at most
@@ -55,7 +56,7 @@ def unsupported_reason(q: Tensor, k: Tensor, *, causal: bool, trivial_pos: bool,
 
 @torch.compiler.assume_constant_result  # a property of the device: no graph break when traced
 def _hopper_with_cudnn(index: int) -> bool:
-    return torch.backends.cudnn.is_available() and torch.cuda.get_device_capability(index) >= (9, 0)
+    return torch.backends.cudnn.is_available() and capability(index) >= (9, 0)
 
 
 def head_groups(B: int, H: int, T: int, S: int, D: int, itemsize: int) -> list[tuple[int, int]]:

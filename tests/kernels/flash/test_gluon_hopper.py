@@ -58,6 +58,17 @@ def test_supported_without_gluon_or_under_interpreter(monkeypatch):
     assert gluon_hopper.supported(q, k, v).startswith("TRITON_INTERPRET is set")
 
 
+def test_capability_is_asked_once_a_device(monkeypatch):
+    """kernels.common.checks.capability, which the routing checks (Gluon, cuDNN, SDPA) call every
+    call, asks torch once per device index."""
+    from phaselab.kernels.common import checks
+    asked = []
+    monkeypatch.setattr(checks, "_CAPABILITY", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (9, index))
+    assert [checks.capability(i) for i in (0, 0, 1, 0, 1)] == [(9, 0), (9, 0), (9, 1), (9, 0), (9, 1)]
+    assert asked == [0, 1]
+
+
 @pytest.mark.skipif(gluon_hopper.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
 def test_launch_facts_tell_apart_what_triton_specialises():
     """gluon_common.launch reuses a compiled kernel only for arguments whose facts all match:
