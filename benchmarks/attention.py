@@ -44,7 +44,9 @@ padded-v SDPA paths do more work than that),
 TAPA 4/14 (forward / forward+backward), halved for causal masking. Ratios are to each SDPA backend
 at the same shape and mode. Peak memory is the allocator's peak above the inputs. Host ms is what
 one call costs the CPU while the GPU is held busy (`host_ms`): near the ms column, a method is
-bound by its launches. `--profile K` adds K profiled calls per row, kernels by device time
+bound by its launches; queued ms is the device time of those calls, queued back to back behind
+the busy GPU, so ms - queued ms is about what the host's work before the first launch adds to a
+synced call. `--profile K` adds K profiled calls per row, kernels by device time
 (`step_profile.py`).
 
 Usage (on a GPU machine; benchmarks/README.md):
@@ -288,18 +290,24 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def host_ms(fn, iters: int = 5) -> float:
-    """Host milliseconds per call of fn with the GPU held busy (a spin kernel ahead of the calls),
-    so no call waits for the device: what a call costs the CPU. A method whose host_ms approaches
-    its ms is bound by its launches, not by its kernels."""
+def host_ms(fn, iters: int = 5) -> tuple[float, float]:
+    """(host, queued) milliseconds per call of fn with the GPU held busy (a spin kernel ahead of
+    the calls), so no call waits for the device. Host: what a call costs the CPU; a method whose
+    host ms approaches its ms is bound by its launches, not by its kernels. Queued: the device
+    time of the same calls run back to back behind the spin (CUDA events after the spin and after
+    the last call), where no host work shows: ms - queued ms is about what the host's work before
+    a synced call's first launch adds to it."""
     torch.cuda.synchronize()
+    start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU clock cycles ahead of the calls (a call that syncs shows it)
+    start_ev.record()
     start = time.perf_counter()
     for _ in range(iters):
         fn()
     elapsed = time.perf_counter() - start
+    end_ev.record()
     torch.cuda.synchronize()
-    return elapsed / iters * 1e3
+    return elapsed / iters * 1e3, start_ev.elapsed_time(end_ev) / iters
 
 
 def profile_calls(fn, calls: int, wall_ms: float) -> dict:
@@ -350,7 +358,8 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     fwd_c, fb_c = FLOPS_PER_L2D[METHOD_KIND[method]]
     flops = (fwd_c if mode == "fwd" else fb_c) * N * N * D * B * H * 0.5  # causal halves (MATH §6)
     # host_ms runs the calls again on the device: few of them where each is long (N >= 32k: 10 timed)
-    row = {"status": "ok", "ms": ms, "host_ms": host_ms(step, max(2, iters // 6)), "tflops": flops / ms / 1e9,
+    host, queued = host_ms(step, max(2, iters // 6))
+    row = {"status": "ok", "ms": ms, "host_ms": host, "queued_ms": queued, "tflops": flops / ms / 1e9,
            "peak_gib": peak, "configs": tuned_configs()}
     if profile:
         row["profile"] = profile_calls(step, profile, ms)
@@ -418,19 +427,22 @@ def add_versus(rows: list[dict], path: str) -> None:
 
 def table(rows: list[dict]) -> str:
     vs = any("x_versus" in r for r in rows)
+    qd = any("queued_ms" in r for r in rows)   # rows from before host_ms timed the queued calls have none
     head = ("| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB | host ms |"
-            + (" x --versus |\n" if vs else "\n") + "|---" * (12 if vs else 11) + "|\n")
+            + (" queued ms |" if qd else "") + (" x --versus |" if vs else "") + "\n"
+            + "|---" * (11 + qd + vs) + "|\n")
     lines = []
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | | |"
-                         + (" |" if vs else ""))
+                         + (" |" if qd else "") + (" |" if vs else ""))
             continue
         fx = f"{r['x_sdpa-flash']:.2f}" if "x_sdpa-flash" in r else "-"
         cx = f"{r['x_sdpa-cudnn']:.2f}" if "x_sdpa-cudnn" in r else "-"
+        qx = (f" {r['queued_ms']:.3f} |" if "queued_ms" in r else " - |") if qd else ""
         vx = (f" {r['x_versus']:.3f} |" if "x_versus" in r else " - |") if vs else ""
         lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['ms']:.3f} | "
-                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |{vx}")
+                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |{qx}{vx}")
     profiles = [step_profile.markdown(f"{r['method']} {r['mode']} D={r['D']} N={r['N']}", r["profile"])
                 for r in rows if r.get("profile")]
     return head + "\n".join(lines) + "\n" + "".join("\n" + p + "\n" for p in profiles)

@@ -19,19 +19,31 @@ import torch
 from torch import Tensor
 
 
-def dispatch_adds_nothing(*tensors: Tensor) -> bool:
-    """True where calling a custom op's body directly does what calling the op would: no autograd
-    to record (grad off, or no input requiring it), no torch.compile tracing, no functorch
-    transform (vmap, grad), no torch function or dispatch mode (fake tensors, a `torch.device`
-    context), plain tensors. The dispatcher's hops then only cost host time, before the kernel
-    starts: a Gluon TAPA forward took 470 us of the host through the op and 234 called directly on
-    an H100 machine (the custom ops' known overhead, https://github.com/pytorch/pytorch/issues/139500)."""
+def plain_eager(*tensors: Tensor) -> bool:
+    """True where the dispatcher would add nothing to a custom op's body but autograd: no
+    torch.compile tracing, no functorch transform (vmap, grad), no torch function or dispatch
+    mode (fake tensors, a `torch.device` context), plain tensors. There a plain
+    `torch.autograd.Function` around the op's bodies does what the op's registered autograd does,
+    without the op's host time before its kernel starts (`dispatch_adds_nothing`)."""
     return (not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and all(type(t) is Tensor for t in tensors)
             and torch._C._len_torch_dispatch_stack() == 0
             and not torch._C._is_torch_function_mode_enabled()
             and torch._C._functorch.peek_interpreter_stack() is None)
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """Autograd would record a call on these inputs: grad mode on and one of them requires grad."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def dispatch_adds_nothing(*tensors: Tensor) -> bool:
+    """True where calling a custom op's body directly does what calling the op would: `plain_eager`
+    and no autograd to record (`needs_grad` false). The dispatcher's hops then only cost host
+    time, before the kernel starts: a Gluon TAPA forward took 470 us of the host through the op
+    and 234 called directly on an H100 machine (the custom ops' known overhead,
+    https://github.com/pytorch/pytorch/issues/139500)."""
+    return plain_eager(*tensors) and not needs_grad(*tensors)
 
 
 def last_dim_dense(*xs: Tensor) -> tuple[Tensor, ...]:

@@ -80,12 +80,15 @@ def block_layout(rows: int, D: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype(dtype))
 
 
-def descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """TMA descriptor of a contiguous [..., L, D] tensor as a [rows_total, D] matrix, blocks of
-    `rows` rows and the whole head dim."""
-    D = t.shape[-1]
-    flat = t.reshape(-1, D)
-    return TensorDescriptor(flat, list(flat.shape), list(flat.stride()), [rows, D], block_layout(rows, D, t.dtype))
+def descriptor(t: torch.Tensor, rows: int, width: int | None = None) -> TensorDescriptor:
+    """TMA descriptor of t [..., L, D] (rows dense: contiguous, or the leading `width` columns of a
+    contiguous tensor's view) as a [rows_total, width] matrix of row stride D' (t's row stride),
+    blocks of `rows` rows and the whole width (default D). Built on t itself with the matrix's
+    shape and strides, not on a reshaped view: the launcher reads only the base's address, and
+    the view cost the host more than the descriptor (TAPA's forward builds 5, its backward 12)."""
+    width = t.shape[-1] if width is None else width
+    return TensorDescriptor(t, [t.numel() // t.shape[-1], width], [t.stride(-2), 1], [rows, width],
+                            block_layout(rows, width, t.dtype))
 
 
 if IMPORT_ERROR is None:

@@ -74,15 +74,21 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 
 
 if gluon_common.IMPORT_ERROR is None:
-    # `_rescale`'s asm over a pack of 16 fp32 accumulators of one thread: outputs $0-$15 start as
-    # the inputs $16-$31, $32-$47 carry the warp's vote (0: every alpha of the warp is 1; all
-    # equal), $48-$63 the rows' alphas. The braces scope the label to each copy of the asm.
-    _RESCALE_ASM = gl.constexpr("{ .reg .pred p; setp.eq.u32 p, $32, 0; "
-                                + " ".join(f"mov.b32 ${i}, ${16 + i};" for i in range(16))
-                                + " @p bra.uni DONE; "
-                                + " ".join(f"mul.f32 ${i}, ${i}, ${48 + i};" for i in range(16))
-                                + " DONE: }")
-    _RESCALE_CONSTRAINTS = gl.constexpr(",".join(["=r"] * 16 + ["r"] * 48))
+    @gluon.constexpr_function
+    def rescale_asm(n):
+        """`_rescale`'s asm over all n fp32 accumulators of one thread (one branch a step: with
+        four packs of 16 each pack's taken branch cost an instruction-fetch stall): outputs $0..
+        start as the inputs $n.., $2n.. carry the warp's vote (0: every alpha of the warp is 1; all
+        equal), $3n.. the rows' alphas. The braces scope the label to each copy of the asm."""
+        return ("{ .reg .pred p; " + f"setp.eq.u32 p, ${2 * n}, 0; "
+                + " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
+                + " @p bra.uni DONE; "
+                + " ".join(f"mul.f32 ${i}, ${i}, ${3 * n + i};" for i in range(n))
+                + " DONE: }")
+
+    @gluon.constexpr_function
+    def rescale_constraints(n):
+        return ",".join(["=r"] * n + ["r"] * (3 * n))
 
     @gluon.jit
     def _load(desc, row, bars, smem, i, hi, STAGES: gl.constexpr):
@@ -128,7 +134,7 @@ if gluon_common.IMPORT_ERROR is None:
     def _rescale(o, alpha, o_layout: gl.constexpr):
         """O * alpha[:, None], skipped by a warp whose rows all have alpha == 1 (the LAZY softmax's
         common case; x * 1 == x exactly; a NaN alpha counts as != 1): a warp vote, then one
-        warp-uniform branch around each 16 of a thread's accumulators (`_RESCALE_ASM`). A row's
+        warp-uniform branch around all of a thread's accumulators (`rescale_asm`). A row's
         accumulators all lie in one warp in the wgmma layout, so each row is scaled whole or not
         at all."""
         a = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
@@ -136,8 +142,9 @@ if gluon_common.IMPORT_ERROR is None:
             "{ .reg .pred p, q; setp.neu.f32 p, $2, 0f3F800000; setp.neu.f32 q, $3, 0f3F800000; or.pred p, p, q; "
             "vote.sync.any.pred p, p, -1; selp.u32 $0, 1, 0, p; selp.u32 $1, 1, 0, p; }",
             "=r,=r,r,r", [a], dtype=gl.int32, is_pure=False, pack=2)
-        return gl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS, [o, any_a[:, None], a[:, None]],
-                                         dtype=gl.float32, is_pure=True, pack=16)
+        N: gl.constexpr = o.shape[0] * o.shape[1] // (32 * gl.num_warps())   # a thread's accumulators
+        return gl.inline_asm_elementwise(rescale_asm(N), rescale_constraints(N), [o, any_a[:, None], a[:, None]],
+                                         dtype=gl.float32, is_pure=True, pack=N)
 
     @gluon.jit
     def _pv(o, p, alpha, v_smem, v_bars, j, STAGES: gl.constexpr, o_layout: gl.constexpr,

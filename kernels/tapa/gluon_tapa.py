@@ -299,11 +299,13 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _weight(j, geo, ph, MODE: gl.constexpr, BLOCK_N: gl.constexpr, TABLE: gl.constexpr = False, coef=None,
-                DIAG: gl.constexpr = False):
+                DIAG: gl.constexpr = False, MASKED_TABLE: gl.constexpr = False):
         """W of key block j: MODE 0 the series, 3 the series to the third order (with the "coef"
         variant's coefficients where `coef` is given, `_coef_row`; DIAG: the "diag" variant's
         polynomial), 1 (near) the exact power or, TABLE, the distance table, 2 (masked) the exact
-        power."""
+        power or, MASKED_TABLE, the table: only for the masked blocks of a causal launch past
+        block 0, where |m - n| < BM + BN (`_block_range`: n0 > m0 + S - T + 1 - BN and
+        n0 < m0 + BM + S - T), within every table (`variant_scalars`)."""
         x0, row_pos, ri, cols, _sq = geo
         alpha, k_turn, c1, c2, c3, c4, c5 = ph[:7]
         if (MODE == 0 or MODE == 3) and coef is not None:
@@ -313,7 +315,7 @@ if gluon_common.IMPORT_ERROR is None:
             CENTRE: gl.constexpr = (ri.shape[0] - BLOCK_N) // 2
             w = _w_series_e(x0, j * BLOCK_N, ri, cols + CENTRE, alpha, k_turn, c1, c2, c3, c4,
                             c5, 5 if MODE == 0 else 3, DIAG)
-        elif MODE == 1 and TABLE:
+        elif (MODE == 1 and TABLE) or (MODE == 2 and MASKED_TABLE):
             w = _w_table(row_pos, j * BLOCK_N, cols, ph[7])
         else:
             w = _w_exact(row_pos, j * BLOCK_N, cols, alpha, k_turn)
@@ -350,7 +352,7 @@ if gluon_common.IMPORT_ERROR is None:
             sp = sp + geo[4][:, None]
         # W after the wait: computed before it, the tile sat beside three accumulators in flight
         # (255 registers a thread, benchmarks/gluon_compile_tapa.py); S_A and PV still overlap it
-        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG) * sp)
+        c = _cos_turns(_weight(j, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG, TABLE and CAUSAL) * sp)
         sa = warpgroup_mma_wait(1, deps=(sa_tok,))
         _release(j, hi, ring[0], ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, PERSIST)
         p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, j * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
@@ -683,8 +685,8 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int,
     """TMA descriptors of the amplitude and phase halves of q [B,H,T,D] and k [B,G,S,D] and of the
     whole v (all contiguous): [rows, D/2] views with row stride D (no copy), and [rows, D]."""
     half = q.shape[-1] // 2
-    return (descriptor(q[..., :half], block_m), descriptor(q[..., half:], block_m),
-            descriptor(k[..., :half], block_n), descriptor(k[..., half:], block_n), descriptor(v, block_n))
+    return (descriptor(q, block_m, half), descriptor(q[..., half:], block_m),
+            descriptor(k, block_n, half), descriptor(k[..., half:], block_n), descriptor(v, block_n))
 
 
 @functools.lru_cache(maxsize=64)

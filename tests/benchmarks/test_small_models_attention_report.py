@@ -124,4 +124,9 @@ def test_attention_table_reports_host_ms_ratios_and_profiles():
     assert "| 64 | 1024 | 64 | fwd+bwd | pope-expand | OOM | | | | | |" in lines
     assert all(line.count("|") == 12 for line in lines[:6])
     assert "### pope-cudnn fwd+bwd D=64 N=1024: 3 profiled steps, wall 4.0 ms/step, busy 3.0 ms/step" in md
+    rows[1]["queued_ms"] = 1.5   # a column once a row has it, "-" in those without
+    lines = attention.table(rows).splitlines()
+    assert lines[0].endswith("| host ms | queued ms |") and all(line.count("|") == 13 for line in lines[:6])
+    assert "| 64 | 1024 | 64 | fwd+bwd | sdpa-cudnn | 2.000 | 100 | 0.67 | 1.00 | 0.50 | 0.300 | 1.500 |" in lines
+    assert "| 64 | 1024 | 64 | fwd+bwd | pope-cudnn | 4.000 | 100 | 1.33 | 2.00 | 0.50 | 2.500 | - |" in lines
     assert "| `pope_chain_kernel` | 2 | 0.500 | 16.7 % |" in md

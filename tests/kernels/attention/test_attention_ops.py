@@ -89,19 +89,43 @@ def test_dispatch_adds_nothing_only_without_autograd_tracing_transforms_or_modes
 
 def test_tapa_without_autograd_calls_the_op_body_with_the_same_values(monkeypatch):
     """No grad: tapa_attention runs the op's body directly (the op itself refused here) and gives
-    the values the op gives with autograd on."""
+    the values the op gives where the dispatcher has work (a torch function mode), where the op
+    is called."""
     (q, k, v, _), pos_q, pos_k, inv_freq = _leaves()
-    with_op = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
-    assert with_op.grad_fn is not None
+    with torch.no_grad(), torch.device("cpu"):
+        with_op = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
 
     def refuse(*args):
         raise AssertionError("the dispatcher was called")
     monkeypatch.setattr(tapa_ops, "tapa_fwd", refuse)
     with torch.no_grad():
         direct = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
-    assert torch.equal(direct, with_op.detach())
-    with pytest.raises(AssertionError, match="dispatcher"):
+    assert direct.abs().max() > 0 and torch.equal(direct, with_op)
+    with torch.no_grad(), torch.device("cpu"), pytest.raises(AssertionError, match="dispatcher"):
         _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+
+
+def test_tapa_with_autograd_in_eager_runs_the_op_bodies_with_the_ops_values_and_gradients(monkeypatch):
+    """Eager with grad: tapa_attention runs `TapaEager` around the op bodies (both ops refused here)
+    and gives the values and gradients the ops give where the dispatcher has work (a torch
+    function mode sends the call through them)."""
+    (q, k, v, _), pos_q, pos_k, inv_freq = _leaves()
+    w = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    with torch.device("cpu"):   # a mode: plain_eager is false, the ops run
+        through_ops = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+        grads_ops = torch.autograd.grad((through_ops * w).sum(), (q, k, v))
+    assert type(through_ops.grad_fn).__name__ != "TapaEagerBackward"
+
+    def refuse(*args):
+        raise AssertionError("the dispatcher was called")
+    monkeypatch.setattr(tapa_ops, "tapa_fwd", refuse)
+    monkeypatch.setattr(tapa_ops, "tapa_bwd", refuse)
+    eager = _tapa(q, k, v, pos_q, pos_k, inv_freq, None)
+    assert type(eager.grad_fn).__name__ == "TapaEagerBackward"
+    grads = torch.autograd.grad((eager * w).sum(), (q, k, v))
+    assert torch.equal(eager, through_ops)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, grads_ops):
+        assert b.abs().max() > 0 and torch.equal(a, b), name
 
 
 def test_op_schemas_pass_torch_library_checks():
