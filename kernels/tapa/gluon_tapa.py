@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -130,6 +131,10 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             query block's prologue overlaps the previous one (FlashAttention-3's persistent
 #             scheduling, https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off
 #             (kernels/attention/README.md has its timings);
+#   "first":  the forward's block 0 of a query block far from the diagonal (|D_c| >= r_3, BLOCK_N
+#             keys) takes the third-order series unmasked, as the loop's tiles there do, instead of
+#             the masked exact power that block 0 takes wherever it may hold the diagonal or the
+#             ragged end (`_first_block`);
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -143,7 +148,7 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
 # (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
 # 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "first")
 OCCUPANCY_REGS = {64: 168}
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
 # memory of the persistent kernel at D = 128: two Q buffers 32 KiB and rings 64 KiB), the
@@ -374,10 +379,38 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
 
     @gluon.jit
-    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL: gl.constexpr,
+    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, r_3, CAUSAL: gl.constexpr,
                      LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, PERSIST: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
+                     s_layout: gl.constexpr, o_layout: gl.constexpr, FIRST: gl.constexpr = False,
+                     COEF: gl.constexpr = False, DIAG: gl.constexpr = False):
+        """Block 0: (P_0, alpha, m, l). Masked with the exact power (it may be the diagonal or the
+        ragged end), or with FIRST (the "first" variant) the third-order series, unmasked, where
+        its central distance D_c >= r_3 (|D_c| >= r_3 not causal) and it holds BLOCK_N keys: then
+        every query of the block sees all of them (causally, D_c >= r_3 >= r_min > (BM + BN - 2) /
+        2 puts the block's last key before its first query)."""
+        BLOCK_N: gl.constexpr = bufs[2].shape[1]
+        args = (m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring)
+        if FIRST:
+            d_c = geo[0]
+            if not CAUSAL:   # causally a block at D_c <= -r_3 is past every query: masked
+                d_c = gl.abs(d_c)
+            if (S >= BLOCK_N) & (d_c >= r_3):
+                coef = None
+                if COEF:
+                    coef = _coef_row(0, geo, ph, 3, BLOCK_N)
+                res = _first_tile(*args, 3, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout, coef, DIAG)
+            else:
+                res = _first_tile(*args, 2, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
+        else:
+            res = _first_tile(*args, 2, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
+        return res
+
+    @gluon.jit
+    def _first_tile(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, MODE: gl.constexpr,
+                    CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
+                    PERSIST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, coef=None,
+                    DIAG: gl.constexpr = False):
+        """Block 0 with `_weight`'s MODE (2: masked, 3: the third-order series)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
         ka_empty, kp_empty = bufs[8], bufs[9]
         ka_desc, kp_desc = descs[0], descs[1]
@@ -397,8 +430,8 @@ if gluon_common.IMPORT_ERROR is None:
         _release(0, hi, ring[0], ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c = _cos_turns(_weight(0, geo, ph, 2, BLOCK_N) * sp)
-        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, True, CAUSAL, s_layout)
+        c = _cos_turns(_weight(0, geo, ph, MODE, BLOCK_N, False, coef, DIAG) * sp)
+        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, MODE == 2, CAUSAL, s_layout)
         return _p_operand(p, ka_smem.dtype, o_layout), alpha_r, m_i, l_i
 
     @gluon.jit
@@ -446,7 +479,7 @@ if gluon_common.IMPORT_ERROR is None:
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
                  COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr):
+                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr, FIRST: gl.constexpr = False):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
@@ -462,8 +495,9 @@ if gluon_common.IMPORT_ERROR is None:
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         mbarrier.wait(q_bar, q_phase)
         geo = _geometry(m0, T, S, LINEAR, bufs[1], BLOCK_N, s_layout, num_warps)
-        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL,
-                                            LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
+        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, r_3,
+                                            CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout, FIRST, COEF,
+                                            DIAG)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
@@ -578,7 +612,8 @@ if gluon_common.IMPORT_ERROR is None:
                               alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
                               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                               TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                              DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
+                              DIAG: gl.constexpr = False, FIRST: gl.constexpr = False,
+                              num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
         head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
@@ -592,7 +627,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps)
+                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps, FIRST)
 
     @gluon.jit
     def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
@@ -600,7 +635,8 @@ if gluon_common.IMPORT_ERROR is None:
                                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                                  TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
                                  LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                 PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 4):
+                                 FIRST: gl.constexpr = False, PRODUCER_REGS: gl.constexpr = 24,
+                                 num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "fws" variant; the consumers release each slot
         through an "empty" mbarrier instead of issuing its refill)."""
@@ -610,7 +646,7 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
                         lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps)),
+                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps, FIRST)),
             (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
         ], [1], [PRODUCER_REGS])
 
@@ -632,7 +668,8 @@ if gluon_common.IMPORT_ERROR is None:
                                          r_3, w_table, w_coef, coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
                                          STAGES: gl.constexpr, TABLE: gl.constexpr = False,
                                          COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                                         DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
+                                         DIAG: gl.constexpr = False, FIRST: gl.constexpr = False,
+                                         num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` as a persistent kernel (the "persistent" variant): program p
         runs item p, then claims the next unclaimed item (P + an atomic count at claim_ptr, which
         starts at zero; `_item`'s order, as the hardware hands out the blocks of a one-block-a-
@@ -675,7 +712,7 @@ if gluon_common.IMPORT_ERROR is None:
                     kp_bars, v_bars)
             _consume(bufs, descs, ph, q_bars.index(b), o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale,
                      r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
-                     (t // 2) & 1, True, num_warps)
+                     (t // 2) & 1, True, num_warps, FIRST)
             g = g + hi
             t = t + 1
             w = w_next
@@ -752,6 +789,7 @@ class Variants(NamedTuple):
     fws: bool
     occupancy: bool
     persistent: bool
+    first: bool
 
 
 def variant_flags(variants, D: int) -> Variants:
@@ -788,6 +826,56 @@ def persistent_programs(n_items: int, D: int, flags: Variants, device: torch.dev
     return min(n_items, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
+class Plan(NamedTuple):
+    """What a forward launch takes besides its tensors (`plan`): the kernel, grid and tile, the
+    integer and scalar arguments, the tables, the constexprs, and whether it claims items through
+    an atomic count ("persistent")."""
+    kernel: object
+    grid: tuple
+    block_m: int
+    block_n: int
+    lengths: tuple
+    scalars: tuple
+    extra: tuple
+    meta: dict
+    claims: bool
+
+
+# Plans of earlier launches, keyed by everything a plan is computed from (`gluon_tapa_fwd`): the
+# checks, the series' scalars, the tables and the schedules' flags took the host ~120 of the ~300
+# us a 4k forward spent before its kernel started on an H100 machine, all before the launch
+_PLANS: dict = {}
+_PLANS_MAX = 64
+
+
+def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale: float, causal: bool,
+         tile: tuple | None, variants, programs: int | None) -> Plan:
+    """The launch plan of `gluon_tapa_fwd` for these inputs' shapes, dtypes and devices (validated:
+    ValueError with `supported`'s reason); params: ScoreMod's validated TAPA params."""
+    reason = supported(q, k, v, theta=params["theta"], scale=scale)
+    if reason is not None:
+        raise ValueError(f"gluon_tapa_fwd: {reason}")
+    B, H, T, D = q.shape
+    flags = variant_flags(variants, D)   # "ws" is the backward's
+    G, S = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = tile or (TILES_FWS if flags.fws else TILES)[D]
+    scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
+    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
+                            flags.coef)
+    grid, lengths, kernel = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), gluon_tapa_fwd_kernel
+    meta = {"CAUSAL": bool(causal), "LINEAR": params["phase"] == "linear", "STAGES": stages, "TABLE": flags.table,
+            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "FIRST": flags.first, "num_warps": warps}
+    if flags.fws:
+        kernel, meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, PRODUCER_REGS
+    elif flags.persistent:
+        n_items = grid[0] * grid[1]
+        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
+        grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
+    if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS:
+        meta["maxnreg"] = OCCUPANCY_REGS[D]
+    return Plan(kernel, grid, block_m, block_n, lengths, scalars, extra, meta, flags.persistent and not flags.fws)
+
+
 def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,
                    phase_scale: float = 2.0 * math.pi, phase: str = "quadratic", scale: float = 1.0,
                    causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
@@ -798,40 +886,36 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
     poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_FWS[D] with
     "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D]); programs: the
-    "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each)."""
-    params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
-                                           "phase": phase}).params
-    reason = supported(q, k, v, theta=params["theta"], scale=scale)
-    if reason is not None:
-        raise ValueError(f"gluon_tapa_fwd: {reason}")
+    "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each).
+    The launch's `plan` is computed once per shapes, dtypes, devices and arguments."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise ValueError("gluon_tapa_fwd: q, k, v must be tensors")
+    try:
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, alpha, theta,
+               phase_scale, phase, scale, causal, tile, variants if variants is None else frozenset(variants),
+               programs, os.environ.get("TRITON_INTERPRET"))
+        launch_plan = _PLANS.get(key)
+    except TypeError:   # an unhashable argument: no plan is kept, and the checks below say what is wrong
+        key = launch_plan = None
+    if launch_plan is None:
+        params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
+                                               "phase": phase}).params
+        launch_plan = plan(q, k, v, params, scale, causal, tile, variants, programs)
+        if key is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = launch_plan
     q, k, v = (t.contiguous() for t in (q, k, v))
-    B, H, T, D = q.shape
-    flags = variant_flags(variants, D)   # "ws" is the backward's
-    G, S = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or (TILES_FWS if flags.fws else TILES)[D]
     if out is None:
         out = torch.empty_like(q)
     if lse is None:
-        lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
-    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or lse.shape != (B, H, T) \
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous() or lse.shape != q.shape[:3] \
             or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError("gluon_tapa_fwd: out must be like q and lse fp32 [B, H, T], both contiguous")
-    scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
-    extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
-                            flags.coef)
-    grid, lengths, meta = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), {}
-    if flags.fws:
-        kernel, meta = gluon_tapa_fwd_ws_kernel, {"PRODUCER_REGS": PRODUCER_REGS}
-    elif flags.persistent:
-        n_items = grid[0] * grid[1]
-        claims = torch.zeros(1, dtype=torch.int32, device=q.device)   # the items' atomic count
-        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items, claims)
-        grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
-    else:
-        kernel = gluon_tapa_fwd_kernel
-    launch(
-        kernel, grid, *descriptors(q, k, v, block_m, block_n), out, lse, *lengths, *scalars, *extra,
-        CAUSAL=bool(causal), LINEAR=params["phase"] == "linear", STAGES=stages, TABLE=flags.table,
-        COEF=flags.coef, LAZY=flags.lazy, DIAG=flags.diag, num_warps=warps, **meta,
-        **({"maxnreg": OCCUPANCY_REGS[D]} if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS else {}))
+    lengths = launch_plan.lengths
+    if launch_plan.claims:   # the persistent kernel's atomic count of claimed items
+        lengths = lengths + (torch.zeros(1, dtype=torch.int32, device=q.device),)
+    launch(launch_plan.kernel, launch_plan.grid, *descriptors(q, k, v, launch_plan.block_m, launch_plan.block_n),
+           out, lse, *lengths, *launch_plan.scalars, *launch_plan.extra, **launch_plan.meta)
     return out, lse

@@ -197,9 +197,10 @@ def test_variant_flags_refuse_unknown_names():
         assert chosen <= set(gluon_tapa.VARIANTS) and {"ws", "order3"} <= chosen
         # the register cap is for the head dims that have one, and fws (its own split) is off
         assert ("occupancy" in chosen) == (D in gluon_tapa.OCCUPANCY_REGS) and "fws" not in chosen
-    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 7
+    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 8
     flags = gluon_tapa.variant_flags(["ws", "lazy", "persistent"], 128)
-    assert flags == (False, False, True, False, True, False, False, False, True) and flags.lazy and not flags.coef
+    assert flags == (False, False, True, False, True, False, False, False, True, False) and flags.lazy
+    assert not flags.coef
     assert flags.persistent
     assert gluon_tapa.variant_flags((), 128) == (False,) * len(gluon_tapa.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
@@ -438,7 +439,9 @@ VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozen
                 frozenset({"order3", "coef", "lazy", "diag", "occupancy"}),
                 frozenset({"order3", "coef", "lazy", "diag", "table"}),
                 frozenset({"order3", "coef", "lazy", "diag", "persistent"}),
-                frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"})]
+                frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"}),
+                frozenset({"order3", "first"}), frozenset({"order3", "coef", "lazy", "diag", "table", "first"}),
+                frozenset({"order3", "coef", "lazy", "diag", "table", "persistent", "first"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
@@ -636,12 +639,17 @@ def test_gluon_tapa_lse_feeds_tl_backward(B, H, G, T, S, D, causal, params, dtyp
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("D,T", [(128, 1000), (64, 77)])
-def test_gluon_tapa_cached_launch_matches_float64(D, T):
-    """A launch like an earlier one runs from gluon_common.launch's cache (no new entry): its
-    result on new inputs matches float64 as the first launch's does."""
+def test_gluon_tapa_cached_launch_matches_float64(D, T, monkeypatch):
+    """A launch like an earlier one runs from gluon_common.launch's cache (no new entry) with the
+    earlier one's plan (gluon_tapa._PLANS, no new entry): its result on new inputs matches float64
+    as the first launch's does; another alpha takes a new plan."""
+    monkeypatch.setattr(gluon_tapa, "_PLANS", {})   # counted from empty: a full cache would be cleared
     for seed in (1, 2):
         q, k, v, _ = make_inputs(1, 4, 2, T, T, D, torch.bfloat16, seed=seed)
-        entries = len(gluon_tapa.gluon_common._LAUNCHES)
+        entries, plans = len(gluon_tapa.gluon_common._LAUNCHES), len(gluon_tapa._PLANS)
         check_forward(q, k, v, {}, causal=True, label=f"gluon-tapa-launch-{seed}")
         if seed == 2:
             assert len(gluon_tapa.gluon_common._LAUNCHES) == entries, "the second launch was not a cache hit"
+            assert len(gluon_tapa._PLANS) == plans, "the second launch computed its plan again"
+    check_forward(q, k, v, {"alpha": 0.3}, causal=True, label="gluon-tapa-launch-alpha")
+    assert len(gluon_tapa._PLANS) == plans + 1
