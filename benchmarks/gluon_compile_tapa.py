@@ -70,7 +70,7 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     backward's)."""
     sig, consts = signature(D, tile, dtype)
     consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
-               "LAZY": "lazy" in variants, "DIAG": "diag" in variants, "FIRST": "first" in variants}
+               "LAZY": "lazy" in variants, "DIAG": "diag" in variants}
     kernel = gluon_tapa.gluon_tapa_fwd_kernel
     if "fws" in variants:
         kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS

@@ -131,10 +131,6 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             query block's prologue overlaps the previous one (FlashAttention-3's persistent
 #             scheduling, https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off
 #             (kernels/attention/README.md has its timings);
-#   "first":  the forward's block 0 of a query block far from the diagonal (|D_c| >= r_3, BLOCK_N
-#             keys) takes the third-order series unmasked, as the loop's tiles there do, instead of
-#             the masked exact power that block 0 takes wherever it may hold the diagonal or the
-#             ragged end (`_first_block`);
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -148,7 +144,7 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
 # (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
 # 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "first")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
 # memory of the persistent kernel at D = 128: two Q buffers 32 KiB and rings 64 KiB), the
@@ -379,38 +375,10 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
 
     @gluon.jit
-    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, r_3, CAUSAL: gl.constexpr,
+    def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL: gl.constexpr,
                      LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr, PERSIST: gl.constexpr,
-                     s_layout: gl.constexpr, o_layout: gl.constexpr, FIRST: gl.constexpr = False,
-                     COEF: gl.constexpr = False, DIAG: gl.constexpr = False):
-        """Block 0: (P_0, alpha, m, l). Masked with the exact power (it may be the diagonal or the
-        ragged end), or with FIRST (the "first" variant) the third-order series, unmasked, where
-        its central distance D_c >= r_3 (|D_c| >= r_3 not causal) and it holds BLOCK_N keys: then
-        every query of the block sees all of them (causally, D_c >= r_3 >= r_min > (BM + BN - 2) /
-        2 puts the block's last key before its first query)."""
-        BLOCK_N: gl.constexpr = bufs[2].shape[1]
-        args = (m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring)
-        if FIRST:
-            d_c = geo[0]
-            if not CAUSAL:   # causally a block at D_c <= -r_3 is past every query: masked
-                d_c = gl.abs(d_c)
-            if (S >= BLOCK_N) & (d_c >= r_3):
-                coef = None
-                if COEF:
-                    coef = _coef_row(0, geo, ph, 3, BLOCK_N)
-                res = _first_tile(*args, 3, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout, coef, DIAG)
-            else:
-                res = _first_tile(*args, 2, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
-        else:
-            res = _first_tile(*args, 2, CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
-        return res
-
-    @gluon.jit
-    def _first_tile(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, MODE: gl.constexpr,
-                    CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, WS: gl.constexpr,
-                    PERSIST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr, coef=None,
-                    DIAG: gl.constexpr = False):
-        """Block 0 with `_weight`'s MODE (2: masked, 3: the third-order series)."""
+                     s_layout: gl.constexpr, o_layout: gl.constexpr):
+        """Block 0, always masked (it may be the diagonal or the ragged end): (P_0, alpha, m, l)."""
         qa_smem, qp_smem, ka_smem, kp_smem, ka_bars, kp_bars = bufs[0], bufs[1], bufs[2], bufs[3], bufs[5], bufs[6]
         ka_empty, kp_empty = bufs[8], bufs[9]
         ka_desc, kp_desc = descs[0], descs[1]
@@ -430,8 +398,8 @@ if gluon_common.IMPORT_ERROR is None:
         _release(0, hi, ring[0], ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
             sp = sp + geo[4][:, None]
-        c = _cos_turns(_weight(0, geo, ph, MODE, BLOCK_N, False, coef, DIAG) * sp)
-        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, MODE == 2, CAUSAL, s_layout)
+        c = _cos_turns(_weight(0, geo, ph, 2, BLOCK_N) * sp)
+        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, 0, geo[1], S, qk_scale, True, CAUSAL, s_layout)
         return _p_operand(p, ka_smem.dtype, o_layout), alpha_r, m_i, l_i
 
     @gluon.jit
@@ -479,7 +447,7 @@ if gluon_common.IMPORT_ERROR is None:
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
                  COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr, FIRST: gl.constexpr = False):
+                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
@@ -495,9 +463,8 @@ if gluon_common.IMPORT_ERROR is None:
         o = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
         mbarrier.wait(q_bar, q_phase)
         geo = _geometry(m0, T, S, LINEAR, bufs[1], BLOCK_N, s_layout, num_warps)
-        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, r_3,
-                                            CAUSAL, LINEAR, STAGES, WS, PERSIST, s_layout, o_layout, FIRST, COEF,
-                                            DIAG)
+        p, alpha_r, m_i, l_i = _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL,
+                                            LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
         args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
@@ -612,8 +579,7 @@ if gluon_common.IMPORT_ERROR is None:
                               alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
                               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                               TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                              DIAG: gl.constexpr = False, FIRST: gl.constexpr = False,
-                              num_warps: gl.constexpr = 4):
+                              DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
         columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
         head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
@@ -627,7 +593,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps, FIRST)
+                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps)
 
     @gluon.jit
     def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
@@ -635,8 +601,7 @@ if gluon_common.IMPORT_ERROR is None:
                                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                                  TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
                                  LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                 FIRST: gl.constexpr = False, PRODUCER_REGS: gl.constexpr = 24,
-                                 num_warps: gl.constexpr = 4):
+                                 PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "fws" variant; the consumers release each slot
         through an "empty" mbarrier instead of issuing its refill)."""
@@ -646,7 +611,7 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
                         lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps, FIRST)),
+                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps)),
             (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
         ], [1], [PRODUCER_REGS])
 
@@ -668,8 +633,7 @@ if gluon_common.IMPORT_ERROR is None:
                                          r_3, w_table, w_coef, coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr,
                                          STAGES: gl.constexpr, TABLE: gl.constexpr = False,
                                          COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                                         DIAG: gl.constexpr = False, FIRST: gl.constexpr = False,
-                                         num_warps: gl.constexpr = 4):
+                                         DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` as a persistent kernel (the "persistent" variant): program p
         runs item p, then claims the next unclaimed item (P + an atomic count at claim_ptr, which
         starts at zero; `_item`'s order, as the hardware hands out the blocks of a one-block-a-
@@ -712,7 +676,7 @@ if gluon_common.IMPORT_ERROR is None:
                     kp_bars, v_bars)
             _consume(bufs, descs, ph, q_bars.index(b), o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale,
                      r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
-                     (t // 2) & 1, True, num_warps, FIRST)
+                     (t // 2) & 1, True, num_warps)
             g = g + hi
             t = t + 1
             w = w_next
@@ -789,7 +753,6 @@ class Variants(NamedTuple):
     fws: bool
     occupancy: bool
     persistent: bool
-    first: bool
 
 
 def variant_flags(variants, D: int) -> Variants:
@@ -864,7 +827,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale:
                             flags.coef)
     grid, lengths, kernel = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), gluon_tapa_fwd_kernel
     meta = {"CAUSAL": bool(causal), "LINEAR": params["phase"] == "linear", "STAGES": stages, "TABLE": flags.table,
-            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "FIRST": flags.first, "num_warps": warps}
+            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": warps}
     if flags.fws:
         kernel, meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, PRODUCER_REGS
     elif flags.persistent:
