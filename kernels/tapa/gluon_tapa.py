@@ -99,8 +99,9 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # Optional schedules of the kernels, each a constexpr (`gluon_tapa_fwd(variants=...)`), each cutting
 # the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
 # counts):
-#   "table":  W of tiles near the diagonal (|D_c| < r_min, unmasked) read from a table of k_turn d^alpha
-#             (float64, rounded once; `distance_table`) instead of exp2(alpha lg2 d): no MUFU;
+#   "table":  W of tiles near the diagonal (|D_c| < r_min, unmasked; in the forward also the causal
+#             masked tiles past block 0) read from a table of k_turn d^alpha (float64, rounded once;
+#             `distance_table`) instead of exp2(alpha lg2 d): no MUFU;
 #   "order3": tiles far enough from the diagonal that three terms reach the series' bound
 #             (|D_c| >= r_3, `phase.series_radius(alpha, 3)`) take three FMAs instead of five;
 #   "ws":     the backward's dK/dV kernel loads its query blocks in a one-warp producer partition
