@@ -86,7 +86,8 @@ def _field_defaults() -> dict | None:
     layout), where every one has a default and padding's is "zero"; else None. Where they are
     known, `descriptor` sets the fields without the class's __post_init__, which only asserts
     what `descriptor` checks itself for the blocks the kernels use (alignment, a power-of-two block
-    of 16-256, the dtype): those asserts took 1.2 of the 1.7 us a descriptor cost the host."""
+    of 16-256, the dtype, the swizzle's width): the constructor took 1.7 us a descriptor on a CPU
+    machine, fields set directly 0.4."""
     if IMPORT_ERROR is not None:
         return None
     fields = dataclasses.fields(TensorDescriptor)

@@ -76,10 +76,12 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 if gluon_common.IMPORT_ERROR is None:
     @gluon.constexpr_function
     def rescale_asm(n):
-        """`_rescale`'s asm over all n fp32 accumulators of one thread (one branch a step: with
-        four packs of 16 each pack's taken branch cost an instruction-fetch stall): outputs $0..
-        start as the inputs $n.., $2n.. carry the warp's vote (0: every alpha of the warp is 1; all
-        equal), $3n.. the rows' alphas. The braces scope the label to each copy of the asm."""
+        """`_rescale`'s asm over all n fp32 accumulators of one thread, one branch a step (four
+        packs of 16 took four branches, each drawing instruction-fetch stalls in the TAPA
+        forward's Nsight Compute samples, benchmarks/results/ncu/tapa-gluon-4k-source.csv.gz):
+        outputs $0.. start as the inputs $n.., $2n.. carry the warp's vote (0: every alpha of the
+        warp is 1; all equal), $3n.. the rows' alphas. The braces scope the label to each copy of
+        the asm."""
         return ("{ .reg .pred p; " + f"setp.eq.u32 p, ${2 * n}, 0; "
                 + " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
                 + " @p bra.uni DONE; "
