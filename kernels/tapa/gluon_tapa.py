@@ -807,8 +807,9 @@ class Plan(NamedTuple):
 
 # Plans of earlier launches, keyed by everything a plan is computed from (`gluon_tapa_fwd`): the
 # checks, the series' scalars, the tables and the schedules' flags, all host work before the
-# launch (31.6 -> 23.5 us of `gluon_tapa_fwd` without its launch on a CPU machine,
-# benchmarks/results/gluon-tapa-fwd-h100-4k.md section 7)
+# launch (`gluon_tapa_fwd` without its launch, the routing check stubbed: 41.0 us computing them
+# each call, 23.3 from a plan, on a CPU machine; benchmarks/results/gluon-tapa-fwd-h100-4k.md
+# section 7)
 _PLANS: dict = {}
 _PLANS_MAX = 64
 
