@@ -854,15 +854,13 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D]); programs: the
     "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each).
     The launch's `plan` is computed once per shapes, dtypes, devices and arguments."""
-    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        raise ValueError("gluon_tapa_fwd: q, k, v must be tensors")
     try:
         key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, alpha, theta,
                phase_scale, phase, scale, causal, tile, variants if variants is None else frozenset(variants),
                programs, os.environ.get("TRITON_INTERPRET"))
         launch_plan = _PLANS.get(key)
-    except TypeError:   # an unhashable argument: no plan is kept, and the checks below say what is wrong
-        key = launch_plan = None
+    except (AttributeError, TypeError):   # not tensors, or an unhashable argument: no plan is kept, and
+        key = launch_plan = None          # `plan`'s checks say what is wrong
     if launch_plan is None:
         params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                                "phase": phase}).params

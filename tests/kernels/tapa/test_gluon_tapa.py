@@ -82,6 +82,8 @@ def test_launcher_validates_and_refuses(gluon_importable):
         gluon_tapa.gluon_tapa_fwd(q, k, v, phase="cubic")
     with pytest.raises(ValueError, match="theta=0.25 with head dim 128"):
         gluon_tapa.gluon_tapa_fwd(q, k, v, theta=0.25)
+    with pytest.raises(ValueError, match="q, k, v must be 4-D tensors"):   # before any plan is keyed
+        gluon_tapa.gluon_tapa_fwd(None, k, v)
 
 
 @pytest.mark.skipif(gluon_tapa.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
