@@ -10,7 +10,7 @@ The GPU machine runs Triton 3.6.0; check against it where the local Triton is an
     python benchmarks/gluon_compile_tapa.py --dims 128 --causal 1 --phases quadratic --variants none table \
         table+order3
 
-`--variants` names combinations of gluon_tapa.VARIANTS joined by "+" ("none": no optional
+`--variants` names combinations of gluon_tapa_host.VARIANTS joined by "+" ("none": no optional
 schedule; "default", the default: each head dim's DEFAULT_VARIANTS); each row also prints the
 SASS instructions an iteration of every key-block loop.
 
@@ -43,7 +43,7 @@ from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
     time_forward,
 )
 
-from phaselab.kernels.tapa import gluon_tapa
+from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_host
 
 PHASES = ("quadratic", "linear")
 
@@ -56,7 +56,7 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
     block_m, block_n, stages, _ = tile
     q = torch.zeros(1, 1, 256, D, dtype=dtype)
     names = ("qa_desc", "qp_desc", "ka_desc", "kp_desc", "v_desc")
-    sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa.descriptors(q, q, q, block_m, block_n))}
+    sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa_host.descriptors(q, q, q, block_m, block_n))}
     sig |= {"o_ptr": mangle_type(q), "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5")}
     sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32", "w_coef": "*fp32", "coef_base": "i32"}
@@ -66,7 +66,7 @@ def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tu
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
                     dtype: torch.dtype = torch.bfloat16, variants: frozenset[str] = frozenset()) -> dict:
     """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`);
-    variants: names from gluon_tapa.VARIANTS ("order3" changes no code, only r_3; "ws" is the
+    variants: names from gluon_tapa_host.VARIANTS ("order3" changes no code, only r_3; "ws" is the
     backward's)."""
     sig, consts = signature(D, tile, dtype)
     consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
@@ -76,7 +76,7 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
         kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
     elif "persistent" in variants:
         kernel, sig["n_items"], sig["claim_ptr"] = gluon_tapa.gluon_tapa_fwd_persistent_kernel, "i32", "*i32"
-    cap = gluon_tapa.OCCUPANCY_REGS.get(D) if "occupancy" in variants and "fws" not in variants else None
+    cap = gluon_tapa_host.OCCUPANCY_REGS.get(D) if "occupancy" in variants and "fws" not in variants else None
     return compile_report(kernel, sig, consts, tile[3], maxnreg=cap)   # the cap as the launcher applies it
 
 
@@ -138,31 +138,31 @@ def _print_timings(D: int, rows: list[tuple[frozenset[str], tuple]], causal: boo
 
 
 def parse_variants(text: str) -> frozenset[str] | None:
-    """A "+"-joined set of gluon_tapa.VARIANTS; "none": the empty set; "default": None, each head
-    dim's gluon_tapa.DEFAULT_VARIANTS (`resolve`)."""
+    """A "+"-joined set of gluon_tapa_host.VARIANTS; "none": the empty set; "default": None, each head
+    dim's gluon_tapa_host.DEFAULT_VARIANTS (`resolve`)."""
     if text == "default":
         return None
     chosen = frozenset() if text == "none" else frozenset(text.split("+"))
-    if not chosen <= set(gluon_tapa.VARIANTS):
+    if not chosen <= set(gluon_tapa_host.VARIANTS):
         raise argparse.ArgumentTypeError(f"variants {text!r}: 'none', 'default' or names from "
-                                         f"{', '.join(gluon_tapa.VARIANTS)} joined by '+'")
+                                         f"{', '.join(gluon_tapa_host.VARIANTS)} joined by '+'")
     return chosen
 
 
 def resolve(variants: frozenset[str] | None, D: int) -> frozenset[str]:
-    return gluon_tapa.DEFAULT_VARIANTS[D] if variants is None else variants
+    return gluon_tapa_host.DEFAULT_VARIANTS[D] if variants is None else variants
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_tapa.TILES))
+    p.add_argument("--dims", type=int, nargs="+", default=list(gluon_tapa_host.TILES))
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
-                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa.TILES[D], TILES_FWS[D] with fws)")
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa_host.TILES[D], TILES_FWS[D] with fws)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--variants", type=parse_variants, nargs="+", default=[None],
-                   help="combinations of " + ", ".join(gluon_tapa.VARIANTS) + " joined by '+', 'none' or "
+                   help="combinations of " + ", ".join(gluon_tapa_host.VARIANTS) + " joined by '+', 'none' or "
                    "'default' (each head dim's DEFAULT_VARIANTS)")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for variants in args.variants:
             variants = resolve(variants, D)
-            tile = tile_arg or (gluon_tapa.TILES_FWS if "fws" in variants else gluon_tapa.TILES)[D]
+            tile = tile_arg or (gluon_tapa_host.TILES_FWS if "fws" in variants else gluon_tapa_host.TILES)[D]
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
             label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
             if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype,

@@ -11,7 +11,7 @@ where the local Triton is another version:
     python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --kernels dkdv --tiles 32x128x2x8 64x64x2x4
     python benchmarks/gluon_compile_tapa_bwd.py --dims 128 --causal 1 --phases quadratic --variants none table+order3
 
-`--variants` as in gluon_compile_tapa.py (gluon_tapa.VARIANTS joined by "+", or "none"); each row
+`--variants` as in gluon_compile_tapa.py (gluon_tapa_host.VARIANTS joined by "+", or "none"); each row
 also prints the SASS instructions an iteration of every query- or key-block loop. On an sm_90 GPU,
 `--time N [N ...]` times the Gluon TAPA forward + backward with each variant (both kernels take it;
 bf16, causal, H = 16, 65536 tokens a batch, CUDA events, median of 30) against SDPA cuDNN's at
@@ -39,6 +39,7 @@ from gluon_compile import (  # the sibling script (benchmarks/ is on sys.path)
 from gluon_compile_tapa import parse_variants, resolve
 
 from phaselab.kernels.tapa import gluon_tapa_bwd as bwd
+from phaselab.kernels.tapa import gluon_tapa_host
 
 KERNELS = ("dkdv", "dq")
 PHASES = ("quadratic", "linear")
@@ -52,7 +53,7 @@ def signature(kernel_name: str, D: int, tile: tuple[int, int, int, int], dtype: 
     block_m, block_n, _, _ = tile
     x = torch.zeros(1, 1, 256, D, dtype=dtype)
     names = ("qa_desc", "qp_desc", "ka_desc", "kp_desc", "v_desc")
-    sig = {n: mangle_type(d) for n, d in zip(names, bwd.gluon_tapa.descriptors(x, x, x, block_m, block_n))}
+    sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa_host.descriptors(x, x, x, block_m, block_n))}
     sig |= {"do_desc": mangle_type(bwd.descriptor(x, block_m)), "lse_ptr": "*fp32", "dlt_ptr": "*fp32"}
     outs = ("dq_ptr",) if kernel_name == "dq" else ("dk_ptr", "dv_ptr")
     sig |= {n: mangle_type(x) for n in outs} | {"T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     p.add_argument("--variants", type=parse_variants, nargs="+", default=[None],
-                   help="combinations of " + ", ".join(bwd.gluon_tapa.VARIANTS) + " joined by '+', 'none' or "
+                   help="combinations of " + ", ".join(gluon_tapa_host.VARIANTS) + " joined by '+', 'none' or "
                    "'default' (each head dim's DEFAULT_VARIANTS)")
     p.add_argument("--time", type=int, nargs="+", default=[], metavar="N",
                    help="on an sm_90 GPU, also time forward + backward of each variant at these lengths")

@@ -17,7 +17,7 @@ from phaselab.kernels.common.checks import check_pos, check_qkv, check_scale
 from phaselab.kernels.common.options import DEFAULT_OPTIONS, AttentionOptions, record_options
 from phaselab.kernels.common.score_mod import ScoreMod, tapa_split
 from phaselab.kernels.registry import record_impl
-from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, ops
+from phaselab.kernels.tapa import gluon_tapa_bwd, gluon_tapa_host, ops
 
 # The kernels a call can run on (ops.py): forward and backward in `tl`, or both in Gluon (Hopper).
 CORES = ("tl", "gluon")
@@ -63,8 +63,8 @@ def tapa_attention(q_BHTD: Tensor, k_BGSD: Tensor, v_BGSD: Tensor, *, pos_q_BT: 
     if run_on == "tl":
         record_options("tapa", tapa_series=options.tapa_series, exp2=options.exp2, autotune=options.autotune,
                        core=run_on)
-    else:   # the Gluon kernels' optional schedules (gluon_tapa.VARIANTS) that ran
-        record_options("tapa", core=run_on, variants=sorted(gluon_tapa.DEFAULT_VARIANTS[D]))
+    else:   # the Gluon kernels' optional schedules (gluon_tapa_host.VARIANTS) that ran
+        record_options("tapa", core=run_on, variants=sorted(gluon_tapa_host.DEFAULT_VARIANTS[D]))
     out, _lse = ops.tapa_fwd_call(q, k, v, pos_q, pos_k, d_amp, float(params["alpha"]),
                                   float(params["phase_scale"]), params["phase"] == "linear", scale, bool(causal),
                                   bool(deterministic), options.exp2, options.tapa_series, options.autotune, run_on)

@@ -32,7 +32,7 @@ W comes as in the forward (gluon_tapa.py): tiles whose central distance |D_c| >=
 binomial series about the centre (`gluon_tapa._w_series_e`, the radius `phase._taylor`'s), tiles near
 the diagonal exp2(alpha lg2 d) (`gluon_tapa._w_exact`), masked tiles (the causal diagonal, ragged
 key ends in dQ) the exact power too; the forward's "order3", "table" and "diag" variants
-(`gluon_tapa.VARIANTS`) apply to both kernels, "coef" to dQ ("lazy", "fws" and "occupancy" are the
+(`gluon_tapa_host.VARIANTS`) apply to both kernels, "coef" to dQ ("lazy", "fws" and "occupancy" are the
 forward's alone). The dK/dV kernel's tiles are transposed (rows keys,
 columns queries): the same helpers take negated offsets (`_weight_t`). Its "ws" variant
 (`gluon_tapa_bwd_dkdv_ws_kernel`) issues the ring's loads from a one-warp producer partition, the
@@ -61,7 +61,7 @@ from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.common.triton_common import do_o_rows
 from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, descriptor, launch
-from phaselab.kernels.tapa import gluon_tapa
+from phaselab.kernels.tapa import gluon_tapa_host
 
 if gluon_common.IMPORT_ERROR is None:   # Gluon's Hopper API, as gluon_common imported it
     from phaselab.kernels.flash.gluon_common import (
@@ -113,9 +113,9 @@ _TWO_PI = 2.0 * math.pi
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos_k=None, *,
               theta: float = 0.5, scale: float = 1.0) -> str | None:
     """None when the Gluon TAPA backward can run on these inputs, else a short reason: the
-    forward's restrictions (`gluon_tapa.supported`: the D/2 split, scale > 0, index positions,
+    forward's restrictions (`gluon_tapa_host.supported`: the D/2 split, scale > 0, index positions,
     dtypes, widths, lengths, machine), which the backward's kernels share."""
-    return gluon_tapa.supported(q, k, v, pos_q, pos_k, theta=theta, scale=scale, what="the Gluon TAPA backward")
+    return gluon_tapa_host.supported(q, k, v, pos_q, pos_k, theta=theta, scale=scale, what="the Gluon TAPA backward")
 
 
 if gluon_common.IMPORT_ERROR is None:
@@ -590,9 +590,9 @@ def _validated(do, q, k, v, out, lse, grads, params: dict, scale: float) -> tupl
 
 
 def kernel_scalars(D: int, alpha: float, phase_scale: float, scale: float, block_m: int, block_n: int) -> tuple:
-    """The forward's scalars (`gluon_tapa.kernel_scalars`: qk_scale, alpha, k_turn, c_1 .. c_5,
+    """The forward's scalars (`gluon_tapa_host.kernel_scalars`: qk_scale, alpha, k_turn, c_1 .. c_5,
     r_min for this tile) and ds_scale = scale / sqrt(D_A), the epilogue's factor (module docstring)."""
-    return (*gluon_tapa.kernel_scalars(D, alpha, phase_scale, scale, block_m, block_n), scale / math.sqrt(D // 2))
+    return (*gluon_tapa_host.kernel_scalars(D, alpha, phase_scale, scale, block_m, block_n), scale / math.sqrt(D // 2))
 
 
 def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -605,13 +605,13 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (linear: the linear phase),
     validated the same way; `supported` must hold. grads: optional preallocated contiguous (dq, dk,
     dv) (tests poison them); dkdv_tile / dq_tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
-    DKDV_TILES[D] / DQ_TILES[D]; variants: names from `gluon_tapa.VARIANTS` (default
-    `gluon_tapa.DEFAULT_VARIANTS[D]`), the same schedules in both kernels. Deterministic: no atomics."""
+    DKDV_TILES[D] / DQ_TILES[D]; variants: names from `gluon_tapa_host.VARIANTS` (default
+    `gluon_tapa_host.DEFAULT_VARIANTS[D]`), the same schedules in both kernels. Deterministic: no atomics."""
     params = ScoreMod(kind="tapa", params={"alpha": alpha, "theta": theta, "phase_scale": phase_scale,
                                            "phase": "linear" if linear else "quadratic"}).params
     do, q, k, v, out, lse, (dq, dk, dv) = _validated(do, q, k, v, out, lse, grads, params, scale)
     B, H, T, D = q.shape
-    flags = gluon_tapa.variant_flags(variants, D)   # "lazy", "fws" and "occupancy" are the forward's
+    flags = gluon_tapa_host.variant_flags(variants, D)   # "lazy", "fws" and "occupancy" are the forward's
     table, order3, ws, diag = flags.table, flags.order3, flags.ws, flags.diag
     G, S = k.shape[1], k.shape[2]
     dkdv_tile, dq_tile = tuple(dkdv_tile or DKDV_TILES[D]), tuple(dq_tile or DQ_TILES[D])
@@ -626,9 +626,9 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
             (gluon_tapa_bwd_dq_kernel, dq_tile, (triton.cdiv(T, dq_tile[0]), B * H), (dq,), {"COEF": flags.coef})):
         *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
         # dQ's tiles read the forward's coefficient table; dK/dV's transposed ones compute theirs
-        extra = gluon_tapa.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device,
+        extra = gluon_tapa_host.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device,
                                            extra_meta.get("COEF", False))
-        qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, v, bm, bn)
+        qa, qp, ka, kp, vd = gluon_tapa_host.descriptors(q, k, v, bm, bn)
         launch(kernel, grid, qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars,
                *extra, ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)
     return dq, dk, dv

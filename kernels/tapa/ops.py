@@ -46,7 +46,7 @@ def tapa_fwd_body(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor,
                   series: bool, autotune: bool, core: str) -> tuple[Tensor, Tensor]:
     """What `tapa_fwd` runs: (out, lse), both contiguous."""
     q, k, v = last_dim_dense(q, k, v)
-    if core == "gluon":  # D_A = D / 2 (gluon_tapa.supported), so theta is 0.5
+    if core == "gluon":  # D_A = D / 2 (gluon_tapa_host.supported), so theta is 0.5
         return gluon_tapa.gluon_tapa_fwd(q, k, v, alpha=alpha, phase_scale=phase_scale, scale=scale, causal=causal,
                                          phase="linear" if linear else "quadratic")
     return triton_tapa.tapa_fwd(q, k, v, pos_q, pos_k, d_amp=d_amp, alpha=alpha, phase_scale=phase_scale,

@@ -10,7 +10,7 @@ Triton `tl` TAPA forward's own error) into NaN-poisoned buffers, over lengths no
 not, alphas that take the series, the exact series (alpha = 1) and no series (alpha = 7.5), every
 tile; absolute offsets of the positions (the kernel is index-only: TAPA depends on |m - n| alone) up
 to 2**50 and distances beyond 2**24 (S = 2**24 + 77); the lse fed to the `tl` TAPA backward gives
-the `tl` path's gradients; the schedules of `gluon_tapa.VARIANTS` ("lazy" also with logits that grow
+the `tl` path's gradients; the schedules of `gluon_tapa_host.VARIANTS` ("lazy" also with logits that grow
 along the keys, so that rows both keep and replace their max; "diag" bitwise against the series).
 """
 
@@ -24,7 +24,7 @@ import torch
 
 from phaselab.kernels.attention import reference
 from phaselab.kernels.common.score_mod import ScoreMod
-from phaselab.kernels.tapa import gluon_tapa, phase, triton_tapa
+from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_host, phase, triton_tapa
 from phaselab.kernels.tapa.reference import tapa_scores
 from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
 
@@ -48,28 +48,28 @@ def test_module_imports_without_gpu():
 
 def test_supported_reasons(gluon_importable):
     q, k, v = _qkv()
-    assert gluon_tapa.supported(q, k, v) == "device cpu (needs CUDA, one device)"
-    assert gluon_tapa.supported(q, k, v, theta=0.25) == \
+    assert gluon_tapa_host.supported(q, k, v) == "device cpu (needs CUDA, one device)"
+    assert gluon_tapa_host.supported(q, k, v, theta=0.25) == \
         "theta=0.25 with head dim 128 gives D_A=32 (the Gluon TAPA forward needs D_A = D / 2)"
-    assert gluon_tapa.supported(q, k, v, scale=-1.0).startswith("scale=-1.0 (the Gluon TAPA forward needs scale > 0")
-    assert gluon_tapa.supported(q, k, v, torch.arange(8)[None], torch.arange(8)[None]) == \
+    assert gluon_tapa_host.supported(q, k, v, scale=-1.0).startswith("scale=-1.0 (the Gluon TAPA forward needs scale > 0")
+    assert gluon_tapa_host.supported(q, k, v, torch.arange(8)[None], torch.arange(8)[None]) == \
         "explicit positions (the Gluon TAPA forward is index-causal)"
-    assert gluon_tapa.supported(*_qkv(dtype=torch.float32)).startswith("dtype torch.float32")
-    assert gluon_tapa.supported(*_qkv(D=96)) == "head dims q 96, k 96, v 96 (needs one of (64, 128))"
-    assert gluon_tapa.supported(*_qkv(D=64)) == "device cpu (needs CUDA, one device)"
-    assert gluon_tapa.supported(*_qkv(H=3, G=2)).startswith("shapes q (1, 3, 8, 128)")
-    assert gluon_tapa.supported(q[0], k, v) == "q, k, v must be 4-D tensors"
+    assert gluon_tapa_host.supported(*_qkv(dtype=torch.float32)).startswith("dtype torch.float32")
+    assert gluon_tapa_host.supported(*_qkv(D=96)) == "head dims q 96, k 96, v 96 (needs one of (64, 128))"
+    assert gluon_tapa_host.supported(*_qkv(D=64)) == "device cpu (needs CUDA, one device)"
+    assert gluon_tapa_host.supported(*_qkv(H=3, G=2)).startswith("shapes q (1, 3, 8, 128)")
+    assert gluon_tapa_host.supported(q[0], k, v) == "q, k, v must be 4-D tensors"
     long_k = torch.zeros(1, 1, 1, 128).expand(1, 1, 2**29, 128)
-    assert gluon_tapa.supported(q, long_k, long_k).startswith("lengths T=8, S=536870912")
+    assert gluon_tapa_host.supported(q, long_k, long_k).startswith("lengths T=8, S=536870912")
 
 
 def test_supported_without_gluon_or_under_interpreter(monkeypatch):
     q, k, v = _qkv()
-    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", "ImportError: no module named gluon")
-    assert gluon_tapa.supported(q, k, v) == "gluon unavailable (ImportError: no module named gluon)"
-    monkeypatch.setattr(gluon_tapa.gluon_common, "IMPORT_ERROR", None)
+    monkeypatch.setattr(gluon_tapa_host.gluon_common, "IMPORT_ERROR", "ImportError: no module named gluon")
+    assert gluon_tapa_host.supported(q, k, v) == "gluon unavailable (ImportError: no module named gluon)"
+    monkeypatch.setattr(gluon_tapa_host.gluon_common, "IMPORT_ERROR", None)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert gluon_tapa.supported(q, k, v).startswith("TRITON_INTERPRET is set")
+    assert gluon_tapa_host.supported(q, k, v).startswith("TRITON_INTERPRET is set")
 
 
 def test_launcher_validates_and_refuses(gluon_importable):
@@ -90,7 +90,7 @@ def test_launcher_validates_and_refuses(gluon_importable):
 def test_descriptors_are_views_of_the_halves():
     q = torch.zeros(2, 3, 100, 128, dtype=torch.bfloat16)
     k = torch.zeros(2, 1, 90, 128, dtype=torch.bfloat16)
-    qa, qp, ka, kp, vd = gluon_tapa.descriptors(q, k, k, 64, 32)
+    qa, qp, ka, kp, vd = gluon_tapa_host.descriptors(q, k, k, 64, 32)
     for desc, base, offset, rows in ((qa, q, 0, 600), (qp, q, 64, 600), (ka, k, 0, 180), (kp, k, 64, 180)):
         assert desc.base.data_ptr() == base.data_ptr() + 2 * offset  # no copy: a strided view
         assert list(desc.shape) == [rows, 64] and list(desc.strides) == [128, 1]
@@ -106,11 +106,11 @@ def test_series_radius_covers_every_series_tile(alpha, tile):
     |D_c + e|^alpha within `phase._taylor`'s bound, 1.4e-7 of the leading term |D_c|^alpha, at
     either sign of D_c."""
     bm, bn = tile
-    qk_scale, a, k_turn, *coef, r_min = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
+    qk_scale, a, k_turn, *coef, r_min = gluon_tapa_host.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
     assert a == alpha and k_turn == pytest.approx(1 / 8) and qk_scale == pytest.approx(1 / (8 * LN2))
     u_max = phase._taylor(alpha)[0]
     if u_max == 0.0:
-        assert r_min == gluon_tapa._R_MIN_CAP  # no series: every tile exact below 2**29 keys
+        assert r_min == gluon_tapa_host._R_MIN_CAP  # no series: every tile exact below 2**29 keys
         return
     i = torch.arange(bm, dtype=torch.float64)[:, None]
     j = torch.arange(bn, dtype=torch.float64)[None, :]
@@ -131,12 +131,12 @@ def test_order3_radius_covers_its_tiles(alpha, tile):
     third-order series (in float64) matches |D_c + e|^alpha within 1.4e-7 of |D_c|^alpha for every
     in-tile offset e, at either sign of D_c."""
     bm, bn = tile
-    *_, c1, c2, c3, _c4, _c5, r_min = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
-    r_3 = gluon_tapa.order3_radius(alpha, bm, bn, r_min)
-    assert r_min <= r_3 <= gluon_tapa._R_MIN_CAP
+    *_, c1, c2, c3, _c4, _c5, r_min = gluon_tapa_host.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)
+    r_3 = gluon_tapa_host.order3_radius(alpha, bm, bn, r_min)
+    assert r_min <= r_3 <= gluon_tapa_host._R_MIN_CAP
     u_3 = phase.series_radius(alpha, 3)
     if u_3 == 0.0:
-        assert r_3 == gluon_tapa._R_MIN_CAP
+        assert r_3 == gluon_tapa_host._R_MIN_CAP
         return
     e = torch.arange(bm, dtype=torch.float64)[:, None] - torch.arange(bn, dtype=torch.float64)[None, :] - (bm - bn) // 2
     for dc in (r_3, -r_3, 5 * r_3 + 3, -(2**28)):
@@ -168,12 +168,12 @@ def test_series_radius_bounds_the_tail(alpha):
 def test_distance_table_and_variant_scalars():
     """The "table" variant's W: k_turn d^alpha from float64, rounded once, over d < min(r_min,
     max(S, T)) + BM + BN; without the variant one entry; r_3 = r_min without "order3"."""
-    scalars = gluon_tapa.kernel_scalars(128, 0.1, 2 * math.pi, 1.0, 64, 64)
+    scalars = gluon_tapa_host.kernel_scalars(128, 0.1, 2 * math.pi, 1.0, 64, 64)
     k_turn, r_min = scalars[2], scalars[-1]
-    r_3, table, w_coef, base = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, True, True,
+    r_3, table, w_coef, base = gluon_tapa_host.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, True, True,
                                                           torch.device("cpu"))
     assert w_coef is table and base == 0   # without "coef": a stand-in the kernel never reads
-    assert r_3 == gluon_tapa.order3_radius(0.1, 64, 64, r_min) > r_min
+    assert r_3 == gluon_tapa_host.order3_radius(0.1, 64, 64, r_min) > r_min
     assert table.dtype == torch.float32 and table.shape == (r_min + 128,)
     d = torch.arange(r_min + 128, dtype=torch.float64)
     assert torch.equal(table, (k_turn * d**0.1).float()) and table[0] == 0.0
@@ -182,30 +182,30 @@ def test_distance_table_and_variant_scalars():
         assert table[d].item() == pytest.approx(k_turn * math.pow(d, 0.1), rel=6e-8)
     # without "order3" r_3 lies past every distance a launch can have (lengths < _MAX_LEN), so no
     # tile takes the third order; r_3 = r_min would give it to every series tile
-    r_3, table, *_ = gluon_tapa.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
-    assert r_3 == gluon_tapa._R_MIN_CAP >= gluon_tapa._MAX_LEN and table.shape == (300 + 128,)  # max(S, T) + BM + BN
-    r_3, table, *coef = gluon_tapa.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False,
+    r_3, table, *_ = gluon_tapa_host.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
+    assert r_3 == gluon_tapa_host._R_MIN_CAP >= gluon_tapa_host._MAX_LEN and table.shape == (300 + 128,)  # max(S, T) + BM + BN
+    r_3, table, *coef = gluon_tapa_host.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False,
                                                    torch.device("cpu"), coef=True)
-    want, want_base = gluon_tapa.coefficient_table(4096, 4096, 64, 64, 0.1, k_turn, torch.device("cpu"))
+    want, want_base = gluon_tapa_host.coefficient_table(4096, 4096, 64, 64, 0.1, k_turn, torch.device("cpu"))
     assert torch.equal(coef[0], want) and coef[1] == want_base
-    assert r_3 == gluon_tapa._R_MIN_CAP and table.shape == (1,)
+    assert r_3 == gluon_tapa_host._R_MIN_CAP and table.shape == (1,)
 
 
 def test_variant_flags_refuse_unknown_names():
-    assert gluon_tapa.Variants._fields == gluon_tapa.VARIANTS
-    assert set(gluon_tapa.DEFAULT_VARIANTS) == set(gluon_tapa.TILES)   # a default for every head dim
-    for D, chosen in gluon_tapa.DEFAULT_VARIANTS.items():
-        assert gluon_tapa.variant_flags(None, D) == tuple(v in chosen for v in gluon_tapa.VARIANTS)
-        assert chosen <= set(gluon_tapa.VARIANTS) and {"ws", "order3"} <= chosen
+    assert gluon_tapa_host.Variants._fields == gluon_tapa_host.VARIANTS
+    assert set(gluon_tapa_host.DEFAULT_VARIANTS) == set(gluon_tapa_host.TILES)   # a default for every head dim
+    for D, chosen in gluon_tapa_host.DEFAULT_VARIANTS.items():
+        assert gluon_tapa_host.variant_flags(None, D) == tuple(v in chosen for v in gluon_tapa_host.VARIANTS)
+        assert chosen <= set(gluon_tapa_host.VARIANTS) and {"ws", "order3"} <= chosen
         # the register cap is for the head dims that have one, and fws (its own split) is off
-        assert ("occupancy" in chosen) == (D in gluon_tapa.OCCUPANCY_REGS) and "fws" not in chosen
-    assert gluon_tapa.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 7
-    flags = gluon_tapa.variant_flags(["ws", "lazy", "persistent"], 128)
+        assert ("occupancy" in chosen) == (D in gluon_tapa_host.OCCUPANCY_REGS) and "fws" not in chosen
+    assert gluon_tapa_host.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 7
+    flags = gluon_tapa_host.variant_flags(["ws", "lazy", "persistent"], 128)
     assert flags == (False, False, True, False, True, False, False, False, True) and flags.lazy and not flags.coef
     assert flags.persistent
-    assert gluon_tapa.variant_flags((), 128) == (False,) * len(gluon_tapa.VARIANTS)
+    assert gluon_tapa_host.variant_flags((), 128) == (False,) * len(gluon_tapa_host.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
-        gluon_tapa.variant_flags({"table", "eager"}, 64)
+        gluon_tapa_host.variant_flags({"table", "eager"}, 64)
 
 
 @pytest.mark.parametrize("T,S,bm,bn,alpha", [(4096, 4096, 64, 64, 0.1), (300, 4099, 64, 64, 0.5),
@@ -216,8 +216,8 @@ def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
     (`_coef_row`: (x0 - base) // BN - j, x0 = m0 + S - T + (BM - BN) / 2 as `_geometry`'s) lies in
     the table and holds that tile's central distance; each row holds f = k_turn |D_c|^alpha and
     g_i = f binom(alpha, i) / D_c^i, from Python's float64 power, rounded once to fp32."""
-    k_turn = gluon_tapa.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)[2]
-    table, base = gluon_tapa.coefficient_table(T, S, bm, bn, alpha, k_turn, torch.device("cpu"))
+    k_turn = gluon_tapa_host.kernel_scalars(128, alpha, 2 * math.pi, 1.0, bm, bn)[2]
+    table, base = gluon_tapa_host.coefficient_table(T, S, bm, bn, alpha, k_turn, torch.device("cpu"))
     assert table.dtype == torch.float32 and table.shape[1] == 8 and table.is_contiguous()
     rows = set()
     for m0 in range(0, T, bm):
@@ -234,7 +234,7 @@ def test_coefficient_table_covers_every_tile(T, S, bm, bn, alpha):
         assert table[row, :6].tolist() == pytest.approx(want, rel=6e-8, abs=0.0), (row, d)
         assert table[row, 6:].tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="multiple of BLOCK_N"):
-        gluon_tapa.coefficient_table(256, 256, 64, 128, alpha, k_turn, torch.device("cpu"))
+        gluon_tapa_host.coefficient_table(256, 256, 64, 128, alpha, k_turn, torch.device("cpu"))
 
 
 def _wgmma_register_cells(num_warps, n):
@@ -417,7 +417,7 @@ def test_gluon_tapa_persistent_matches_float64(B, H, G, T, S, D, causal, params,
     """The "persistent" kernel: one program running every item (each ring slot and Q buffer
     reused across items of every length, hi = 1 among them), three, and the default grid."""
     q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
-    variants = gluon_tapa.DEFAULT_VARIANTS[D] | {"persistent"}
+    variants = gluon_tapa_host.DEFAULT_VARIANTS[D] | {"persistent"}
     check_forward(q, k, v, params, causal=causal, variants=variants, programs=programs,
                   label=f"gluon-tapa-persistent-{programs}")
 
@@ -580,7 +580,7 @@ def test_gluon_tapa_series_holds_its_bound_at_large_phases(variants, monkeypatch
     params = {"alpha": 0.1, "phase_scale": 5000.0}
     ref, _ = ref_out_lse(q, k, v, params, True)
     err = rel_rms(ref, gluon_forward(q, k, v, params, True, variants=variants)[0])
-    monkeypatch.setattr(gluon_tapa, "order3_radius", lambda alpha, bm, bn, r_min: r_min)
+    monkeypatch.setattr(gluon_tapa_host, "order3_radius", lambda alpha, bm, bn, r_min: r_min)
     monkeypatch.setattr(gluon_tapa, "_PLANS", {})   # a plan made before the patch would keep the old r_3
     err_3 = rel_rms(ref, gluon_forward(q, k, v, params, True, variants={"order3"})[0])
     assert err <= 1e-3 and err_3 >= 1.5 * err, f"series {err:.3e}, third order from r_min {err_3:.3e}"

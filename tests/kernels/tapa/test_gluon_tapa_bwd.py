@@ -24,7 +24,7 @@ import torch
 
 from phaselab.kernels.attention import reference
 from phaselab.kernels.common.score_mod import ScoreMod
-from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, phase, triton_tapa
+from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_bwd, gluon_tapa_host, phase, triton_tapa
 from phaselab.kernels.testing import assert_close, generator, rel_rms, shape_id
 
 # ----------------------------------------------------------------------------- CPU
@@ -117,7 +117,7 @@ def test_kernel_scalars_extend_the_forward(D):
     """The forward's scalars for the same tile, then ds_scale = scale / sqrt(D_A) (the epilogue's
     factor of the amplitude gradient; the phase gradient's is -2 pi times it)."""
     got = gluon_tapa_bwd.kernel_scalars(D, 0.3, 1.0, 0.7, 16, 128)
-    assert got[:-1] == gluon_tapa.kernel_scalars(D, 0.3, 1.0, 0.7, 16, 128)
+    assert got[:-1] == gluon_tapa_host.kernel_scalars(D, 0.3, 1.0, 0.7, 16, 128)
     assert got[-1] == pytest.approx(0.7 / math.sqrt(D // 2))
 
 
@@ -149,7 +149,7 @@ def test_series_radius_covers_the_backward_tiles(alpha, D):
         *_, c1, c2, c3, c4, c5, r_min, _ = gluon_tapa_bwd.kernel_scalars(D, alpha, 2 * math.pi, 1.0, bm, bn)
         u_max = phase._taylor(alpha)[0]
         if u_max == 0.0:
-            assert r_min == gluon_tapa._R_MIN_CAP
+            assert r_min == gluon_tapa_host._R_MIN_CAP
             continue
         e = (torch.arange(bm, dtype=torch.float64)[None, :] - torch.arange(bn, dtype=torch.float64)[:, None]
              - (bm - bn) // 2)

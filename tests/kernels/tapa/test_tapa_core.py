@@ -9,7 +9,7 @@ import torch
 
 from phaselab.kernels.common.options import AttentionOptions, options_used, reset_options
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.tapa import function, gluon_tapa
+from phaselab.kernels.tapa import function, gluon_tapa_host
 
 
 def _qkv(T: int = 8, S: int = 8, D: int = 64):
@@ -78,7 +78,7 @@ def test_gluon_core_matches_the_tl_core_through_the_wrapper(phase):
         results[impl + "-core"] = options_used()["tapa"]["core"]
         results[impl + "-variants"] = options_used()["tapa"].get("variants")
     assert (results["tl-core"], results["auto-core"]) == ("tl", "gluon")
-    assert results["auto-variants"] == sorted(gluon_tapa.DEFAULT_VARIANTS[D]) and results["tl-variants"] is None
+    assert results["auto-variants"] == sorted(gluon_tapa_host.DEFAULT_VARIANTS[D]) and results["tl-variants"] is None
     for name, a, b in zip(("out", "dq", "dk", "dv"), results["tl"], results["auto"]):
         a, b = a.float(), b.float()
         rel = (a - b).norm() / a.norm()
