@@ -248,7 +248,7 @@ if gluon_common.IMPORT_ERROR is None:
         """Key block j = r - ring[0] at ring index r (module docstring's schedule; ring[0] is 0 but
         in the "persistent" kernel); MODE as `_weight`'s (2: masked). Enters with P_{j-1} and its
         alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY, DIAG, WS,
-        PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (VARIANTS; WS: a
+        PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (gluon_tapa_host.VARIANTS; WS: a
         producer warp refills the rings, `_produce`; PERSIST: `_release`)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
@@ -661,9 +661,10 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
                    programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B,H,T,D] in q's dtype, lse [B,H,T] fp32 in log2 units) of TAPA attention with index
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
-    same way); `supported` must hold. out / lse: optional preallocated contiguous buffers (tests
-    poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default TILES[D] (TILES_FWS[D] with
-    "fws"); variants: names from VARIANTS (default DEFAULT_VARIANTS[D]); programs: the
+    same way); `gluon_tapa_host.supported` must hold. out / lse: optional preallocated contiguous
+    buffers (tests poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
+    gluon_tapa_host.TILES[D] (TILES_FWS[D] with "fws"); variants: names from VARIANTS (default
+    DEFAULT_VARIANTS[D], both gluon_tapa_host's); programs: the
     "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each).
     The launch's `plan` is computed once per shapes, dtypes, devices and arguments."""
     try:
