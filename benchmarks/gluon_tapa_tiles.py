@@ -142,13 +142,18 @@ def main(argv: list[str] | None = None) -> None:
                                                      lambda i, N, tiles=tiles, f=time_row: f(tiles[i], N), time_ref)
             rows += summarise(D, kernel, tiles, default, timings)
             print(tables([r for r in rows if r["D"] == D and r["kernel"] == kernel]), flush=True)
+            save(args.out, meta, rows)   # after every kernel: a run cut short keeps what it measured
+    print(tables(rows, verdicts(rows)))
+
+
+def save(out: str | None, meta: dict, rows: list[dict]) -> None:
+    """OUT.json (meta, rows, summary) and OUT.md (meta, then `tables`) of the rows so far."""
+    if not out:
+        return
     summary = verdicts(rows)
-    text = tables(rows, summary)
-    print(text)
-    if args.out:
-        Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
-        head = "\n".join(f"- {k}: {v}" for k, v in meta.items())
-        Path(args.out + ".md").write_text(f"# Gluon TAPA tiles: defaults against the fastest\n\n{head}\n\n{text}")
+    Path(out + ".json").write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary}, indent=1))
+    head = "\n".join(f"- {k}: {v}" for k, v in meta.items())
+    Path(out + ".md").write_text(f"# Gluon TAPA tiles: defaults against the fastest\n\n{head}\n\n{tables(rows, summary)}")
 
 
 if __name__ == "__main__":

@@ -60,3 +60,18 @@ def test_a_default_that_is_fastest_reads_one():
 def test_repeats_below_one_are_refused():
     with pytest.raises(SystemExit):
         gluon_tapa_tiles.main(["--repeats", "0"])
+
+
+def test_save_writes_the_rows_so_far_with_their_verdicts(tmp_path):
+    import json
+
+    rows = gluon_tapa_tiles.summarise(128, "fwd", [(64, 64, 2, 4), (64, 32, 2, 4), (128, 64, 2, 8)],
+                                      (64, 64, 2, 4), _timings())
+    meta = {"card": "NVIDIA H200", "commit": "0123abcd"}
+    gluon_tapa_tiles.save(str(tmp_path / "tiles"), meta, rows)
+    data = json.loads((tmp_path / "tiles.json").read_text())
+    assert data["meta"] == meta and len(data["rows"]) == 3
+    assert data["summary"][0]["best"] == "64x32x2x4" and data["summary"][0]["within"] is False
+    md = (tmp_path / "tiles.md").read_text()
+    assert md.startswith("# Gluon TAPA tiles") and "- commit: 0123abcd" in md and "| **no** |" in md
+    gluon_tapa_tiles.save(None, meta, rows)   # no --out: nothing written, no error
