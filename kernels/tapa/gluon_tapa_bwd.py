@@ -627,7 +627,7 @@ def gluon_tapa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         *scalars, ds_scale = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), bm, bn)
         # dQ's tiles read the forward's coefficient table; dK/dV's transposed ones compute theirs
         extra = gluon_tapa_host.variant_scalars(scalars, params["alpha"], T, S, bm, bn, table, order3, q.device,
-                                           extra_meta.get("COEF", False))
+                                                extra_meta.get("COEF", False))
         qa, qp, ka, kp, vd = gluon_tapa_host.descriptors(q, k, v, bm, bn)
         launch(kernel, grid, qa, qp, descriptor(do, bm), ka, kp, vd, lse, dlt, *outs, T, S, H, H // G, *scalars,
                *extra, ds_scale, STAGES=stages, TABLE=table, DIAG=diag, num_warps=warps, **meta, **extra_meta)

@@ -171,7 +171,7 @@ def test_distance_table_and_variant_scalars():
     scalars = gluon_tapa_host.kernel_scalars(128, 0.1, 2 * math.pi, 1.0, 64, 64)
     k_turn, r_min = scalars[2], scalars[-1]
     r_3, table, w_coef, base = gluon_tapa_host.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, True, True,
-                                                          torch.device("cpu"))
+                                                               torch.device("cpu"))
     assert w_coef is table and base == 0   # without "coef": a stand-in the kernel never reads
     assert r_3 == gluon_tapa_host.order3_radius(0.1, 64, 64, r_min) > r_min
     assert table.dtype == torch.float32 and table.shape == (r_min + 128,)
@@ -185,7 +185,7 @@ def test_distance_table_and_variant_scalars():
     r_3, table, *_ = gluon_tapa_host.variant_scalars(scalars, 0.1, 100, 300, 64, 64, True, False, torch.device("cpu"))
     assert r_3 == gluon_tapa_host._R_MIN_CAP >= gluon_tapa_host._MAX_LEN and table.shape == (300 + 128,)  # max(S, T) + BM + BN
     r_3, table, *coef = gluon_tapa_host.variant_scalars(scalars, 0.1, 4096, 4096, 64, 64, False, False,
-                                                   torch.device("cpu"), coef=True)
+                                                        torch.device("cpu"), coef=True)
     want, want_base = gluon_tapa_host.coefficient_table(4096, 4096, 64, 64, 0.1, k_turn, torch.device("cpu"))
     assert torch.equal(coef[0], want) and coef[1] == want_base
     assert r_3 == gluon_tapa_host._R_MIN_CAP and table.shape == (1,)
