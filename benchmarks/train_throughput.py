@@ -55,7 +55,8 @@ from phaselab.kernels.common.options import options_used, reset_options
 from phaselab.workloads.config import to_dict
 from phaselab.workloads.data import DataConfig, TextConfig, build_dataset
 from phaselab.workloads.models.presets import preset
-from phaselab.workloads.train.loop import TorchEngine, TrainConfig, resolve_device, train
+from phaselab.workloads.train.config import TrainConfig
+from phaselab.workloads.train.loop import TorchEngine, resolve_device, train
 from phaselab.workloads.train.optim import build_optimizer
 
 H200_DENSE_BF16_TFLOPS = 989.5

@@ -23,7 +23,7 @@ from typing import Any
 SECTIONS: dict[str, str] = {
     "model": "phaselab.workloads.models.config:ModelConfig",
     "data": "phaselab.workloads.data:DataConfig",
-    "train": "phaselab.workloads.train.loop:TrainConfig",
+    "train": "phaselab.workloads.train.config:TrainConfig",
     "extend": "phaselab.workloads.models.config:ContextExtension",
     "tune": "phaselab.orchestrator.stages.tune:TuneSpec",
 }

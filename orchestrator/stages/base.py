@@ -142,8 +142,8 @@ def normalize_data(raw: Mapping[str, Any]) -> dict:
 def normalize_train(raw: Mapping[str, Any]) -> dict:
     """TrainConfig's dict, plus ``eval_splits`` when it names splits besides "valid" (read by
     ``train.api.periodic_splits``; the default ["valid"] is left out, so keys stay as they were)."""
-    from phaselab.workloads.train.api import EVAL_SPLITS, parse_eval_splits
-    from phaselab.workloads.train.loop import TrainConfig
+    from phaselab.workloads.train.config import TrainConfig
+    from phaselab.workloads.train.spec import EVAL_SPLITS, parse_eval_splits
 
     raw = dict(raw)
     splits = raw.pop(EVAL_SPLITS, None)

@@ -73,3 +73,16 @@ def test_orchestrator_imports_stay_light() -> None:
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_planning_every_shipped_grid_imports_no_torch() -> None:
+    """Planning converts every section through its config class (stages/base.py's normalize_*),
+    and those classes live in torch-free modules (workloads/train/config.py,
+    workloads/evals/options.py, the model and data configs): `phaselab plan` and the controller's
+    planning never pay torch's import (about 1.3 s on 2 cores)."""
+    code = ("import sys; from phaselab.orchestrator.plan.dag import plan_grid; "
+            f"[plan_grid(name) for name in {sorted(EXPECTED)!r}]; print(sorted(m for m in ('torch', 'triton') "
+            "if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "[]", res.stdout

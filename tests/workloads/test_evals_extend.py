@@ -21,7 +21,8 @@ from phaselab.workloads.evals.api import (
     load_checkpoint_model,
     run_eval,
 )
-from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length
+from phaselab.workloads.evals.options import PplConfig
+from phaselab.workloads.evals.perplexity import perplexity_by_length
 from phaselab.workloads.models.checkpoint_io import load_model, save_model
 from phaselab.workloads.models.config import ContextExtension
 from phaselab.workloads.models.presets import preset

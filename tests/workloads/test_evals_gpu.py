@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length
+from phaselab.workloads.evals.options import NiahConfig, PplConfig
+from phaselab.workloads.evals.perplexity import perplexity_by_length
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
 
@@ -66,7 +67,7 @@ def test_niah_at_64k_completes_with_kv_cache(tmp_path):
     torch.manual_seed(0)
     model = Transformer(preset("tiny", vocab_size=ds.vocab_size, block_size=1024, n_layer=4, d_model=256,
                                attention={"backend": "sdpa"})).cuda().eval()
-    cfg = niah.NiahConfig(lengths=(65536,), depths=(0.5,), trials=2, batch_size=2, answer="letters")
+    cfg = NiahConfig(lengths=(65536,), depths=(0.5,), trials=2, batch_size=2, answer="letters")
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     grid = niah.run_grid(niah.model_step(model, max_length=65536, precision="bf16"), ds.tokenizer,

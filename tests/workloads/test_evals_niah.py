@@ -10,6 +10,7 @@ from test_evals_fixtures import text_dataset, tiny_model, trained_checkpoint
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.evals import niah
 from phaselab.workloads.evals.api import run_eval
+from phaselab.workloads.evals.options import NiahConfig
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +73,13 @@ def test_samples_cached_once_by_key(ds, tmp_path):
 
 
 def test_copying_predictor_scores_100_percent_random_model_near_0(ds, tmp_path):
-    cfg = niah.NiahConfig(lengths=(160, 400), depths=(0.0, 0.5, 1.0), trials=3, batch_size=3, answer="letters")
+    cfg = NiahConfig(lengths=(160, 400), depths=(0.0, 0.5, 1.0), trials=3, batch_size=3, answer="letters")
     hay = ds.tokens("valid")
     grid = niah.run_grid(induction_copy_step(), ds.tokenizer, hay, cfg, digest=ds.digest, cache_dir=tmp_path)
     assert grid == {(L, d): 1.0 for L in cfg.lengths for d in cfg.depths}
     model = tiny_model("rope", seed=3)
     step = niah.model_step(model, max_length=400, precision="fp32")
-    small = niah.NiahConfig(lengths=(160,), depths=(0.0, 1.0), trials=4, batch_size=4, answer="letters")
+    small = NiahConfig(lengths=(160,), depths=(0.0, 1.0), trials=4, batch_size=4, answer="letters")
     grid = niah.run_grid(step, ds.tokenizer, hay, small, digest=ds.digest, cache_dir=tmp_path)
     assert len(grid) == 2 and max(grid.values()) <= 1 / 4  # 7 random letters in a row: essentially never
 

@@ -13,7 +13,8 @@ from test_evals_fixtures import trained_checkpoint, trained_model  # noqa: F401 
 
 from phaselab.catalog.tracking import RecordingTracker
 from phaselab.workloads.evals.api import run_eval
-from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length, plan_windows
+from phaselab.workloads.evals.options import PplConfig
+from phaselab.workloads.evals.perplexity import perplexity_by_length, plan_windows
 
 
 class BigramLM(torch.nn.Module):

@@ -16,8 +16,9 @@ from phaselab.workloads.config import to_dict
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.train.api import run_training
 from phaselab.workloads.train.checkpoint import CheckpointDir
+from phaselab.workloads.train.config import TrainConfig
 from phaselab.workloads.train.fast_step import GraphEngine, check_graphable, choose_batch_workers
-from phaselab.workloads.train.loop import LoopResult, StepEvents, TrainConfig, TrainingDiverged
+from phaselab.workloads.train.loop import LoopResult, StepEvents, TrainingDiverged
 
 
 def _spec(steps: int, *, graphs: bool, pe: str = "pope", accum: int = 2, lr: float = 3e-3,

@@ -14,7 +14,8 @@ from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
 from phaselab.workloads.train.api import run_training
 from phaselab.workloads.train.checkpoint import CheckpointDir
-from phaselab.workloads.train.loop import TorchEngine, TrainConfig, TrainingDiverged, train
+from phaselab.workloads.train.config import TrainConfig
+from phaselab.workloads.train.loop import TorchEngine, TrainingDiverged, train
 from phaselab.workloads.train.optim import build_optimizer
 from phaselab.workloads.train.signals import TrainingPreempted
 

@@ -7,7 +7,8 @@ import torch
 
 from phaselab.workloads.models.presets import preset
 from phaselab.workloads.models.transformer import Transformer
-from phaselab.workloads.train.optim import OptimConfig, build_optimizer, param_groups, set_lr
+from phaselab.workloads.train.config import OptimConfig
+from phaselab.workloads.train.optim import build_optimizer, param_groups, set_lr
 
 
 def _pope_model() -> Transformer:

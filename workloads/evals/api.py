@@ -31,7 +31,7 @@ Suite ``ppl-by-length`` (EXPERIMENTS §2.4, §3.3) — records ``nll`` [nats/tok
 context length, ``n`` = scored tokens, ``task`` = the data kind, ``split``:
     split       token split to read (default "valid"; PG-19: "test")
     ppl         {lengths: [..], mode: nonoverlap|sliding, stride: 256, batch_size: 1,
-                 max_tokens: null}   (perplexity.PplConfig)
+                 max_tokens: null}   (options.PplConfig)
     Documents: ``dataset.documents(split)`` (one array per book) when the dataset provides it,
     else the whole ``dataset.tokens(split)`` stream as one document. Offline default source:
     ``data: {kind: text}`` (Tiny Shakespeare, validation = last 10 %); online: ``{kind: pg19}``.
@@ -41,7 +41,7 @@ depth), n = trials; ``niah_not_attempted`` per length skipped by ``stop_below``;
 ``niah_heatmap.png``:
     split       haystack token split (default "valid")
     niah        {lengths: [..], depths: [0, .1, .., 1], trials: 10, seed: 0, stop_below: null,
-                 batch_size: 1, cache_dir: null, answer: digits|letters}   (niah.NiahConfig;
+                 batch_size: 1, cache_dir: null, answer: digits|letters}   (options.NiahConfig;
                  "letters" for vocabularies without digits, e.g. char-level Tiny Shakespeare;
                  cache_dir null -> <data cache>/niah; samples are keyed by the dataset digest,
                  which covers the tokenizer and the source text, and the split)
@@ -98,7 +98,7 @@ class SelectConfig:
     """Checkpoint selection of an evaluation (``eval.select``; EXPERIMENTS §6 #7).
 
     ``metric``/``mode`` apply to ``best_valid``: a validation metric the training loop reports
-    and the direction training keeps it in (checkpoint.BEST_CRITERIA: valid/loss min, valid/acc
+    and the direction training keeps it in (config.BEST_CRITERIA: valid/loss min, valid/acc
     max); ``mode`` None means that direction. ``last`` takes no metric or mode.
     """
 
@@ -107,7 +107,7 @@ class SelectConfig:
     mode: Literal["min", "max"] | None = None
 
     def __post_init__(self) -> None:
-        from phaselab.workloads.train.checkpoint import BEST_CRITERIA
+        from phaselab.workloads.train.config import BEST_CRITERIA
 
         if self.rule == "last":
             if self.metric is not None or self.mode is not None:
@@ -146,7 +146,7 @@ class PplSpec:
     suite: Literal["ppl-by-length"] = "ppl-by-length"
     data: DataConfig = field(default_factory=lambda: DataConfig(kind="text"))
     split: str = "valid"
-    ppl: Any = None  # mapping for perplexity.PplConfig (validated there; lengths are required)
+    ppl: Any = None  # mapping for options.PplConfig (validated there; lengths are required)
     device: str = "auto"
     precision: str = "auto"
 
@@ -156,7 +156,7 @@ class NiahSpec:
     suite: Literal["niah"] = "niah"
     data: DataConfig = field(default_factory=lambda: DataConfig(kind="text"))
     split: str = "valid"
-    niah: Any = None  # mapping for niah.NiahConfig
+    niah: Any = None  # mapping for options.NiahConfig
     max_length: int | None = None
     device: str = "auto"
     precision: str = "auto"
@@ -282,7 +282,8 @@ def documents_of(dataset, split: str) -> list:
 
 def _run_ppl(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
              extend: ContextExtension | None) -> SuiteOutput:
-    from phaselab.workloads.evals.perplexity import PplConfig, perplexity_by_length, ppl_records
+    from phaselab.workloads.evals.options import PplConfig
+    from phaselab.workloads.evals.perplexity import perplexity_by_length, ppl_records
 
     s = from_dict(PplSpec, spec)
     if s.ppl is None:
@@ -298,12 +299,13 @@ def _run_niah(spec: Mapping[str, Any], checkpoint: Path, out_dir: Path,
               extend: ContextExtension | None) -> SuiteOutput:
     from phaselab.workloads.data import cache_root
     from phaselab.workloads.evals import niah
+    from phaselab.workloads.evals.options import NiahConfig
     from phaselab.workloads.evals.plots import niah_heatmap
 
     s = from_dict(NiahSpec, spec)
     if s.niah is None:
         raise ValueError("niah spec needs 'niah': {lengths: [...], ...}")
-    cfg = from_dict(niah.NiahConfig, s.niah, path="niah")
+    cfg = from_dict(NiahConfig, s.niah, path="niah")
     dataset = build_data(s.data)
     model = load_checkpoint_model(checkpoint, s.device, extend)
     step = niah.model_step(model, max_length=s.max_length or max(cfg.lengths), precision=s.precision)
@@ -411,8 +413,8 @@ class Suite:
 
 # The suite table: the orchestrator's eval stages read it from here too.
 SUITE_TABLE: Mapping[str, Suite] = {
-    "ppl-by-length": Suite(PplSpec, _run_ppl, "ppl", "phaselab.workloads.evals.perplexity:PplConfig"),
-    "niah": Suite(NiahSpec, _run_niah, "niah", "phaselab.workloads.evals.niah:NiahConfig"),
+    "ppl-by-length": Suite(PplSpec, _run_ppl, "ppl", "phaselab.workloads.evals.options:PplConfig"),
+    "niah": Suite(NiahSpec, _run_niah, "niah", "phaselab.workloads.evals.options:NiahConfig"),
     "lm-eval": Suite(LmEvalSpec, _run_lm_eval),
     "task": Suite(TaskSpec, _run_task),
     "freq": Suite(FreqSpec, _run_freq),

@@ -32,11 +32,12 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
+from phaselab.workloads.evals.options import NiahConfig
 from phaselab.workloads.evals.perplexity import autocast, model_device
 
 NEEDLE = " The special magic {noun} is {answer}. "
@@ -45,31 +46,6 @@ _NOUN = {"digits": "number", "letters": "word"}
 _FORMAT_VERSION = 1  # bump when the sample layout changes (it is part of the cache key)
 
 Step = Callable[[torch.Tensor], torch.Tensor]  # ids_BT -> next-token logits_BV
-
-
-@dataclass(frozen=True, kw_only=True)
-class NiahConfig:
-    """NIAH grid (spec key ``niah``). lengths: context lengths L; depths in [0, 1]; trials per
-    cell; seed; stop_below: accuracy threshold for marking longer lengths not attempted (None:
-    run everything); batch_size: trials decoded together; cache_dir: sample cache (None: the
-    data cache folder /niah); answer: "digits" (the papers' 7-digit number) | "letters"."""
-
-    lengths: tuple[int, ...]
-    depths: tuple[float, ...] = tuple(i / 10 for i in range(11))
-    trials: int = 10
-    seed: int = 0
-    stop_below: float | None = None
-    batch_size: int = 1
-    cache_dir: str | None = None
-    answer: Literal["digits", "letters"] = "digits"
-
-    def __post_init__(self) -> None:
-        if not self.lengths or any(n < 1 for n in self.lengths):
-            raise ValueError(f"niah lengths must be positive, got {self.lengths!r}")
-        if not self.depths or any(not 0.0 <= d <= 1.0 for d in self.depths):
-            raise ValueError(f"niah depths must lie in [0, 1], got {self.depths!r}")
-        if self.trials < 1 or self.batch_size < 1:
-            raise ValueError(f"niah trials and batch_size must be >= 1, got {self.trials!r}, {self.batch_size!r}")
 
 
 @dataclass(frozen=True)

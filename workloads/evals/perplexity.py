@@ -30,46 +30,15 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from phaselab.workloads.evals.options import PplConfig
 from phaselab.workloads.precision import resolved_precision
 
 _CE_CHUNK = 2048  # rows of logits turned into fp32 log-probs at a time
-
-
-@dataclass(frozen=True, kw_only=True)
-class PplConfig:
-    """Perplexity-by-length settings (spec keys of the ``ppl-by-length`` suite).
-
-    lengths:    context lengths L to evaluate, e.g. (256, 512, 1024).
-    mode:       "nonoverlap" | "sliding" (module docstring).
-    stride:     sliding stride s, 1 ≤ s ≤ L (TAPA: 256). Ignored for "nonoverlap".
-    batch_size: windows per forward pass.
-    max_tokens: stop adding windows (in document order) once this many targets are scored at a
-                length; None scores everything. The count actually used is always reported.
-    """
-
-    lengths: tuple[int, ...]
-    mode: Literal["nonoverlap", "sliding"] = "nonoverlap"
-    stride: int = 256
-    batch_size: int = 1
-    max_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.lengths or any(int(n) < 1 for n in self.lengths):
-            raise ValueError(f"ppl lengths must be positive integers, got {self.lengths!r}")
-        if self.mode not in ("nonoverlap", "sliding"):
-            raise ValueError(f"ppl mode must be 'nonoverlap' or 'sliding', got {self.mode!r}")
-        if self.stride < 1:
-            raise ValueError(f"ppl stride must be >= 1, got {self.stride!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"ppl batch_size must be >= 1, got {self.batch_size!r}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"ppl max_tokens must be >= 1 or None, got {self.max_tokens!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ import torch
 
 from phaselab.catalog.tracking.run_folder import BEST_FILE, LATEST, MODEL_FILE
 from phaselab.workloads.paths import confine
+from phaselab.workloads.train.config import BEST_CRITERIA
 
 _STEP_RE = re.compile(r"^step_(\d{7})$")
 
@@ -212,8 +213,6 @@ def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") ->
 # previous best or the new one. Only improvements are saved, so the newest complete folder is
 # always the best one even when a kill interrupts the pruning of the older one.
 
-# What the loop's periodic validation reports (loop.evaluate), each in its natural direction.
-BEST_CRITERIA: Mapping[str, str] = {"valid/loss": "min", "valid/acc": "max"}
 
 
 def criterion_name(metric: str, mode: str) -> str:

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselab.workloads.train.loop import TrainConfig, check_finite
+from phaselab.workloads.train.config import TrainConfig
+from phaselab.workloads.train.loop import check_finite
 from phaselab.workloads.train.optim import build_optimizer, is_delta, set_lr
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]

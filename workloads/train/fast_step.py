@@ -46,7 +46,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from phaselab.workloads.train.loop import StepEvents, TorchEngine, TrainConfig, TrainingDiverged, autocast_for
+from phaselab.workloads.train.config import TrainConfig
+from phaselab.workloads.train.loop import StepEvents, TorchEngine, TrainingDiverged, autocast_for
 
 CHUNK_BYTES = 32 * 2**20   # device memory for one window of batches (x, y int64 + mask fp32)
 MAX_WINDOW = 256           # steps per window at most (losses are read back once per window)

@@ -18,35 +18,10 @@ step; that also works through DeepSpeed, which keeps the client optimizer's grou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OptimConfig:
-    """AdamW settings. ``loop.TrainConfig`` inherits these fields (a train section stays flat:
-    ``train.lr``, ``train.beta2``) and returns them as this config from ``TrainConfig.optim``."""
-
-    lr: float = 6e-4
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    delta_lr_mult: float = 1.0
-    delta_weight_decay: bool = False
-    decay_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.beta1 < 1.0 or not 0.0 <= self.beta2 < 1.0:
-            raise ValueError(f"betas must be in [0, 1), got ({self.beta1!r}, {self.beta2!r})")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be > 0, got {self.eps!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        if not self.delta_lr_mult > 0:
-            raise ValueError(f"delta_lr_mult must be > 0, got {self.delta_lr_mult!r}")
+from phaselab.workloads.train.config import OptimConfig
 
 
 def is_delta(name: str) -> bool:

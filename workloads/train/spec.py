@@ -14,7 +14,7 @@ from typing import Any
 from phaselab.workloads.config import ConfigError, from_dict
 from phaselab.workloads.data import DataConfig
 from phaselab.workloads.models.config import ContextExtension, ModelConfig
-from phaselab.workloads.train.loop import TrainConfig
+from phaselab.workloads.train.config import TrainConfig
 
 SPEC_KEYS = ("model", "data", "train", "extend")
 EVAL_SPLITS = "eval_splits"
