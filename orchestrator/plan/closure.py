@@ -55,11 +55,12 @@ def _string_refs(node: ast.AST, known: set[str]) -> set[str]:
     return set()
 
 
-def references(source: str, module: str, *, is_package: bool, known: Iterable[str]) -> set[str]:
-    """Names in ``known`` that the source of ``module`` imports or names (module docstring)."""
+def references(source: str | ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> set[str]:
+    """Names in ``known`` that the source of ``module`` (its text, or its parsed tree, which is
+    not changed) imports or names (module docstring)."""
     known = set(known)
     found: set[str] = set()
-    tree = ast.parse(source)
+    tree = ast.parse(source) if isinstance(source, str) else source
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
