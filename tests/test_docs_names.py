@@ -6,7 +6,7 @@ classes, functions and methods. A backticked token is checked when it is ours:
 - ``phaselab.a.b[.Name[.attr]]``: the longest prefix must be a module of the package and the rest
   names defined in it (a top-level def, class, assignment or import; then a member of that class);
 - ``a.b.Name`` or ``module.Name`` whose leading part is the tail of one of our module names
-  (``workloads.train.api``, ``loop.TrainConfig``): the name must be defined in one of the modules
+  (``workloads.train.api``, ``config.TrainConfig``): the name must be defined in one of the modules
   with that tail;
 - ``Class.member`` where ``Class`` is a class defined in our code: the member must be defined in
   one of the classes of that name (its body or a dataclass field).
