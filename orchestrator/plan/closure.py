@@ -58,15 +58,25 @@ def _string_refs(node: ast.AST, known: set[str]) -> set[str]:
 def references(source: str | ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> set[str]:
     """Names in ``known`` that the source of ``module`` (its text, or its parsed tree, which is
     not changed) imports or names (module docstring)."""
+    tree = ast.parse(source) if isinstance(source, str) else source
+    return scan(tree, module, is_package=is_package, known=known)[0]
+
+
+def scan(tree: ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> tuple[set[str], list[ast.AST]]:
+    """(:func:`references` of ``tree``, the nodes whose body opens with a docstring), in one walk:
+    a node's docstring is found when the node is, before the walk reaches the string."""
     known = set(known)
     found: set[str] = set()
-    tree = ast.parse(source) if isinstance(source, str) else source
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docstrings: set[int] = set()
+    holders: list[ast.AST] = []
     for node in ast.walk(tree):
         if id(node) in docstrings:
             continue
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+            docstrings.add(id(node.body[0].value))
+            if isinstance(node.body[0].value.value, str):
+                holders.append(node)
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -81,7 +91,7 @@ def references(source: str | ast.Module, module: str, *, is_package: bool, known
             name = name.rpartition(".")[0]
         if name and name != module:
             out.add(name)
-    return out
+    return out, holders
 
 
 def import_graph(files: Mapping[str, Path]) -> dict[str, frozenset[str]]:

@@ -70,13 +70,16 @@ def strip_ignored(config: Mapping[str, Any], ignored: frozenset[str] = IGNORED_K
 
 
 # ---------------------------------------------------------------------------------- code hash
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
+def _strip_docstrings(tree: ast.AST, holders: list[ast.AST] | None = None) -> ast.AST:
+    """``tree`` without its docstrings, in place (``holders``: the nodes that open with one, as
+    ``closure.scan`` found them; None: found here)."""
+    if holders is None:
+        holders = [node for node in ast.walk(tree)
+                   if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   and node.body and isinstance(node.body[0], ast.Expr)
+                   and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+    for node in holders:
+        node.body = node.body[1:] or [ast.Pass()]
     return tree
 
 
@@ -85,9 +88,10 @@ def ast_hash(source: str, filename: str = "<source>") -> str:
     return _tree_hash(ast.parse(source, filename=filename))
 
 
-def _tree_hash(tree: ast.Module) -> str:
-    """:func:`ast_hash` of a parsed tree (its docstrings are removed in place)."""
-    return sha256_hex(ast.dump(_strip_docstrings(tree), annotate_fields=True, include_attributes=False))
+def _tree_hash(tree: ast.Module, holders: list[ast.AST] | None = None) -> str:
+    """:func:`ast_hash` of a parsed tree (its docstrings are removed in place; ``holders`` as
+    :func:`_strip_docstrings`'s)."""
+    return sha256_hex(ast.dump(_strip_docstrings(tree, holders), annotate_fields=True, include_attributes=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,15 +129,16 @@ def code_index(packages: tuple[str, ...] = CODE_PACKAGES, roots: Mapping[str, Pa
     files: dict[str, Path] = {}
     for pkg in packages:
         files |= _closure.module_files(pkg, Path(roots[pkg]) if roots and pkg in roots else package_root(pkg))
-    # one parse a file for both (the parse is a third of the time): references first, since
-    # hashing strips the docstrings from the tree
+    # one parse and one walk a file for both (closure.scan): references first, since hashing
+    # strips the docstrings from the tree
     known = set(files)
     hashes: dict[str, str] = {}
     graph: dict[str, frozenset[str]] = {}
     for name, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        graph[name] = frozenset(_closure.references(tree, name, is_package=path.name == "__init__.py", known=known))
-        hashes[name] = _tree_hash(tree)
+        refs, holders = _closure.scan(tree, name, is_package=path.name == "__init__.py", known=known)
+        graph[name] = frozenset(refs)
+        hashes[name] = _tree_hash(tree, holders)
     return CodeIndex(hashes=hashes, graph=graph)
 
 

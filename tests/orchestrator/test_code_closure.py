@@ -88,3 +88,32 @@ def f():
     graph = {"p": frozenset(), "p.a": frozenset({"p.d"}), "p.d": frozenset(), "p.e": frozenset({"p.a"})}
     assert closure(["p.e"], graph) == {"p", "p.a", "p.d", "p.e"}      # parents run on import
     assert closure(["p.d"], graph) == {"p", "p.d"}
+
+
+def test_one_walk_gives_the_references_and_hash_of_separate_walks(code_copy):
+    """code_index reads each source once (closure.scan): its graph and hashes are what
+    `references` and `ast_hash` give the same text, docstrings in nested defs, a non-string first
+    statement and a docstring that names a module included."""
+    import ast
+
+    from phaselab.orchestrator.plan import closure as closure_module
+    from phaselab.orchestrator.plan.hashing import _tree_hash, ast_hash
+
+    source = ('"""phaselab.workloads.train.loop in prose"""\nimport phaselab.workloads.data\n'
+              'def f():\n    "phaselab.workloads.models"\n    class C:\n        """doc"""\n        x = 1\n'
+              'def g():\n    0\n    return "phaselab.workloads.train.spec"\n')
+    known = {"phaselab.workloads.data", "phaselab.workloads.models", "phaselab.workloads.train.loop",
+             "phaselab.workloads.train.spec"}
+    refs, holders = closure_module.scan(ast.parse(source), "phaselab.m", is_package=False, known=known)
+    assert refs == references(source, "phaselab.m", is_package=False, known=known) \
+        == {"phaselab.workloads.data", "phaselab.workloads.train.spec"}
+    assert len(holders) == 3   # the module, f and C; g opens with a number
+    tree = ast.parse(source)
+    assert _tree_hash(tree, closure_module.scan(tree, "phaselab.m", is_package=False, known=known)[1]) \
+        == ast_hash(source) != ast_hash(source.replace('"""doc"""', '"""other"""') + "y = 2\n")
+    index = code_index(CODE_PACKAGES, code_copy)
+    for name, path in closure_module.module_files("phaselab.workloads", code_copy["phaselab.workloads"]).items():
+        text = path.read_text(encoding="utf-8")
+        assert index.hashes[name] == ast_hash(text, str(path)), name
+        assert index.graph[name] == references(text, name, is_package=path.name == "__init__.py",
+                                               known=set(index.hashes)), name
