@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import sys
@@ -62,6 +63,19 @@ def timers(D: int, kernel: str):
                 lambda N: gluon_compile.time_forward(D, N, None, True))
     return (lambda tile, N: gluon_compile_tapa_bwd.time_fwd_bwd(D, N, variants, **{f"{kernel}_tile": tile}),
             lambda N: gluon_compile_bwd.time_fwd_bwd(D, N, None))
+
+
+def guarded(time_row):
+    """time_row(tile, N), or inf (never the fastest) where that tile fails to compile or launch,
+    with the reason printed: one candidate's failure leaves the others their rows."""
+    def run(tile: tuple, N: int) -> float:
+        try:
+            return time_row(tile, N)
+        except Exception as exc:  # noqa: BLE001 - a compile error, shared memory beyond the card's, ...
+            print(f"  {tile_name(tile)} at N={N} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                  flush=True)
+            return math.inf
+    return run
 
 
 def summarise(D: int, kernel: str, tiles: list[tuple], default: tuple, timings: dict[int, dict]) -> list[dict]:
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         for kernel in args.kernels:
             tiles, default = CANDIDATES[D][kernel], defaults(D)[kernel]
             time_row, time_ref = timers(D, kernel)
+            time_row = guarded(time_row)
             timings = gluon_compile_tapa.interleaved(args.lengths, len(tiles), args.repeats,
                                                      lambda i, N, tiles=tiles, f=time_row: f(tiles[i], N), time_ref)
             rows += summarise(D, kernel, tiles, default, timings)

@@ -75,3 +75,25 @@ def test_save_writes_the_rows_so_far_with_their_verdicts(tmp_path):
     md = (tmp_path / "tiles.md").read_text()
     assert md.startswith("# Gluon TAPA tiles") and "- commit: 0123abcd" in md and "| **no** |" in md
     gluon_tapa_tiles.save(None, meta, rows)   # no --out: nothing written, no error
+
+
+def test_a_failing_tile_reads_inf_and_is_never_the_fastest(capsys):
+    def time_row(tile, N):
+        if tile == (64, 32, 3, 4):
+            raise RuntimeError("out of resource: shared memory\nmore")
+        return {(64, 64, 2, 4): 2.0, (64, 32, 2, 4): 1.8}[tile]
+
+    run = gluon_tapa_tiles.guarded(time_row)
+    assert run((64, 32, 3, 4), 4096) == float("inf") and run((64, 64, 2, 4), 4096) == 2.0
+    assert "64x32x3x4 at N=4096 failed: RuntimeError: out of resource: shared memory" in capsys.readouterr().out
+    tiles = [(64, 64, 2, 4), (64, 32, 2, 4), (64, 32, 3, 4)]
+    timings = _interleave(tiles, run)
+    rows = gluon_tapa_tiles.summarise(128, "fwd", tiles, (64, 64, 2, 4), timings)
+    assert [r["best"] for r in rows] == [False, True, False] and rows[2]["ms"] == float("inf")
+    verdict, = gluon_tapa_tiles.verdicts(rows)
+    assert verdict["default_over_best"] == pytest.approx(2.0 / 1.8)
+
+
+def _interleave(tiles, run):
+    return gluon_tapa_tiles.gluon_compile_tapa.interleaved([4096], len(tiles), 2, lambda i, N: run(tiles[i], N),
+                                                           lambda N: 1.0)
