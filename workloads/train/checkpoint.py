@@ -211,8 +211,8 @@ def load_train_state(path: Path, *, map_location: str | torch.device = "cpu") ->
 #
 # Each criterion is a CheckpointDir with keep=1: the same atomic save, so a kill leaves the
 # previous best or the new one. Only improvements are saved, so the newest complete folder is
-# always the best one even when a kill interrupts the pruning of the older one.
-
+# always the best one even when a kill interrupts the pruning of the older one. The criteria
+# (BEST_CRITERIA) live in config.py, which evaluations read without torch.
 
 
 def criterion_name(metric: str, mode: str) -> str:
