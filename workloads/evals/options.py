@@ -14,7 +14,7 @@ class PplConfig:
     """Perplexity-by-length settings (spec keys of the ``ppl-by-length`` suite).
 
     lengths:    context lengths L to evaluate, e.g. (256, 512, 1024).
-    mode:       "nonoverlap" | "sliding" (module docstring).
+    mode:       "nonoverlap" | "sliding" (perplexity.py's docstring).
     stride:     sliding stride s, 1 ≤ s ≤ L (TAPA: 256). Ignored for "nonoverlap".
     batch_size: windows per forward pass.
     max_tokens: stop adding windows (in document order) once this many targets are scored at a
