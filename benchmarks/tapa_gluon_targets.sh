@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The measurements behind the Gluon TAPA kernels' targets (kernels/attention/README.md, "TAPA on
 # the Gluon core": D = 128, bf16, causal, ratios to cuDNN in one process), on one sm_90 GPU in one
-# device call, after run_on_gpu.sh's setup; the commit the results describe comes from the caller
-# (the GPU machine's copy of the checkout has no .git):
+# command, after run_on_gpu.sh's setup; the commit the results describe comes from the caller (a
+# copy of the checkout without .git has none of its own):
 #
 #   PHASELAB_GIT_COMMIT=SHA benchmarks/run_on_gpu.sh -- bash benchmarks/tapa_gluon_targets.sh [--dry-run] [STEP ...]
 #
-# Steps, in the order given (default: all; seconds measured on an H100, the limit each runs under):
+# Steps, in the order given (default: all; seconds each took on an H100, benchmarks/results/
+# gpu-tests-h100.md and the H100 results files, then the limit each runs under):
 #   tests     the GPU tests of the Gluon TAPA and plain kernels and the attention ops, 8 at a time,
 #             but the one that takes 40 GB (~215 s, 330) -> gpu-tests-CARD.log
 #   tests40   that one, alone (~30 s, 120) -> gpu-tests-40gb-CARD.log
@@ -18,7 +19,8 @@
 #   train8k   the same at 8k context, batch 4 (~50 s, 180) -> train-CARD-tapa-gluon-8k.*
 #   tiles     gluon_tapa_tiles.py: each kernel's default tile against its candidates, D = 128 and
 #             64 at 4k and 16k (limit 420) -> gluon-tapa-tiles-CARD.*
-# All of them can outlast one 10-minute device call: name the steps that fit. Results go to $OUT
+# All of them take longer than a machine with a 10-minute command limit allows: name the steps that
+# fit. Results go to $OUT
 # (default benchmarks/results), each step's output to NAME.log beside them; a failed step does not
 # stop the rest, and the exit status is the number of failed steps. CARD is the GPU's short name
 # (h100, h200; "gpu" where nvidia-smi is missing). --dry-run prints the commands without running them.
