@@ -9,7 +9,7 @@
 # Steps, in the order given (default: all; seconds each took on an H100, benchmarks/results/
 # gpu-tests-h100.md and the H100 results files, then the limit each runs under):
 #   tests     the GPU tests of the Gluon TAPA and plain kernels and the attention ops, 8 at a time,
-#             but the one that takes 40 GB (~215 s, 330) -> gpu-tests-CARD.log
+#             but the one that takes 40 GB (~175 s and ~40 s as two runs, 330) -> gpu-tests-CARD.log
 #   tests40   that one, alone (~30 s, 120) -> gpu-tests-40gb-CARD.log
 #   rows      attention.py at 4k and 16k, forward and forward+backward (~25 s, 120)
 #             -> attention-CARD-tapa-gluon.{md,json}

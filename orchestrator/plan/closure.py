@@ -55,11 +55,9 @@ def _string_refs(node: ast.AST, known: set[str]) -> set[str]:
     return set()
 
 
-def references(source: str | ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> set[str]:
-    """Names in ``known`` that the source of ``module`` (its text, or its parsed tree, which is
-    not changed) imports or names (module docstring)."""
-    tree = ast.parse(source) if isinstance(source, str) else source
-    return scan(tree, module, is_package=is_package, known=known)[0]
+def references(source: str, module: str, *, is_package: bool, known: Iterable[str]) -> set[str]:
+    """Names in ``known`` that the source of ``module`` imports or names (module docstring)."""
+    return scan(ast.parse(source), module, is_package=is_package, known=known)[0]
 
 
 def scan(tree: ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> tuple[set[str], list[ast.AST]]:
