@@ -11,17 +11,18 @@
 #   tests     the GPU tests of the Gluon TAPA and plain kernels and the attention ops, 8 at a time,
 #             but the one that takes 40 GB (~175 s and ~40 s as two runs, 330) -> gpu-tests-CARD.log
 #   tests40   that one, alone (~30 s, 120) -> gpu-tests-40gb-CARD.log
-#   rows      attention.py at 4k and 16k, forward and forward+backward (~25 s, 120)
+#   rows      attention.py at 4k and 16k, forward and forward+backward (~25-35 s, 120)
 #             -> attention-CARD-tapa-gluon.{md,json}
 #   rows128k  attention.py at 128k, batch 1 (~40 s, 150) -> attention-CARD-tapa-gluon-128k.*
 #   train1k   train_throughput.py --compile, RoPE and TAPA at 1k context (~60 s, 180)
 #             -> train-CARD-tapa-gluon-1k.*
 #   train8k   the same at 8k context, batch 4 (~50 s, 180) -> train-CARD-tapa-gluon-8k.*
 #   tiles     gluon_tapa_tiles.py: each kernel's default tile against its candidates, D = 128 and
-#             64 at 4k and 16k (limit 420) -> gluon-tapa-tiles-CARD.*
+#             64 at 4k and 16k (D = 128 alone ~90 s; limit 420) -> gluon-tapa-tiles-CARD.*
 # All of them take longer than a machine with a 10-minute command limit allows: name the steps that
 # fit. Results go to $OUT
-# (default benchmarks/results), each step's output to NAME.log beside them; a failed step does not
+# (default benchmarks/results), each step's output to NAME.log in $LOGS (default: beside them; a
+# folder of its own keeps the logs apart from the files to commit); a failed step does not
 # stop the rest, and the exit status is the number of failed steps. CARD is the GPU's short name
 # (h100, h200; "gpu" where nvidia-smi is missing). --dry-run prints the commands without running them.
 set -uo pipefail
@@ -69,14 +70,15 @@ plan() {  # limit (seconds), name (the results' stem, also the log's) and cmd of
 }
 
 failed=0
-[[ $dry == 1 ]] || mkdir -p "$out"
+logs=${LOGS:-$out}
+[[ $dry == 1 ]] || mkdir -p "$out" "$logs"
 for s in "${steps[@]}"; do
   plan "$s"
-  if [[ $dry == 1 ]]; then printf '%q ' timeout "$limit" "${cmd[@]}"; echo "> $out/$name.log"; continue; fi
+  if [[ $dry == 1 ]]; then printf '%q ' timeout "$limit" "${cmd[@]}"; echo "> $logs/$name.log"; continue; fi
   start=$SECONDS
-  timeout "$limit" "${cmd[@]}" > "$out/$name.log" 2>&1
+  timeout "$limit" "${cmd[@]}" > "$logs/$name.log" 2>&1
   rc=$?
-  echo "$s: exit $rc after $((SECONDS - start)) s ($out/$name.log)"
+  echo "$s: exit $rc after $((SECONDS - start)) s ($logs/$name.log)"
   (( rc == 0 )) || failed=$((failed + 1))
 done
 exit $failed

@@ -44,8 +44,8 @@ def test_pytest_mode_and_unknown_benchmark(tmp_path):
 TARGETS = ROOT / "benchmarks" / "tapa_gluon_targets.sh"
 
 
-def _targets(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(tmp_path)}
+def _targets(tmp_path: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path), **env_vars}
     return subprocess.run(["bash", str(TARGETS), "--dry-run", *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=60, check=False)
 
@@ -62,5 +62,8 @@ def test_targets_script_runs_its_steps_in_order_under_their_limits(tmp_path):
     every = _targets(tmp_path).stdout.strip().splitlines()
     assert [line.split()[1] for line in every] == ["330", "120", "120", "150", "180", "180", "420"]
     assert "not\\ backward_distances_beyond_fp32_integers" in every[0]   # the 40 GB test runs alone
+    logs = tmp_path / "logs"
+    apart = _targets(tmp_path, "rows", LOGS=str(logs)).stdout.split()
+    assert apart[-3:] == [f"{tmp_path}/attention-{card}-tapa-gluon", ">", f"{logs}/attention-{card}-tapa-gluon.log"]
     bad = _targets(tmp_path, "rows", "no_such_step")
     assert bad.returncode == 2 and "unknown step no_such_step" in bad.stderr and not bad.stdout
