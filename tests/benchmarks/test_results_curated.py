@@ -26,6 +26,7 @@ RUNNERS = {"attention": "attention.py", "ablation": "attention_ablation.py",
            "small-models": "small_models.py", "ensemble": "ensemble.py", "gpu-sharing": "gpu_sharing.py",
            "scaling": "scaling.py", "orchestrator-overhead": "orchestrator_overhead.py",
            "grid-efficiency": "grid_efficiency.py", "encoding-walk": "encoding_walk.py",
+           "gluon-tapa-tiles": "gluon_tapa_tiles.py",
            "gpu-tests": None,   # the GPU test suite through run_on_gpu.sh: a .md only
            "gluon-fwd": None,   # gluon_compile.py --time: its printed table, a .md only
            "gluon-bwd": None,   # gluon_compile_bwd.py --time: likewise
