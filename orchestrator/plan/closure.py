@@ -60,6 +60,15 @@ def references(source: str, module: str, *, is_package: bool, known: Iterable[st
     return scan(ast.parse(source), module, is_package=is_package, known=known)[0]
 
 
+def leading_constant(node: ast.AST) -> ast.Constant | None:
+    """The constant a module's, class's or function's body opens with (its docstring where a
+    string), else None."""
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
+        return node.body[0].value
+    return None
+
+
 def scan(tree: ast.Module, module: str, *, is_package: bool, known: Iterable[str]) -> tuple[set[str], list[ast.AST]]:
     """(:func:`references` of ``tree``, the nodes whose body opens with a docstring), in one walk:
     a node's docstring is found when the node is, before the walk reaches the string."""
@@ -70,10 +79,10 @@ def scan(tree: ast.Module, module: str, *, is_package: bool, known: Iterable[str
     for node in ast.walk(tree):
         if id(node) in docstrings:
             continue
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body \
-                and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant):
-            docstrings.add(id(node.body[0].value))
-            if isinstance(node.body[0].value.value, str):
+        lead = leading_constant(node)
+        if lead is not None:
+            docstrings.add(id(lead))
+            if isinstance(lead.value, str):
                 holders.append(node)
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

@@ -74,10 +74,7 @@ def _strip_docstrings(tree: ast.AST, holders: list[ast.AST] | None = None) -> as
     """``tree`` without its docstrings, in place (``holders``: the nodes that open with one, as
     ``closure.scan`` found them; None: found here)."""
     if holders is None:
-        holders = [node for node in ast.walk(tree)
-                   if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                   and node.body and isinstance(node.body[0], ast.Expr)
-                   and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+        holders = [node for node in ast.walk(tree) if isinstance(getattr(_closure.leading_constant(node), "value", None), str)]
     for node in holders:
         node.body = node.body[1:] or [ast.Pass()]
     return tree
