@@ -76,7 +76,7 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
         kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
     elif "persistent" in variants:
         kernel, sig["n_items"], sig["claim_ptr"] = gluon_tapa.gluon_tapa_fwd_persistent_kernel, "i32", "*i32"
-    cap = gluon_tapa_host.OCCUPANCY_REGS.get(D) if "occupancy" in variants and "fws" not in variants else None
+    cap = gluon_tapa_host.launch_regs(D, tile, gluon_tapa_host.variant_flags(variants, D))
     return compile_report(kernel, sig, consts, tile[3], maxnreg=cap)   # the cap as the launcher applies it
 
 

@@ -56,11 +56,11 @@ from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, launch
 from phaselab.kernels.tapa.gluon_tapa_host import (
-    OCCUPANCY_REGS,
     TILES,
     TILES_FWS,
     descriptors,
     kernel_scalars,
+    launch_regs,
     persistent_programs,
     supported,
     variant_flags,
@@ -649,8 +649,9 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale:
         n_items = grid[0] * grid[1]
         kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
-    if flags.occupancy and not flags.fws and D in OCCUPANCY_REGS:
-        meta["maxnreg"] = OCCUPANCY_REGS[D]
+    regs = launch_regs(D, (block_m, block_n, stages, warps), flags)
+    if regs:
+        meta["maxnreg"] = regs
     return Plan(kernel, grid, block_m, block_n, lengths, scalars, extra, meta, flags.persistent and not flags.fws)
 
 

@@ -82,6 +82,12 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
 OCCUPANCY_REGS = {64: 168}
+# The "fws" kernel at a tile of one consumer warpgroup (4 warps): Triton launches the producer's
+# warpgroup beside it, 8 warps, at 255 registers a thread uncapped, one CTA an SM. Capped at
+# FWS_PAIR_REGS, two CTAs share an SM (2 x 256 threads x 128 = the SM's 65536 registers) and
+# setmaxnreg gives the producer's registers to the consumers: 24 a thread against 232, above the
+# 221 the D = 128 default schedules take without "fws" (benchmarks/gluon_compile_tapa.py: no spills)
+FWS_PAIR_REGS = 128
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
 # memory of the persistent kernel at D = 128: two Q buffers 32 KiB and rings 64 KiB), the
 # persistent forward's programs an SM
@@ -209,6 +215,15 @@ def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, 
     w_table = distance_table(length, float(alpha), k_turn, device)
     w_coef = coefficient_table(T, S, block_m, block_n, float(alpha), k_turn, device) if coef else (w_table, 0)
     return r_3, w_table, *w_coef
+
+
+def launch_regs(D: int, tile: tuple, flags: Variants) -> int | None:
+    """The forward's register cap a thread (Triton's `maxnreg`; None: none): "fws" at a tile of
+    one consumer warpgroup FWS_PAIR_REGS (two CTAs an SM), "occupancy" without "fws"
+    OCCUPANCY_REGS[D] where D has one."""
+    if flags.fws:
+        return FWS_PAIR_REGS if tile[3] == 4 else None
+    return OCCUPANCY_REGS.get(D) if flags.occupancy else None
 
 
 def persistent_programs(n_items: int, D: int, flags: Variants, device: torch.device) -> int:

@@ -191,6 +191,19 @@ def test_distance_table_and_variant_scalars():
     assert r_3 == gluon_tapa_host._R_MIN_CAP and table.shape == (1,)
 
 
+def test_launch_regs_caps_fws_pairs_and_occupancy():
+    """"fws" with one consumer warpgroup: two CTAs of 8 warps fill the SM's 65536 registers;
+    "occupancy" alone: its head dim's cap; neither, or fws at two consumer warpgroups: no cap."""
+    regs, host = gluon_tapa_host.launch_regs, gluon_tapa_host
+    assert 2 * 8 * 32 * host.FWS_PAIR_REGS == 65536
+    assert regs(128, (64, 64, 2, 4), host.variant_flags({"fws", "order3"}, 128)) == host.FWS_PAIR_REGS
+    assert regs(64, (64, 64, 2, 4), host.variant_flags({"fws", "occupancy"}, 64)) == host.FWS_PAIR_REGS
+    assert regs(128, (128, 64, 2, 8), host.variant_flags({"fws"}, 128)) is None
+    assert regs(64, (64, 64, 2, 4), host.variant_flags({"occupancy"}, 64)) == host.OCCUPANCY_REGS[64] == 168
+    assert regs(128, (64, 64, 2, 4), host.variant_flags({"occupancy"}, 128)) is None
+    assert regs(128, (64, 64, 2, 4), host.variant_flags({"order3", "coef"}, 128)) is None
+
+
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa_host.Variants._fields == gluon_tapa_host.VARIANTS
     assert set(gluon_tapa_host.DEFAULT_VARIANTS) == set(gluon_tapa_host.TILES)   # a default for every head dim
@@ -400,13 +413,14 @@ def _case_id(c):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("stages", [1, 2])
-def test_gluon_tapa_fws_smoke(stages):
+@pytest.mark.parametrize("tile", [(128, 64, 1, 8), (128, 64, 2, 8), (64, 64, 2, 4)], ids=["1-stage", "2-stage", "pair"])
+def test_gluon_tapa_fws_smoke(tile):
     """The "fws" producer partition on a small causal launch (every ring slot reused several
-    times): run this first, with a short timeout, where a handshake could hang."""
+    times; "pair": one consumer warpgroup under gluon_tapa_host.FWS_PAIR_REGS, two CTAs an SM): run
+    this first, with a short timeout, where a handshake could hang."""
     q, k, v, _ = make_inputs(1, 2, 1, 700, 700, 128, torch.bfloat16)
-    check_forward(q, k, v, {}, causal=True, tile=(128, 64, stages, 8), variants={"order3", "fws"},
-                  label=f"gluon-tapa-fws-{stages}")
+    check_forward(q, k, v, {}, causal=True, tile=tile, variants={"order3", "fws"},
+                  label=f"gluon-tapa-fws-{'x'.join(map(str, tile))}")
 
 
 @pytest.mark.gpu
