@@ -26,10 +26,10 @@ from phaselab.kernels.tapa.phase import _taylor, series_radius
 # was no faster at D = 128 and 10-19 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h200.md).
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # The "fws" kernel's tile: Triton gives a warp-specialised kernel whole warpgroups (the producer
-# warp's takes 4 warps of the launch) and a register budget for one CTA an SM, so two 64-row
-# consumer warpgroups keep today's 8 softmax warps an SM (64x64x2x4 with "fws": 8 warps at 256
-# registers, one CTA an SM, half the softmax warps); 128x64x2x8 launches 12 warps at 168 and
-# raises the consumers to 240 (setmaxnreg), no spills (benchmarks/gluon_compile_tapa.py).
+# warp's takes 4 warps of the launch), so 128x64x2x8 launches 12 warps at 168 registers and
+# raises its two consumer warpgroups to 240 (setmaxnreg), one CTA and 8 softmax warps an SM, no
+# spills (benchmarks/gluon_compile_tapa.py); at 64x64x2x4 the launch's cap FWS_PAIR_REGS (below,
+# `launch_regs`) lets two CTAs share an SM instead of one (uncapped: 8 warps at 255 registers).
 TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # Optional schedules of the kernels, each a constexpr (`gluon_tapa.gluon_tapa_fwd(variants=...)`), each cutting
 # the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
