@@ -58,7 +58,7 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             40 / 48 B of spills in the linear one); the default schedule spills 1172 B under the
 #             cap and ran 2.95 / 2.81x cuDNN so, against 2.29 / 2.04x uncapped (gluon-tapa-fwd-h200.md).
 #             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
-#             whose register split is set by its partitions;
+#             whose cap is set by its partitions (`launch_regs`);
 #   "persistent": the forward as a persistent kernel (`gluon_tapa.gluon_tapa_fwd_persistent_kernel`,
 #             PERSISTENT_CTAS programs an SM), each program claiming query blocks through an atomic
 #             count in the order a one-block-a-program grid runs them and running them through one
