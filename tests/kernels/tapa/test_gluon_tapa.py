@@ -192,8 +192,9 @@ def test_distance_table_and_variant_scalars():
 
 
 def test_launch_regs_caps_fws_pairs_and_occupancy():
-    """"fws" with one consumer warpgroup: two CTAs of 8 warps fill the SM's 65536 registers;
-    "occupancy" alone: its head dim's cap; neither, or fws at two consumer warpgroups: no cap."""
+    """The "fws" kernel with one consumer warpgroup: two CTAs of 8 warps fill the SM's 65536
+    registers; "occupancy" alone: its head dim's cap; neither, or fws with two consumer
+    warpgroups: no cap."""
     regs, host = gluon_tapa_host.launch_regs, gluon_tapa_host
     assert 2 * 8 * 32 * host.FWS_PAIR_REGS == 65536
     assert regs(128, (64, 64, 2, 4), host.variant_flags({"fws", "order3"}, 128)) == host.FWS_PAIR_REGS
