@@ -69,14 +69,16 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     variants: names from gluon_tapa_host.VARIANTS ("order3" changes no code, only r_3; "ws" is the
     backward's)."""
     sig, consts = signature(D, tile, dtype)
-    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": "table" in variants, "COEF": "coef" in variants,
-               "LAZY": "lazy" in variants, "DIAG": "diag" in variants}
+    flags = gluon_tapa_host.variant_flags(variants, D)
+    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": flags.table, "COEF": flags.coef, "LAZY": flags.lazy,
+               "DIAG": flags.diag, "HEADS": gluon_tapa_host.interleave_heads(flags)}
     kernel = gluon_tapa.gluon_tapa_fwd_kernel
-    if "fws" in variants:
+    if flags.fws:
         kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
-    elif "persistent" in variants:
+    elif flags.persistent:
         kernel, sig["n_items"], sig["claim_ptr"] = gluon_tapa.gluon_tapa_fwd_persistent_kernel, "i32", "*i32"
-    cap = gluon_tapa_host.launch_regs(D, tile, gluon_tapa_host.variant_flags(variants, D))
+        del consts["HEADS"]
+    cap = gluon_tapa_host.launch_regs(D, tile, flags)
     return compile_report(kernel, sig, consts, tile[3], maxnreg=cap)   # the cap as the launcher applies it
 
 
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dims", type=int, nargs="+", default=list(gluon_tapa_host.TILES))
     p.add_argument("--tiles", type=parse_tile, nargs="+", default=None,
-                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa_host.TILES[D], TILES_FWS[D] with fws)")
+                   help="BLOCK_MxBLOCK_NxSTAGESxWARPS (default: gluon_tapa_host.forward_tile)")
     p.add_argument("--causal", type=int, nargs="+", default=[1, 0], choices=[0, 1])
     p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     p.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for variants in args.variants:
             variants = resolve(variants, D)
-            tile = tile_arg or (gluon_tapa_host.TILES_FWS if "fws" in variants else gluon_tapa_host.TILES)[D]
+            tile = tile_arg or gluon_tapa_host.forward_tile(D, gluon_tapa_host.variant_flags(variants, D))
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
             label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
             if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype,

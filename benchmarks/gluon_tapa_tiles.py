@@ -33,7 +33,7 @@ import torch
 from phaselab.kernels.tapa import gluon_tapa_bwd, gluon_tapa_host
 
 # head dim -> kernel -> candidate tiles (BLOCK_M, BLOCK_N, STAGES, warps); the defaults are
-# gluon_tapa_host.TILES, gluon_tapa_bwd.DKDV_TILES and DQ_TILES (`defaults`)
+# gluon_tapa_host.forward_tile, gluon_tapa_bwd.DKDV_TILES and DQ_TILES (`defaults`)
 CANDIDATES = {
     128: {"fwd": [(64, 64, 2, 4), (64, 64, 3, 4), (64, 32, 2, 4), (64, 32, 3, 4), (128, 64, 2, 8)],
           "dkdv": [(32, 128, 2, 8), (16, 128, 2, 8), (32, 128, 3, 8)],
@@ -47,7 +47,8 @@ KERNELS = ("fwd", "dkdv", "dq")
 
 def defaults(D: int) -> dict[str, tuple]:
     """The tile each kernel takes unless told, per kernel."""
-    return {"fwd": gluon_tapa_host.TILES[D], "dkdv": gluon_tapa_bwd.DKDV_TILES[D], "dq": gluon_tapa_bwd.DQ_TILES[D]}
+    fwd = gluon_tapa_host.forward_tile(D, gluon_tapa_host.variant_flags(None, D))
+    return {"fwd": fwd, "dkdv": gluon_tapa_bwd.DKDV_TILES[D], "dq": gluon_tapa_bwd.DQ_TILES[D]}
 
 
 def tile_name(tile: tuple) -> str:

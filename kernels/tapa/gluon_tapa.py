@@ -56,9 +56,9 @@ from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, launch
 from phaselab.kernels.tapa.gluon_tapa_host import (
-    TILES,
-    TILES_FWS,
     descriptors,
+    forward_tile,
+    interleave_heads,
     kernel_scalars,
     launch_regs,
     persistent_programs,
@@ -444,15 +444,33 @@ if gluon_common.IMPORT_ERROR is None:
         return bars
 
     @gluon.jit
+    def _program(HEADS: gl.constexpr):
+        """(i_bh, i_m) of this program, longest (causal) rows first in the order the grid is
+        dispatched (program_id(0) fastest). HEADS > 1 (the "interleave" variant): each query block
+        of HEADS heads in turn before the next shorter one (the last group: the heads left), so the
+        launch ends on its shortest rows while the K and V of only about HEADS heads are in flight."""
+        n_m = gl.num_programs(0)
+        if HEADS == 1:
+            i_bh = gl.program_id(1)
+            i_m = n_m - 1 - gl.program_id(0)
+        else:
+            pid = gl.program_id(0) + gl.program_id(1) * n_m
+            first = pid // (HEADS * n_m) * HEADS
+            heads = gl.minimum(gl.num_programs(1) - first, HEADS)
+            r = pid - first * n_m
+            i_bh = first + r % heads
+            i_m = n_m - 1 - r // heads
+        return i_bh, i_m
+
+    @gluon.jit
     def _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL: gl.constexpr,
-               STAGES: gl.constexpr, WS: gl.constexpr):
-        """(i_bh, m0, kv_row, mid, hi, q_bar, bufs) of this program: Q's halves, the K_A, K_P and V
-        rings with their ready barriers and (WS) the consumers' "empty" barriers (without WS the
-        ready ones stand in, never waited on as empty)."""
+               STAGES: gl.constexpr, WS: gl.constexpr, HEADS: gl.constexpr):
+        """(i_bh, m0, kv_row, mid, hi, q_bar, bufs) of this program (`_program`): Q's halves, the K_A,
+        K_P and V rings with their ready barriers and (WS) the consumers' "empty" barriers (without
+        WS the ready ones stand in, never waited on as empty)."""
         BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
-        i_bh = gl.program_id(1)
-        i_m = gl.num_programs(0) - 1 - gl.program_id(0)  # longest (causal) rows first
+        i_bh, i_m = _program(HEADS)
         kv_row = kv_base_row(i_bh, H, GROUP, S)
         mid, hi = _block_range(i_m, T, S, BLOCK_M, BLOCK_N, CAUSAL)
         qa_smem = gl.allocate_shared_memory(qa_desc.dtype, qa_desc.block_type.shape, qa_desc.layout)
@@ -497,12 +515,12 @@ if gluon_common.IMPORT_ERROR is None:
                               alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
                               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                               TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                              DIAG: gl.constexpr = False, num_warps: gl.constexpr = 4):
-        """One BLOCK_M block of query rows of one (batch, head). Descriptors: q's amplitude / phase
-        columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows of a neighbouring
-        head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
+                              DIAG: gl.constexpr = False, HEADS: gl.constexpr = 1, num_warps: gl.constexpr = 4):
+        """One BLOCK_M block of query rows of one (batch, head) (`_program`). Descriptors: q's
+        amplitude / phase columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows
+        of a neighbouring head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
         i_bh, m0, kv_row, mid, hi, q_bar, bufs = _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP,
-                                                        CAUSAL, STAGES, False)
+                                                        CAUSAL, STAGES, False, HEADS)
         ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars = bufs[2], bufs[3], bufs[4], bufs[5], bufs[6], bufs[7]
         _load_q(qa_desc, qp_desc, q_bar, bufs, i_bh * T + m0)
         for i in gl.static_range(STAGES):
@@ -519,12 +537,13 @@ if gluon_common.IMPORT_ERROR is None:
                                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                                  TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
                                  LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
-                                 PRODUCER_REGS: gl.constexpr = 24, num_warps: gl.constexpr = 4):
+                                 HEADS: gl.constexpr = 1, PRODUCER_REGS: gl.constexpr = 24,
+                                 num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "fws" variant; the consumers release each slot
         through an "empty" mbarrier instead of issuing its refill)."""
         i_bh, m0, kv_row, mid, hi, q_bar, bufs = _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP,
-                                                        CAUSAL, STAGES, True)
+                                                        CAUSAL, STAGES, True, HEADS)
         descs = (ka_desc, kp_desc, v_desc)
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
@@ -636,18 +655,20 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale:
     B, H, T, D = q.shape
     flags = variant_flags(variants, D)   # "ws" is the backward's
     G, S = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or (TILES_FWS if flags.fws else TILES)[D]
+    block_m, block_n, stages, warps = tile or forward_tile(D, flags)
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
                             flags.coef)
     grid, lengths, kernel = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), gluon_tapa_fwd_kernel
     meta = {"CAUSAL": bool(causal), "LINEAR": params["phase"] == "linear", "STAGES": stages, "TABLE": flags.table,
-            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": warps}
+            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "HEADS": interleave_heads(flags),
+            "num_warps": warps}
     if flags.fws:
         kernel, meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, PRODUCER_REGS
     elif flags.persistent:
         n_items = grid[0] * grid[1]
         kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
+        del meta["HEADS"]   # its items are claimed in its own order
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
     regs = launch_regs(D, (block_m, block_n, stages, warps), flags)
     if regs:
@@ -664,7 +685,7 @@ def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: 
     positions; q [B,H,T,D], k, v [B,G,S,D]; arguments as `function.tapa_attention` (validated the
     same way); `gluon_tapa_host.supported` must hold. out / lse: optional preallocated contiguous
     buffers (tests poison them); tile: (BLOCK_M, BLOCK_N, STAGES, warps), default
-    gluon_tapa_host.TILES[D] (TILES_FWS[D] with "fws"); variants: names from VARIANTS (default
+    `gluon_tapa_host.forward_tile`; variants: names from VARIANTS (default
     DEFAULT_VARIANTS[D], both gluon_tapa_host's); programs: the
     "persistent" kernel's grid (default `persistent_programs`; fewer programs run more items each).
     The launch's `plan` is computed once per shapes, dtypes, devices and arguments."""

@@ -26,11 +26,12 @@ from phaselab.kernels.tapa.phase import _taylor, series_radius
 # was no faster at D = 128 and 10-19 % slower at D = 64 (benchmarks/results/gluon-tapa-fwd-h200.md).
 TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # The "fws" kernel's tile: Triton gives a warp-specialised kernel whole warpgroups (the producer
-# warp's takes 4 warps of the launch), so 128x64x2x8 launches 12 warps at 168 registers and
-# raises its two consumer warpgroups to 240 (setmaxnreg), one CTA and 8 softmax warps an SM, no
-# spills (benchmarks/gluon_compile_tapa.py); at 64x64x2x4 the launch's cap FWS_PAIR_REGS (below,
-# `launch_regs`) lets two CTAs share an SM instead of one (uncapped: 8 warps at 255 registers).
-TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
+# warp's takes 4 warps of the launch). At 64x64x2x4 (D = 128) the launch's cap FWS_PAIR_REGS
+# (below, `launch_regs`) lets two CTAs share an SM (uncapped: 8 warps at 255 registers, one CTA);
+# at D = 64, where "fws" is not the default, 128x64x2x8 launches 12 warps at 168 registers and
+# raises its two consumer warpgroups to 240 (setmaxnreg), one CTA and 8 softmax warps an SM; both
+# without spills (benchmarks/gluon_compile_tapa.py).
+TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 # Optional schedules of the kernels, each a constexpr (`gluon_tapa.gluon_tapa_fwd(variants=...)`), each cutting
 # the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
 # counts):
@@ -59,6 +60,11 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 #             cap and ran 2.95 / 2.81x cuDNN so, against 2.29 / 2.04x uncapped (gluon-tapa-fwd-h200.md).
 #             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
 #             whose cap is set by its partitions (`launch_regs`);
+#   "interleave": the grid runs each query block of INTERLEAVE_HEADS heads in turn before the next
+#             shorter one (`gluon_tapa._program`) instead of all of one head's blocks, longest
+#             first, before the next head's: a causal launch then ends on its shortest rows, not
+#             on a last head's long ones, while the K and V of about as many heads as before are
+#             in flight; no effect with "persistent", which claims its items in its own order;
 #   "persistent": the forward as a persistent kernel (`gluon_tapa.gluon_tapa_fwd_persistent_kernel`,
 #             PERSISTENT_CTAS programs an SM), each program claiming query blocks through an atomic
 #             count in the order a one-block-a-program grid runs them and running them through one
@@ -76,12 +82,20 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (128, 64, 2, 8)}
 # ms with every series tile at the fifth order); "table" gains nothing beyond the timing noise (at
 # most 2 %). Timed on an H100 (benchmarks/results/gluon-tapa-{fwd,bwd}-h100.md): "coef", "lazy"
 # and "diag" together make the D = 128 forward 11 % / 8.5 % faster at 4k / 16k, and "occupancy"
-# with them the D = 64 one 9 % / 10 %; "fws" is 4-8 % slower than the same schedules without it;
+# with them the D = 64 one 9 % / 10 %; "fws" at 128x64x2x8 is 4-8 % slower than the same schedules
+# without it;
 # beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
 # (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
 # 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent")
+# Timed on the H200 (benchmarks/results/gluon-tapa-fws-h200.md): "fws" at 64x64x2x4 under the pair
+# cap makes the D = 128 forward 3.8 % faster at 4k (3.184 against 3.309 ms) and equal at 16k
+# (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy".
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave")
 OCCUPANCY_REGS = {64: 168}
+# Heads whose query blocks "interleave" runs in turn: 4 at 4k (B*H = 256, 64 blocks a head) puts the
+# greedy schedule of the launch's blocks over 2 x 132 CTA slots within 0.2 % of its work's bound,
+# against 1.7 % in head order (costs: a block's key blocks plus 3 for its prologue and epilogue)
+INTERLEAVE_HEADS = 4
 # The "fws" kernel at a tile of one consumer warpgroup (4 warps): Triton launches the producer's
 # warpgroup beside it, 8 warps, at 255 registers a thread uncapped, one CTA an SM. Capped at
 # FWS_PAIR_REGS, two CTAs share an SM (2 x 256 threads x 128 = the SM's 65536 registers) and
@@ -94,8 +108,8 @@ FWS_PAIR_REGS = 128
 PERSISTENT_CTAS = {64: 2, 128: 2}
 # The schedules a launch takes unless told, per head dim (from the timings above)
 DEFAULT_VARIANTS: dict[int, frozenset[str]] = {
-    64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy", "table"}),
-    128: frozenset({"ws", "order3", "coef", "lazy", "diag", "table"}),
+    64: frozenset({"ws", "order3", "coef", "lazy", "diag", "occupancy", "table", "interleave"}),
+    128: frozenset({"ws", "order3", "coef", "lazy", "diag", "table", "fws", "interleave"}),
 }
 # r_min is capped so that the in-kernel block arithmetic (index + r_min) stays within int32
 _R_MIN_CAP = 2**29
@@ -188,6 +202,18 @@ class Variants(NamedTuple):
     fws: bool
     occupancy: bool
     persistent: bool
+    interleave: bool
+
+
+def forward_tile(D: int, flags: Variants) -> tuple:
+    """The forward's default tile: TILES_FWS[D] with "fws", else TILES[D]."""
+    return (TILES_FWS if flags.fws else TILES)[D]
+
+
+def interleave_heads(flags: Variants) -> int:
+    """The forward kernels' HEADS constexpr (`gluon_tapa._program`): INTERLEAVE_HEADS with
+    "interleave", 1 (head order) without it."""
+    return INTERLEAVE_HEADS if flags.interleave else 1
 
 
 def variant_flags(variants, D: int) -> Variants:

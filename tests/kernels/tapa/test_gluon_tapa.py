@@ -41,7 +41,7 @@ def _qkv(D=128, dtype=torch.bfloat16, H=4, G=2, T=8, S=8):
 
 def test_module_imports_without_gpu():
     module = importlib.reload(gluon_tapa)
-    assert set(module.TILES) == {64, 128}
+    assert module.forward_tile(128, module.variant_flags(None, 128)) == (64, 64, 2, 4)
     q, k, v = _qkv()
     assert isinstance(module.supported(q, k, v), str)  # no CUDA tensor here: a reason, no exception
 
@@ -205,18 +205,30 @@ def test_launch_regs_caps_fws_pairs_and_occupancy():
     assert regs(128, (64, 64, 2, 4), host.variant_flags({"order3", "coef"}, 128)) is None
 
 
+def test_forward_tile_and_interleaved_heads():
+    """The forward's tile follows "fws" (TILES_FWS) and its HEADS constexpr "interleave"."""
+    host = gluon_tapa_host
+    for D in host.TILES:
+        assert host.forward_tile(D, host.variant_flags({"order3"}, D)) == host.TILES[D]
+        assert host.forward_tile(D, host.variant_flags({"order3", "fws"}, D)) == host.TILES_FWS[D]
+    assert host.forward_tile(128, host.variant_flags({"fws"}, 128)) == (64, 64, 2, 4)
+    assert host.interleave_heads(host.variant_flags({"order3"}, 64)) == 1
+    assert host.interleave_heads(host.variant_flags({"order3", "interleave"}, 64)) == host.INTERLEAVE_HEADS == 4
+
+
 def test_variant_flags_refuse_unknown_names():
     assert gluon_tapa_host.Variants._fields == gluon_tapa_host.VARIANTS
     assert set(gluon_tapa_host.DEFAULT_VARIANTS) == set(gluon_tapa_host.TILES)   # a default for every head dim
     for D, chosen in gluon_tapa_host.DEFAULT_VARIANTS.items():
         assert gluon_tapa_host.variant_flags(None, D) == tuple(v in chosen for v in gluon_tapa_host.VARIANTS)
         assert chosen <= set(gluon_tapa_host.VARIANTS) and {"ws", "order3"} <= chosen
-        # the register cap is for the head dims that have one, and fws (its own split) is off
-        assert ("occupancy" in chosen) == (D in gluon_tapa_host.OCCUPANCY_REGS) and "fws" not in chosen
-    assert gluon_tapa_host.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 7
+        # the register cap is for the head dims that have one; fws only where its pair tile is the default
+        assert ("occupancy" in chosen) == (D in gluon_tapa_host.OCCUPANCY_REGS)
+        assert ("fws" in chosen) == (gluon_tapa_host.TILES_FWS[D] == gluon_tapa_host.TILES[D])
+    assert gluon_tapa_host.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 8
     flags = gluon_tapa_host.variant_flags(["ws", "lazy", "persistent"], 128)
-    assert flags == (False, False, True, False, True, False, False, False, True) and flags.lazy and not flags.coef
-    assert flags.persistent
+    assert flags == (False, False, True, False, True, False, False, False, True, False) and flags.lazy
+    assert flags.persistent and not flags.coef and not flags.interleave
     assert gluon_tapa_host.variant_flags((), 128) == (False,) * len(gluon_tapa_host.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
         gluon_tapa_host.variant_flags({"table", "eager"}, 64)
@@ -426,6 +438,21 @@ def test_gluon_tapa_fws_smoke(tile):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("variants", [frozenset({"order3", "interleave"}), frozenset({"order3", "fws", "interleave"}),
+                                      None], ids=["interleave", "fws+interleave", "default"])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal", [(2, 3, 1, 333, 333, 128, True), (3, 3, 3, 1000, 1000, 64, True),
+                                                (1, 5, 1, 130, 130, 128, False), (1, 1, 1, 700, 700, 64, True)],
+                         ids=["BH6-D128", "BH9-D64", "BH5-nocausal", "BH1"])
+def test_gluon_tapa_interleaved_heads_cover_every_block(B, H, G, T, S, D, causal, variants):
+    """"interleave" with B*H not a multiple of INTERLEAVE_HEADS (a last group of 2, 1 or 5 - 4
+    heads; one head alone): every query block of every head runs once, at its own rows (out and
+    lse poisoned, against float64)."""
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, torch.bfloat16)
+    check_forward(q, k, v, {}, causal=causal, variants=variants, label=f"gluon-tapa-interleave-B{B}H{H}")
+
+
+@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("programs", [1, 3, None], ids=["1-program", "3-programs", "default-grid"])
 @pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
 def test_gluon_tapa_persistent_matches_float64(B, H, G, T, S, D, causal, params, dtype, programs):
@@ -455,7 +482,8 @@ VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozen
                 frozenset({"order3", "coef", "lazy", "diag", "occupancy"}),
                 frozenset({"order3", "coef", "lazy", "diag", "table"}),
                 frozenset({"order3", "coef", "lazy", "diag", "persistent"}),
-                frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"})]
+                frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"}),
+                frozenset({"order3", "interleave"}), frozenset({"order3", "fws", "interleave"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
