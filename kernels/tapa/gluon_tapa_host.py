@@ -87,9 +87,11 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 # beside those, "persistent" is on par at D = 128 and 7-17 % slower at D = 64
 # (benchmarks/results/gluon-tapa-fwd-h100-4k.md), and "table", in five interleaved rounds, 3.3 % /
 # 0 % faster at D = 128 and 4.2 % / 3.0 % at D = 64 (4k / 16k; the same file, section 5).
-# Timed on the H200 (benchmarks/results/gluon-tapa-fws-h200.md): "fws" at 64x64x2x4 under the pair
+# Timed on the H200 (benchmarks/results/gluon-tapa-fwd-h200-fws.md): "fws" at 64x64x2x4 under the pair
 # cap makes the D = 128 forward 3.8 % faster at 4k (3.184 against 3.309 ms) and equal at 16k
-# (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy".
+# (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy". "interleave", timed on
+# two H100s (benchmarks/results/gluon-tapa-fwd-h100-interleave.md), moves the forward by less than
+# the rounds' spread; it is on for the tail of a synced launch (INTERLEAVE_HEADS).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave")
 OCCUPANCY_REGS = {64: 168}
 # Heads whose query blocks "interleave" runs in turn: 4 at 4k (B*H = 256, 64 blocks a head) puts the
