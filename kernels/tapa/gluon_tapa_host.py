@@ -56,7 +56,8 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 #   "occupancy": the D = 64 forward compiled for at most OCCUPANCY_REGS[64] registers a thread, so
 #             that three 4-warp CTAs share an SM (12 softmax warps instead of 8): with "coef",
 #             "lazy" and "diag" it needs no spill in the quadratic phase (176 registers uncapped;
-#             40 / 48 B of spills in the linear one); the default schedule spills 1172 B under the
+#             4 / 4 B with "interleave", one value across the loop; 40 / 48 B of spills in the
+#             linear one); the default schedule spills 1172 B under the
 #             cap and ran 2.95 / 2.81x cuDNN so, against 2.29 / 2.04x uncapped (gluon-tapa-fwd-h200.md).
 #             No effect at D = 128, where three CTAs' shared memory does not fit, nor with "fws",
 #             whose cap is set by its partitions (`launch_regs`);

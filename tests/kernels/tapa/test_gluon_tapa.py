@@ -444,9 +444,9 @@ def test_gluon_tapa_fws_smoke(tile):
                                                 (1, 5, 1, 130, 130, 128, False), (1, 1, 1, 700, 700, 64, True)],
                          ids=["BH6-D128", "BH9-D64", "BH5-nocausal", "BH1"])
 def test_gluon_tapa_interleaved_heads_cover_every_block(B, H, G, T, S, D, causal, variants):
-    """"interleave" with B*H not a multiple of INTERLEAVE_HEADS (a last group of 2, 1 or 5 - 4
-    heads; one head alone): every query block of every head runs once, at its own rows (out and
-    lse poisoned, against float64)."""
+    """"interleave" where B*H is not a multiple of INTERLEAVE_HEADS (6, 9 and 5 heads: a last
+    group of 2, 1 and 1) and with one head alone: every query block of every head runs once, at
+    its own rows (out and lse poisoned, against float64)."""
     q, k, v, _ = make_inputs(B, H, G, T, S, D, torch.bfloat16)
     check_forward(q, k, v, {}, causal=causal, variants=variants, label=f"gluon-tapa-interleave-B{B}H{H}")
 
