@@ -48,19 +48,19 @@ from phaselab.kernels.tapa import gluon_tapa, gluon_tapa_host
 PHASES = ("quadratic", "linear")
 
 
-def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> tuple[dict, dict]:
-    """(signature, constexprs) of one variant, from descriptors over small CPU tensors (the shapes
-    are run-time values; only the block shapes and layouts enter the signature)."""
+def signature(D: int, tile: tuple[int, int, int, int], dtype: torch.dtype) -> dict:
+    """The run-time arguments' types of one variant, from descriptors over small CPU tensors (the
+    shapes are run-time values; only the block shapes and layouts enter the signature)."""
     from triton.runtime.jit import mangle_type
 
-    block_m, block_n, stages, _ = tile
+    block_m, block_n, _, _ = tile
     q = torch.zeros(1, 1, 256, D, dtype=dtype)
     names = ("qa_desc", "qp_desc", "ka_desc", "kp_desc", "v_desc")
     sig = {n: mangle_type(d) for n, d in zip(names, gluon_tapa_host.descriptors(q, q, q, block_m, block_n))}
     sig |= {"o_ptr": mangle_type(q), "lse_ptr": "*fp32", "T": "i32", "S": "i32", "H": "i32", "GROUP": "i32"}
     sig |= {n: "fp32" for n in ("qk_scale", "alpha", "k_turn", "c1", "c2", "c3", "c4", "c5")}
     sig |= {"r_min": "i32", "r_3": "i32", "w_table": "*fp32", "w_coef": "*fp32", "coef_base": "i32"}
-    return sig, {"STAGES": stages, "num_warps": tile[3]}
+    return sig
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linear: bool,
@@ -68,18 +68,12 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     """ptxas' report of one TAPA forward variant for sm_90a (`gluon_compile.compile_report`);
     variants: names from gluon_tapa_host.VARIANTS ("order3" changes no code, only r_3; "ws" is the
     backward's)."""
-    sig, consts = signature(D, tile, dtype)
-    flags = gluon_tapa_host.variant_flags(variants, D)
-    consts |= {"CAUSAL": causal, "LINEAR": linear, "TABLE": flags.table, "COEF": flags.coef, "LAZY": flags.lazy,
-               "DIAG": flags.diag, "HEADS": gluon_tapa_host.interleave_heads(flags)}
-    kernel = gluon_tapa.gluon_tapa_fwd_kernel
-    if flags.fws:
-        kernel, consts["PRODUCER_REGS"] = gluon_tapa.gluon_tapa_fwd_ws_kernel, gluon_tapa.PRODUCER_REGS
-    elif flags.persistent:
-        kernel, sig["n_items"], sig["claim_ptr"] = gluon_tapa.gluon_tapa_fwd_persistent_kernel, "i32", "*i32"
-        del consts["HEADS"]
-    cap = gluon_tapa_host.launch_regs(D, tile, flags)
-    return compile_report(kernel, sig, consts, tile[3], maxnreg=cap)   # the cap as the launcher applies it
+    sig = signature(D, tile, dtype)
+    kernel, consts = gluon_tapa.forward_launch(D, tile, gluon_tapa_host.variant_flags(variants, D), causal, linear)
+    if kernel is gluon_tapa.gluon_tapa_fwd_persistent_kernel:
+        sig["n_items"], sig["claim_ptr"] = "i32", "*i32"
+    cap = consts.pop("maxnreg", None)   # a launch option, as the launcher applies it; num_warps is also a constexpr
+    return compile_report(kernel, sig, consts, consts["num_warps"], maxnreg=cap)
 
 
 def time_tapa(D: int, N: int, tile: tuple[int, int, int, int] | None, causal: bool, phase: str,

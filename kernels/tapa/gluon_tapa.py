@@ -655,25 +655,39 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale:
     B, H, T, D = q.shape
     flags = variant_flags(variants, D)   # "ws" is the backward's
     G, S = k.shape[1], k.shape[2]
-    block_m, block_n, stages, warps = tile or forward_tile(D, flags)
+    tile = tuple(tile or forward_tile(D, flags))
+    block_m, block_n = tile[:2]
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
                             flags.coef)
-    grid, lengths, kernel = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G), gluon_tapa_fwd_kernel
-    meta = {"CAUSAL": bool(causal), "LINEAR": params["phase"] == "linear", "STAGES": stages, "TABLE": flags.table,
-            "COEF": flags.coef, "LAZY": flags.lazy, "DIAG": flags.diag, "HEADS": interleave_heads(flags),
-            "num_warps": warps}
-    if flags.fws:
-        kernel, meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, PRODUCER_REGS
-    elif flags.persistent:
+    grid, lengths = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G)
+    kernel, meta = forward_launch(D, tile, flags, bool(causal), params["phase"] == "linear")
+    claims = kernel is gluon_tapa_fwd_persistent_kernel
+    if claims:
         n_items = grid[0] * grid[1]
-        kernel, lengths = gluon_tapa_fwd_persistent_kernel, lengths + (n_items,)
-        del meta["HEADS"]   # its items are claimed in its own order
+        lengths = lengths + (n_items,)
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
-    regs = launch_regs(D, (block_m, block_n, stages, warps), flags)
+    return Plan(kernel, grid, block_m, block_n, lengths, scalars, extra, meta, claims)
+
+
+def forward_launch(D: int, tile: tuple, flags, causal: bool, linear: bool) -> tuple[object, dict]:
+    """(kernel, meta) of a forward launch at `tile` with the schedules `flags`
+    (`gluon_tapa_host.Variants`): the kernel they pick ("fws": the warp-specialised one, else
+    "persistent": the persistent one, else the plain one), its constexprs and Triton's launch
+    options (num_warps, the register cap of `launch_regs`). `plan` launches it;
+    benchmarks/gluon_compile_tapa.py compiles the same."""
+    meta = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "TABLE": flags.table, "COEF": flags.coef,
+            "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": tile[3]}
+    if flags.fws:
+        kernel, meta["HEADS"], meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, interleave_heads(flags), PRODUCER_REGS
+    elif flags.persistent:   # claims its items in its own order: no HEADS
+        kernel = gluon_tapa_fwd_persistent_kernel
+    else:
+        kernel, meta["HEADS"] = gluon_tapa_fwd_kernel, interleave_heads(flags)
+    regs = launch_regs(D, tile, flags)
     if regs:
         meta["maxnreg"] = regs
-    return Plan(kernel, grid, block_m, block_n, lengths, scalars, extra, meta, flags.persistent and not flags.fws)
+    return kernel, meta
 
 
 def gluon_tapa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, alpha: float = 0.1, theta: float = 0.5,

@@ -87,6 +87,23 @@ def test_launcher_validates_and_refuses(gluon_importable):
 
 
 @pytest.mark.skipif(gluon_tapa.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
+def test_forward_launch_picks_the_kernel_and_its_constexprs():
+    """The kernel the schedules pick, with HEADS where its grid order applies and the register cap
+    of `launch_regs` (the same plan a launch and benchmarks/gluon_compile_tapa.py use)."""
+    host, flags = gluon_tapa_host, gluon_tapa_host.variant_flags
+    kernel, meta = gluon_tapa.forward_launch(128, (64, 64, 2, 4), flags(None, 128), True, False)
+    assert kernel is gluon_tapa.gluon_tapa_fwd_ws_kernel and meta["maxnreg"] == host.FWS_PAIR_REGS
+    assert meta["HEADS"] == host.INTERLEAVE_HEADS and meta["PRODUCER_REGS"] == gluon_tapa.PRODUCER_REGS
+    assert (meta["STAGES"], meta["num_warps"], meta["CAUSAL"], meta["LINEAR"]) == (2, 4, True, False)
+    kernel, meta = gluon_tapa.forward_launch(64, (64, 64, 2, 4), flags({"occupancy", "table"}, 64), False, True)
+    assert kernel is gluon_tapa.gluon_tapa_fwd_kernel and meta["HEADS"] == 1 and meta["maxnreg"] == 168
+    assert meta["TABLE"] and not meta["COEF"] and not meta["CAUSAL"] and meta["LINEAR"]
+    kernel, meta = gluon_tapa.forward_launch(128, (64, 64, 2, 4), flags({"persistent", "interleave"}, 128), True,
+                                             False)
+    assert kernel is gluon_tapa.gluon_tapa_fwd_persistent_kernel and "HEADS" not in meta and "maxnreg" not in meta
+
+
+@pytest.mark.skipif(gluon_tapa.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
 def test_descriptors_are_views_of_the_halves():
     q = torch.zeros(2, 3, 100, 128, dtype=torch.bfloat16)
     k = torch.zeros(2, 1, 90, 128, dtype=torch.bfloat16)
