@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import importlib.util
 import json
 import math
@@ -203,12 +204,18 @@ def relbias_learned(q, k, v, pos, ctx):
 METHOD_SETS = {"distance-bias": ["sdpa-cudnn", "flex-plain", "flex-alibi", "relbias-alibi", "relbias-learned"]}
 
 
+@functools.lru_cache(maxsize=16)
+def with_impl(options: AttentionOptions, flash_impl: str) -> AttentionOptions:
+    """options with flash_impl set, built once (a model builds its options once, not a call)."""
+    return dataclasses.replace(options, flash_impl=flash_impl)
+
+
 def flash_plain(q, k, v, pos, ctx):
-    return flash_attention(q, k, v, causal=True, options=dataclasses.replace(ctx["options"], flash_impl="tl"))
+    return flash_attention(q, k, v, causal=True, options=with_impl(ctx["options"], "tl"))
 
 
 def flash_gluon(q, k, v, pos, ctx):   # the Gluon forward (an error where it cannot run), the tl backward
-    return flash_attention(q, k, v, causal=True, options=dataclasses.replace(ctx["options"], flash_impl="gluon"))
+    return flash_attention(q, k, v, causal=True, options=with_impl(ctx["options"], "gluon"))
 
 
 def pope_unfused(q, k, v, pos, ctx):
@@ -222,17 +229,17 @@ def pope_unfused(q, k, v, pos, ctx):
 
 def tapa_fused(q, k, v, pos, ctx):
     return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5,
-                          options=dataclasses.replace(ctx["options"], flash_impl="tl"))
+                          options=with_impl(ctx["options"], "tl"))
 
 
 def tapa_gluon(q, k, v, pos, ctx):
     return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, trivial_pos=True,
-                          options=dataclasses.replace(ctx["options"], flash_impl="gluon"))
+                          options=with_impl(ctx["options"], "gluon"))
 
 
 def tapa_fused_atomic(q, k, v, pos, ctx):
     return tapa_attention(q, k, v, pos_q_BT=pos, pos_k_BS=pos, alpha=0.1, theta=0.5, deterministic=False,
-                          options=dataclasses.replace(ctx["options"], flash_impl="tl"))
+                          options=with_impl(ctx["options"], "tl"))
 
 
 def tapa_material(q, k, v, pos, ctx):

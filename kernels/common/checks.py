@@ -68,6 +68,11 @@ def check_pos(name: str, pos: Tensor, batch: int, length: int, device: torch.dev
     if pos.ndim != 2 or pos.shape[0] not in (1, batch) or pos.shape[1] != length:
         raise ValueError(f"{name} has shape {tuple(pos.shape)}, expected ({batch} or 1, {length})")
     check_device(name, pos, device)
+    return positions(pos)
+
+
+def positions(pos: Tensor) -> Tensor:
+    """Checked positions (`check_pos`) as the kernels read them: int64, contiguous."""
     return pos.to(torch.int64).contiguous()
 
 

@@ -34,7 +34,8 @@ try:  # Gluon's Hopper API as of Triton 3.6 (it moves between releases)
 except Exception as exc:  # noqa: BLE001 - any failure means "no Gluon kernels here"
     IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "TensorDescriptor", "descriptor",
+__all__ = ["DTYPES", "HEAD_DIMS", "IMPORT_ERROR", "PRODUCER_REGS", "Address", "TensorDescriptor", "descriptor",
+           "descriptor_at",
            "fence_async_shared", "gl", "gl_dtype", "gluon", "kv_base_row", "launch", "mbarrier", "mma_layout",
            "rows_layout", "supported", "tma", "triton", "warpgroup_mma", "warpgroup_mma_wait"]
 
@@ -84,8 +85,8 @@ def block_layout(rows: int, D: int, dtype: torch.dtype):
 def _field_defaults() -> dict | None:
     """The defaults of Triton's host TensorDescriptor fields past (base, shape, strides, block_shape,
     layout), where every one has a default and padding's is "zero"; else None. Where they are
-    known, `descriptor` sets the fields without the class's __post_init__, which only asserts
-    what `descriptor` checks itself for the blocks the kernels use (alignment, a power-of-two block
+    known, `descriptor_at` sets the fields without the class's __post_init__, which only asserts
+    what `descriptor_at` checks itself for the blocks the kernels use (alignment, a power-of-two block
     of 16-256, the dtype, the swizzle's width): the constructor took 1.7 us a descriptor on a CPU
     machine, fields set directly 0.4."""
     if IMPORT_ERROR is not None:
@@ -102,21 +103,52 @@ _DEFAULTS = _field_defaults()
 _BLOCK_SIDES = frozenset((16, 32, 64, 128, 256))
 
 
+class Address:
+    """A descriptor's base as a launch reads it: an address and a dtype, holding no tensor. Triton
+    specialises a Gluon descriptor on its base's dtype (with its block and layout) and its launcher
+    reads the base's `data_ptr()` alone, so a descriptor on an Address launches as one on the
+    tensor at that address does, and `descriptor_at` can keep descriptors without keeping their
+    tensors' memory alive."""
+
+    __slots__ = ("dtype", "ptr")
+
+    def __init__(self, ptr: int, dtype: torch.dtype):
+        self.ptr, self.dtype = ptr, dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Address) and (self.ptr, self.dtype) == (other.ptr, other.dtype)
+
+    def __hash__(self) -> int:
+        return hash((self.ptr, self.dtype))
+
+
 def descriptor(t: torch.Tensor, rows: int, width: int | None = None) -> TensorDescriptor:
     """TMA descriptor of t [..., L, D] (rows dense: contiguous, or the leading `width` columns of a
     contiguous tensor's view) as a [rows_total, width] matrix of row stride D' (t's row stride),
-    blocks of `rows` rows and the whole width (default D). Built on t itself with the matrix's
-    shape and strides, not on a reshaped view: the launcher reads only the base's address, and
-    the view cost the host more than the descriptor (TAPA's forward builds 5, its backward 12)."""
-    width = t.shape[-1] if width is None else width
-    shape, strides, block = [t.numel() // t.shape[-1], width], [t.stride(-2), 1], [rows, width]
-    layout = block_layout(rows, width, t.dtype)
-    if _DEFAULTS is None or rows not in _BLOCK_SIDES or width not in _BLOCK_SIDES or t.dtype not in DTYPES \
-            or t.data_ptr() % 16 or strides[0] * t.element_size() % 16 \
-            or width * t.element_size() < layout.swizzle_byte_width:
-        return TensorDescriptor(t, shape, strides, block, layout)
+    blocks of `rows` rows and the whole width (default D): `descriptor_at` t's address."""
+    return descriptor_at(t.data_ptr(), t.dtype, t.numel() // t.shape[-1], t.shape[-1] if width is None else width,
+                         t.stride(-2), rows)
+
+
+@functools.lru_cache(maxsize=512)
+def descriptor_at(ptr: int, dtype: torch.dtype, rows_total: int, width: int, row_stride: int,
+                  rows: int) -> TensorDescriptor:
+    """TMA descriptor of the [rows_total, width] matrix of row stride `row_stride` elements at
+    address ptr, blocks of `rows` rows and the whole width, on an `Address` (a pure function of
+    its arguments, so kept: a launch that meets the same tensors again, as the caching allocator
+    hands them out, finds its descriptors built; 2.2 us a descriptor built, a lookup 0.6, on a
+    CPU machine). Its fields are set directly where `_DEFAULTS` allows and the checks below hold,
+    else through the constructor, which refuses what it cannot take."""
+    base, shape, strides, block = Address(ptr, dtype), [rows_total, width], [row_stride, 1], [rows, width]
+    layout = block_layout(rows, width, dtype)
+    if _DEFAULTS is None or rows not in _BLOCK_SIDES or width not in _BLOCK_SIDES or dtype not in DTYPES \
+            or ptr % 16 or row_stride * dtype.itemsize % 16 or width * dtype.itemsize < layout.swizzle_byte_width:
+        return TensorDescriptor(base, shape, strides, block, layout)
     desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(_DEFAULTS, base=t, shape=shape, strides=strides, block_shape=block, layout=layout)
+    desc.__dict__.update(_DEFAULTS, base=base, shape=shape, strides=strides, block_shape=block, layout=layout)
     return desc
 
 
@@ -161,16 +193,18 @@ def _launch_fact(x):
     raise TypeError(f"no launch key for a {type(x).__name__}")
 
 
-def launch(kernel, grid: tuple, *args, **meta) -> None:
+def launch(kernel, grid: tuple, *args, key=None, **meta) -> None:
     """kernel[grid](*args, **meta): the non-constexpr arguments positional, the constexprs (which
     follow them in the kernel's signature) and options as keywords. A launch whose kernel,
     device, keywords and arguments' `_launch_fact`s match an earlier one's runs that one's compiled
     kernel through its launcher directly, skipping Triton's per-call binding and cache-key work
     (JITFunction.run: 62 -> 41 us a launch on an H100 machine); the first launch of each goes
-    through Triton, and so does any launch this cannot key."""
+    through Triton, and so does any launch this cannot key. key: a hashable the caller derives
+    from what fixes every argument's `_launch_fact` (shapes, dtypes, alignments), used in their
+    place: the facts of TAPA's forward's 24 arguments took 12.5 us to compute on a CPU machine."""
     device = torch.cuda.current_device()
     try:
-        key = (kernel, device, tuple(meta.items()), tuple(map(_launch_fact, args)))
+        key = (kernel, device, tuple(meta.items()), tuple(map(_launch_fact, args)) if key is None else key)
         hit = _LAUNCHES.get(key)
     except TypeError:   # an argument this cannot key, or an unhashable fact
         kernel[grid](*args, **meta)

@@ -16,7 +16,7 @@ import torch
 from phaselab.kernels.common.score_mod import tapa_split
 from phaselab.kernels.common.triton_common import LOG2E
 from phaselab.kernels.flash import gluon_common
-from phaselab.kernels.flash.gluon_common import descriptor
+from phaselab.kernels.flash.gluon_common import descriptor_at
 from phaselab.kernels.tapa.phase import _taylor, series_radius
 
 # (BLOCK_M, BLOCK_N, STAGES, warps) per head dim. Two fp32 score accumulators (S_A, S_P) live
@@ -136,10 +136,15 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_q=None, pos
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int, block_n: int) -> tuple:
     """TMA descriptors of the amplitude and phase halves of q [B,H,T,D] and k [B,G,S,D] and of the
-    whole v (all contiguous): [rows, D/2] views with row stride D (no copy), and [rows, D]."""
-    half = q.shape[-1] // 2
-    return (descriptor(q, block_m, half), descriptor(q[..., half:], block_m),
-            descriptor(k, block_n, half), descriptor(k[..., half:], block_n), descriptor(v, block_n))
+    whole v (all contiguous): [rows, D/2] matrices of row stride D at each half's address (no
+    copy, no view), and [rows, D]; `gluon_common.descriptor_at`'s, kept by address."""
+    D, itemsize = q.shape[-1], q.dtype.itemsize
+    half, q_rows, kv_rows, q_ptr, k_ptr = D // 2, q.numel() // D, k.numel() // D, q.data_ptr(), k.data_ptr()
+    return (descriptor_at(q_ptr, q.dtype, q_rows, half, D, block_m),
+            descriptor_at(q_ptr + half * itemsize, q.dtype, q_rows, half, D, block_m),
+            descriptor_at(k_ptr, k.dtype, kv_rows, half, D, block_n),
+            descriptor_at(k_ptr + half * itemsize, k.dtype, kv_rows, half, D, block_n),
+            descriptor_at(v.data_ptr(), v.dtype, kv_rows, D, D, block_n))
 
 
 @functools.lru_cache(maxsize=64)

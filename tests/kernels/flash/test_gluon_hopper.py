@@ -90,17 +90,40 @@ def test_launch_facts_tell_apart_what_triton_specialises():
 @pytest.mark.skipif(gluon_hopper.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
 def test_descriptors_equal_tritons_checked_construction_and_fall_back_to_it():
     """gluon_common.descriptor sets a descriptor's fields without Triton's checks only where it has
-    made them itself: the result equals the checked constructor's (a whole tensor, a head-dim half,
-    the half at an offset), and a misaligned base goes through the constructor, which refuses it."""
+    made them itself: the result equals the checked constructor's on the tensor's `Address` (a
+    whole tensor, a head-dim half, the half at an offset), and a misaligned base goes through the
+    constructor, which refuses it."""
     gc = gluon_hopper.gluon_common
     q = torch.zeros(2, 3, 40, 128, dtype=torch.bfloat16)
     for t, rows, width in ((q, 64, None), (q, 64, 64), (q[..., 64:], 32, None), (q[..., 32:], 16, 32)):
         width_ = t.shape[-1] if width is None else width
-        checked = gc.TensorDescriptor(t, [240, width_], [128, 1], [rows, width_], gc.block_layout(rows, width_, t.dtype))
+        checked = gc.TensorDescriptor(gc.Address(t.data_ptr(), t.dtype), [240, width_], [128, 1], [rows, width_],
+                                      gc.block_layout(rows, width_, t.dtype))
         assert gc.descriptor(t, rows, width) == checked
     assert gc._DEFAULTS is None or gc._DEFAULTS["padding"] == "zero"
     with pytest.raises(AssertionError, match="16-byte aligned"):
         gc.descriptor(q.view(-1)[1:1 + 40 * 128].view(40, 128), 16)
+
+
+@pytest.mark.skipif(gluon_hopper.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
+def test_descriptors_are_kept_by_address_without_their_tensors():
+    """A descriptor is a function of its tensor's address, dtype, rows, width and block: one built
+    again for the same is the kept object, another address or block gives another, and the kept
+    one holds no reference to its tensor (the memory goes back to the allocator)."""
+    import gc as collector
+    import weakref
+
+    gc = gluon_hopper.gluon_common
+    t = torch.zeros(4, 64, 128, dtype=torch.bfloat16)
+    desc = gc.descriptor(t, 64)
+    assert gc.descriptor(t, 64) is desc and gc.descriptor(t, 32) is not desc
+    assert gc.descriptor(t[1:], 64) is not desc and gc.descriptor(t[1:], 64).base.data_ptr() == t[1:].data_ptr()
+    assert isinstance(desc.base, gc.Address) and desc.base == gc.Address(t.data_ptr(), torch.bfloat16)
+    assert desc.base != gc.Address(t.data_ptr(), torch.float16)
+    alive = weakref.ref(t)
+    del t
+    collector.collect()
+    assert alive() is None
 
 
 def test_launcher_refuses_what_is_not_supported(gluon_importable):

@@ -56,6 +56,35 @@ def test_tapa_attention_records_the_core_it_ran():
     assert options_used()["tapa"]["core"] == "tl"
 
 
+def test_validated_calls_are_kept_and_bad_ones_still_refused(monkeypatch):
+    """`function.validate` keeps what its checks concluded by the call's facts: a call like a
+    validated one takes the kept result without running the checks, and one that differs in a
+    type, a dtype, a shape or a scalar is checked, and refused where bad, however many good ones
+    came before it."""
+    monkeypatch.setattr(function, "_VALIDATED", {})
+    q, k, v = _qkv()
+    pos = torch.arange(8)[None]
+    good = function.validate(q, k, v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0)
+    assert good[1:] == (32, 1.0) and good[0]["alpha"] == 0.1 and len(function._VALIDATED) == 1
+    checked = []
+    with monkeypatch.context() as patch:
+        patch.setattr(function, "check_qkv", lambda *a: checked.append(a) or a)
+        assert function.validate(*_qkv(), pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0) is good and not checked
+    bad = [((q, k, v, pos, pos, 0.1, 0.5, 6.0, "quadratic", True), "scale=True"),
+           ((q, k, v, pos.float(), pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "never float"),
+           ((q, k, v, pos[:, :4], pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "pos_q_BT has shape"),
+           ((q, k, v, pos, pos, -0.1, 0.5, 6.0, "quadratic", 1.0), "alpha"),
+           ((q, k, v, pos, pos, 0.1, 0.001, 6.0, "quadratic", 1.0), "D_A=0"),
+           ((q, k, v, pos, pos, 0.1, 0.5, 6.0, "cubic", 1.0), "phase"),
+           ((q, k.double(), v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "dtype"),
+           ((q, k, v[..., :32], pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "must be"),
+           ((q.numpy(), k, v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "torch.Tensor")]
+    for args, match in bad:
+        with pytest.raises((TypeError, ValueError), match=match):
+            function.validate(*args)
+    assert len(function._VALIDATED) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("phase", ["quadratic", "linear"])
 def test_gluon_core_matches_the_tl_core_through_the_wrapper(phase):
