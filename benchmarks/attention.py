@@ -47,7 +47,10 @@ one call costs the CPU while the GPU is held busy (`host_ms`): near the ms colum
 bound by its launches; queued ms is the device time of those calls, queued back to back behind
 the busy GPU, so ms - queued ms is about what the host's work before the first launch adds to a
 synced call. `--profile K` adds K profiled calls per row, kernels by device time
-(`step_profile.py`).
+(`step_profile.py`). `--rounds R` times each shape and mode's methods in R interleaved rounds
+(every method once a round): a row's ms is the median of its rounds, its ratios the median of
+its per-round ratios, so that a drift of the card's clocks between one method's calls and the
+next's moves neither.
 
 Usage (on a GPU machine; benchmarks/README.md):
     benchmarks/run_on_gpu.sh attention --out attention-h200
@@ -395,22 +398,40 @@ def run(args, save=None) -> list[dict]:
         for N in args.lengths:
             B = max(1, args.tokens // N)
             for mode in ("fwd", "fwd+bwd"):
+                rounds = {method: [] for method in args.methods}
+                for _ in range(args.rounds):
+                    for method in args.methods:
+                        if method == "tapa-material" and B * args.heads * N * N * 4 > args.material_limit_gib * 2**30:
+                            rounds[method].append({"status": "skipped (memory)"})
+                            continue
+                        big = N >= 32768
+                        rounds[method].append(bench_one(method, B, args.heads, N, D, mode, 3 if big else args.warmup,
+                                                        10 if big else args.iters, args.profile))
+                        torch.cuda.empty_cache()
                 for method in args.methods:
-                    if method == "tapa-material" and B * args.heads * N * N * 4 > args.material_limit_gib * 2**30:
-                        rows.append({"method": method, "N": N, "B": B, "H": args.heads, "D": D, "mode": mode, "status": "skipped (memory)"})
-                        continue
-                    big = N >= 32768
-                    res = bench_one(method, B, args.heads, N, D, mode, 3 if big else args.warmup,
-                                    10 if big else args.iters, args.profile)
-                    row = dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, **res)
+                    row = dict(method=method, N=N, B=B, H=args.heads, D=D, mode=mode, **merge_rounds(rounds[method]))
                     rows.append(row)
-                    torch.cuda.empty_cache()
                     print(json.dumps(row), flush=True)
-                    if save is not None:
-                        add_ratios(rows)
-                        save(rows)
+                if save is not None:
+                    add_ratios(rows)
+                    save(rows)
     add_ratios(rows)
     return rows
+
+
+def merge_rounds(results: list[dict]) -> dict:
+    """One row of a method's rounds (`bench_one` results): the first that failed, else the medians
+    of ms, host and queued ms (ms_rounds: each round's), TFLOP/s at the median ms, the largest peak."""
+    bad = [r for r in results if r["status"] != "ok"]
+    if len(results) == 1 or bad:
+        return (bad or results)[0]
+    ms = [r["ms"] for r in results]
+    row = dict(results[0], ms=statistics.median(ms), ms_rounds=ms,
+               host_ms=statistics.median(r["host_ms"] for r in results),
+               queued_ms=statistics.median(r["queued_ms"] for r in results),
+               peak_gib=max(r["peak_gib"] for r in results))
+    row["tflops"] = results[0]["tflops"] * results[0]["ms"] / row["ms"]
+    return row
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -419,7 +440,9 @@ def add_ratios(rows: list[dict]) -> None:
         for base in ("sdpa-flash", "sdpa-cudnn"):
             b = index.get((base, r["N"], r["D"], r["mode"]))
             if r.get("status") == "ok" and b is not None and b.get("status") == "ok":
-                r[f"x_{base}"] = r["ms"] / b["ms"]
+                a_ms, b_ms = r.get("ms_rounds", [r["ms"]]), b.get("ms_rounds", [b["ms"]])
+                r[f"x_{base}"] = (statistics.median(x / y for x, y in zip(a_ms, b_ms)) if len(a_ms) == len(b_ms)
+                                  else r["ms"] / b["ms"])   # per round where both have the rounds
 
 
 def add_versus(rows: list[dict], path: str) -> None:
@@ -465,6 +488,8 @@ def main(argv: list[str] | None = None) -> None:
                    help=f"methods, or a set of them: {METHOD_SETS}")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="interleaved rounds of the methods at each shape and mode (module docstring)")
     p.add_argument("--material-limit-gib", type=float, default=8.0,
                    help="skip tapa-material when one fp32 B*H*N*N tensor exceeds this")
     p.add_argument("--tapa-public", metavar="DIR", default=None,
@@ -479,6 +504,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--exp2", choices=EXP2_CHOICES, default="mufu", help="AttentionOptions.exp2")
     p.add_argument("--no-tapa-series", action="store_true", help="AttentionOptions.tapa_series=False")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     args.methods = list(dict.fromkeys(m for name in args.methods for m in METHOD_SETS.get(name, [name])))
     global OPTIONS
     OPTIONS = AttentionOptions(autotune=not args.untuned, exp2=args.exp2, tapa_series=not args.no_tapa_series)
@@ -490,7 +517,9 @@ def main(argv: list[str] | None = None) -> None:
         timespec="seconds"), "torch": torch.__version__, "triton": __import__("triton").__version__,
         "command": "python benchmarks/attention.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "dtype": "bf16", "causal": True, "heads": args.heads, "tokens_per_batch": args.tokens,
-        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)",
+        "timing": f"CUDA events, median of {args.iters} after {args.warmup} warm-up (N >= 32768: 10 after 3)"
+                  + (f"; {args.rounds} interleaved rounds, ms the median of a row's rounds, x the median of "
+                     "its per-round ratios" if args.rounds > 1 else ""),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("PHASELAB_")},
         "options": {f: getattr(OPTIONS, f) for f in ("pope_impl", "tapa_series", "exp2", "autotune")}}
 

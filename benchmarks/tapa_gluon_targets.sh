@@ -11,7 +11,8 @@
 #   tests     the GPU tests of the Gluon TAPA and plain kernels and the attention ops, 8 at a time,
 #             but the one that takes 40 GB (~175 s and ~40 s as two runs, 330) -> gpu-tests-CARD.log
 #   tests40   that one, alone (~30 s, 120) -> gpu-tests-40gb-CARD.log
-#   rows      attention.py at 4k and 16k, forward and forward+backward (~25-35 s, 120)
+#   rows      attention.py at 4k and 16k, forward and forward+backward, 3 interleaved rounds of
+#             cuDNN and TAPA (~100 s, 240)
 #             -> attention-CARD-tapa-gluon.{md,json}
 #   rows128k  attention.py at 128k, batch 1 (~40 s, 150) -> attention-CARD-tapa-gluon-128k.*
 #   train1k   train_throughput.py --compile, RoPE and TAPA at 1k context (~60 s, 180)
@@ -55,8 +56,8 @@ plan() {  # limit (seconds), name (the results' stem, also the log's) and cmd of
     tests40)  limit=120 name=gpu-tests-40gb-$card
               cmd=(python3 -m pytest -m gpu --timeout 100 -q -p no:cacheprovider tests/kernels/tapa
                    -k backward_distances_beyond_fp32_integers) ;;
-    rows)     limit=120 name=attention-$card-tapa-gluon
-              cmd=(python3 benchmarks/attention.py "${ROWS[@]}" --lengths 4096 16384 --out "$out/$name") ;;
+    rows)     limit=240 name=attention-$card-tapa-gluon
+              cmd=(python3 benchmarks/attention.py "${ROWS[@]}" --lengths 4096 16384 --rounds 3 --out "$out/$name") ;;
     rows128k) limit=150 name=attention-$card-tapa-gluon-128k
               cmd=(python3 benchmarks/attention.py "${ROWS[@]}" --lengths 131072 --tokens 131072 --iters 10
                    --out "$out/$name") ;;

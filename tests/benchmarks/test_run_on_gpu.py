@@ -55,12 +55,13 @@ def test_targets_script_runs_its_steps_in_order_under_their_limits(tmp_path):
     assert run.returncode == 0, run.stderr
     rows, large = run.stdout.strip().splitlines()
     card = rows.split("attention-")[1].split("-tapa-gluon")[0]   # nvidia-smi's short name, "gpu" without one
-    assert rows.split() == ["timeout", "120", "python3", "benchmarks/attention.py", "--untuned", "--head-dims", "128",
-                            "--methods", "sdpa-cudnn", "tapa-gluon", "--lengths", "4096", "16384", "--out",
+    assert rows.split() == ["timeout", "240", "python3", "benchmarks/attention.py", "--untuned", "--head-dims", "128",
+                            "--methods", "sdpa-cudnn", "tapa-gluon", "--lengths", "4096", "16384", "--rounds", "3",
+                            "--out",
                             f"{tmp_path}/attention-{card}-tapa-gluon", ">", f"{tmp_path}/attention-{card}-tapa-gluon.log"]
     assert large.startswith("timeout 120 python3 -m pytest -m gpu") and "-k backward_distances_beyond_fp32_integers" in large
     every = _targets(tmp_path).stdout.strip().splitlines()
-    assert [line.split()[1] for line in every] == ["330", "120", "120", "150", "180", "180", "420"]
+    assert [line.split()[1] for line in every] == ["330", "120", "240", "150", "180", "180", "420"]
     assert "not\\ backward_distances_beyond_fp32_integers" in every[0]   # the 40 GB test runs alone
     logs = tmp_path / "logs"
     apart = _targets(tmp_path, "rows", LOGS=str(logs)).stdout.split()
