@@ -100,8 +100,11 @@ def validate(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, alph
 
 
 def _facts(*args) -> tuple | None:
-    """What `validate`'s checks read of (q, k, v, pos_q, pos_k, *scalars), hashable; None where an
-    argument has none (not a tensor) or cannot be hashed: the checks then say what is wrong."""
+    """What `validate`'s checks read of (q, k, v, pos_q, pos_k, *scalars), hashable; None where a
+    tensor argument is not one or a scalar is not a plain int, float, str or bool (whose value
+    is all its checks read): the checks then run, and say what is wrong."""
+    if not all(type(x) in (int, float, str, bool) for x in args[5:]):
+        return None
     try:
         facts = (*map(type, args), *(fact for t in args[:5] for fact in (t.shape, t.dtype, t.device)), *args[5:])
         hash(facts)

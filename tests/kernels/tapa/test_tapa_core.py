@@ -78,11 +78,15 @@ def test_validated_calls_are_kept_and_bad_ones_still_refused(monkeypatch):
            ((q, k, v, pos, pos, 0.1, 0.5, 6.0, "cubic", 1.0), "phase"),
            ((q, k.double(), v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "dtype"),
            ((q, k, v[..., :32], pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "must be"),
-           ((q.numpy(), k, v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "torch.Tensor")]
+           ((q.numpy(), k, v, pos, pos, 0.1, 0.5, 6.0, "quadratic", 1.0), "torch.Tensor"),
+           ((q, k, v, pos, pos, torch.tensor(0.1), 0.5, 6.0, "quadratic", 1.0), "alpha")]
     for args, match in bad:
         with pytest.raises((TypeError, ValueError), match=match):
             function.validate(*args)
     assert len(function._VALIDATED) == 1
+    numpy_alpha = torch.tensor([0.1], dtype=torch.float64).numpy()[0]   # a float subclass: checked, never kept
+    assert function.validate(q, k, v, pos, pos, numpy_alpha, 0.5, 6.0, "quadratic", 1.0)[0]["alpha"] == 0.1
+    assert function._facts(q, k, v, pos, pos, numpy_alpha, 0.5, 6.0, "quadratic", 1.0) is None
 
 
 @pytest.mark.gpu
