@@ -139,8 +139,9 @@ def descriptor_at(ptr: int, dtype: torch.dtype, rows_total: int, width: int, row
     """TMA descriptor of the [rows_total, width] matrix of row stride `row_stride` elements at
     address ptr, blocks of `rows` rows and the whole width, on an `Address` (a pure function of
     its arguments, so kept: a launch that meets the same tensors again, as the caching allocator
-    hands them out, finds its descriptors built; 2.2 us a descriptor built, a lookup 0.6, on a
-    CPU machine). Its fields are set directly where `_DEFAULTS` allows and the checks below hold,
+    hands them out, finds its descriptors built; on a CPU machine `descriptor` took 1.2 us with
+    the descriptor kept, 1.7 building it, and TAPA's five by address 2.4 against 22.7 through
+    views of the halves). Its fields are set directly where `_DEFAULTS` allows and the checks below hold,
     else through the constructor, which refuses what it cannot take."""
     base, shape, strides, block = Address(ptr, dtype), [rows_total, width], [row_stride, 1], [rows, width]
     layout = block_layout(rows, width, dtype)
@@ -201,7 +202,7 @@ def launch(kernel, grid: tuple, *args, key=None, **meta) -> None:
     (JITFunction.run: 62 -> 41 us a launch on an H100 machine); the first launch of each goes
     through Triton, and so does any launch this cannot key. key: a hashable the caller derives
     from what fixes every argument's `_launch_fact` (shapes, dtypes, alignments), used in their
-    place: the facts of TAPA's forward's 24 arguments took 12.5 us to compute on a CPU machine."""
+    place: the key from the facts of TAPA's forward's 24 arguments took 12.5 us on a CPU machine."""
     device = torch.cuda.current_device()
     try:
         key = (kernel, device, tuple(meta.items()), tuple(map(_launch_fact, args)) if key is None else key)

@@ -77,8 +77,8 @@ def validate(q: Tensor, k: Tensor, v: Tensor, pos_q: Tensor, pos_k: Tensor, alph
     """(params, d_amp, scale) of a call after `tapa_attention`'s checks of its tensors (the
     `checks` module's) and scalars (ScoreMod's, MATH §4.2), which raise on bad input. The checks
     depend on nothing but the tensors' types, shapes, dtypes and devices and the scalars' values
-    and types, so an eager call whose facts match a validated one's takes that one's result: the
-    checks took 20 us of the host's 36 before the forward on a CPU machine, the facts 3. Under
+    and types, so an eager call whose facts match a validated one's takes that one's result: on
+    a CPU machine the checks took 13 us, a kept call 5 (its facts). Under
     torch.compile the checks are traced once and guarded instead (no dict of the host's)."""
     facts = None if torch.compiler.is_compiling() else _facts(q, k, v, pos_q, pos_k, alpha, theta, phase_scale,
                                                               phase, scale)
