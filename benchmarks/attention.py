@@ -14,13 +14,16 @@ Methods, each timed forward and forward+backward (CUDA events, median of `--iter
     pope-expand-cudnn  the same prologue and chain rule around SDPA cuDNN, v zero-padded to 2D
     pope-expand-cudnn-dv  the same with v D wide (no padding): cuDNN's attention supports a value
                    head dim other than q's and k's; an "error" row says torch would not route it
+    pope-expand-gluon  the same prologue and chain rule around the Gluon core (flash-gluon) at
+                   2D, v zero-padded to 2D (the core takes one head dim); sm_90 only, else an error row
     pope-expand-flex   the same prologue and chain rule around compiled FlexAttention (v D wide;
                    compiled once per length and mode, the compile excluded from the timing)
     flash-plain    the Triton flash core on plain q, k, v (D wide, index-causal): the skeleton
                    the PoPE expand path runs on, against cuDNN / FlashAttention-2
     flash-gluon    the Gluon Hopper forward of the same core (kernels/flash/gluon_hopper.py: TMA,
-                   async wgmma, FA3's intra-warpgroup overlap); its fwd+bwd row runs flash-plain's
-                   Triton backward on the Gluon forward's out and lse; sm_90 only, else an error row
+                   async wgmma, FA3's intra-warpgroup overlap); its fwd+bwd row runs the backward
+                   chosen per head dim (gluon_hopper_bwd.BACKWARD_BY_D: the Triton one at D=64, the Gluon
+                   one at 128) on the Gluon forward's out and lse; sm_90 only, else an error row
     flex-plain     compiled FlexAttention, causal block mask, no score_mod (the score-mod baseline)
     flex-alibi     the same with ALiBi as a score_mod (fixed slopes: 2**(-8j/H))
     flex-learned   the same with a score_mod reading a learnable per-head slope (requires_grad): the
@@ -91,7 +94,7 @@ FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6
 OPTIONS = AttentionOptions(autotune=True)
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
-               "pope-expand-flex": "pope",
+               "pope-expand-gluon": "pope", "pope-expand-flex": "pope",
                "flash-plain": "plain", "flash-gluon": "plain",
                "tapa-fused": "tapa", "tapa-fused-atomic": "tapa", "tapa-gluon": "tapa", "tapa-material": "tapa",
                "tapa-public": "tapa", "flex-plain": "plain", "flex-alibi": "plain", "flex-learned": "plain",
@@ -136,6 +139,14 @@ def pope_expand_cudnn_dv(q, k, v, pos, ctx):
     qh, kh = _expanded(q, k, pos, ctx)
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return F.scaled_dot_product_attention(qh, kh, v, is_causal=True, scale=q.shape[-1] ** -0.5)
+
+
+def pope_expand_gluon(q, k, v, pos, ctx):   # PoPE's expanded form on the Gluon core (D 2D, v padded)
+    qh, kh = _expanded(q, k, pos, ctx)
+    v_pad = F.pad(v, (0, v.shape[-1]))  # the Gluon core takes one head dim for q, k and v
+    out = flash_attention(qh, kh, v_pad, causal=True, scale=q.shape[-1] ** -0.5,
+                          options=with_impl(ctx["options"], "gluon"))
+    return out[..., : v.shape[-1]]
 
 
 _FLEX: dict = {}
@@ -275,6 +286,7 @@ def tapa_public(q, k, v, pos, ctx):
 METHODS = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
            "pope-fused": pope_fused, "pope-unfused": pope_unfused, "pope-expand": pope_expand, "pope-cudnn": pope_cudnn,
            "pope-expand-cudnn": pope_expand_cudnn, "pope-expand-cudnn-dv": pope_expand_cudnn_dv,
+           "pope-expand-gluon": pope_expand_gluon,
            "pope-expand-flex": pope_expand_flex, "flash-plain": flash_plain, "flash-gluon": flash_gluon,
            "tapa-fused": tapa_fused, "tapa-gluon": tapa_gluon,
            "tapa-fused-atomic": tapa_fused_atomic,
