@@ -49,7 +49,10 @@ at the same shape and mode. Peak memory is the allocator's peak above the inputs
 one call costs the CPU while the GPU is held busy (`host_ms`): near the ms column, a method is
 bound by its launches; queued ms is the device time of those calls, queued back to back behind
 the busy GPU, so ms - queued ms is about what the host's work before the first launch adds to a
-synced call. `--profile K` adds K profiled calls per row, kernels by device time
+synced call. SM MHz is the card's mean SM clock while the synced calls ran and while the queued
+ones did, W its mean power during the synced calls (`gpu_clocks.py`, NVML or nvidia-smi): a card
+at its power limit lowers its clock, so these say at what clock each timing ran (the queued calls
+follow a quiet spin). `--profile K` adds K profiled calls per row, kernels by device time
 (`step_profile.py`). `--rounds R` times each shape and mode's methods in R interleaved rounds
 (every method once a round): a row's ms is the median of its rounds, its ratios the median of
 its per-round ratios, so that a drift of the card's clocks between one method's calls and the
@@ -78,6 +81,7 @@ from pathlib import Path
 import step_profile
 import torch
 import torch.nn.functional as F
+from gpu_clocks import ClockSampler
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels.attention import reference
@@ -92,6 +96,8 @@ from phaselab.kernels.tapa.function import tapa_attention
 FLOPS_PER_L2D = {"plain": (4, 14), "pope": (6, 22), "tapa": (4, 14)}  # MATH §6 (fwd, fwd+bwd)
 # how our kernels run (autotuned unless --untuned; --exp2, --no-tapa-series for A/B rows), set by main
 OPTIONS = AttentionOptions(autotune=True)
+# the GPU's SM clock and power while rows are timed (gpu_clocks.py); main starts it, inactive until then
+CLOCKS = ClockSampler()
 METHOD_KIND = {"sdpa-flash": "plain", "sdpa-cudnn": "plain", "pope-fused": "pope", "pope-unfused": "pope",
                "pope-expand": "pope", "pope-cudnn": "pope", "pope-expand-cudnn": "pope", "pope-expand-cudnn-dv": "pope",
                "pope-expand-gluon": "pope", "pope-expand-flex": "pope",
@@ -312,13 +318,13 @@ def time_ms(fn, warmup: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def host_ms(fn, iters: int = 5) -> tuple[float, float]:
+def host_ms(fn, iters: int = 5) -> tuple[float, float, float]:
     """(host, queued) milliseconds per call of fn with the GPU held busy (a spin kernel ahead of
     the calls), so no call waits for the device. Host: what a call costs the CPU; a method whose
     host ms approaches its ms is bound by its launches, not by its kernels. Queued: the device
     time of the same calls run back to back behind the spin (CUDA events after the spin and after
     the last call), where no host work shows: ms - queued ms is about what the host's work before
-    a synced call's first launch adds to it."""
+    a synced call's first launch adds to it. Third: time.perf_counter() when the calls were done."""
     torch.cuda.synchronize()
     start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU clock cycles ahead of the calls (a call that syncs shows it)
@@ -329,7 +335,7 @@ def host_ms(fn, iters: int = 5) -> tuple[float, float]:
     elapsed = time.perf_counter() - start
     end_ev.record()
     torch.cuda.synchronize()
-    return elapsed / iters * 1e3, start_ev.elapsed_time(end_ev) / iters
+    return elapsed / iters * 1e3, start_ev.elapsed_time(end_ev) / iters, time.perf_counter()
 
 
 def profile_calls(fn, calls: int, wall_ms: float) -> dict:
@@ -371,7 +377,9 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     try:
+        t0 = time.perf_counter()
         ms = time_ms(step, warmup, iters)
+        synced_clock = CLOCKS.mean(t0, time.perf_counter())
     except torch.OutOfMemoryError:
         return {"status": "OOM"}
     except RuntimeError as exc:  # e.g. an SDPA backend that refuses the shape
@@ -380,9 +388,13 @@ def bench_one(method: str, B: int, H: int, N: int, D: int, mode: str, warmup: in
     fwd_c, fb_c = FLOPS_PER_L2D[METHOD_KIND[method]]
     flops = (fwd_c if mode == "fwd" else fb_c) * N * N * D * B * H * 0.5  # causal halves (MATH §6)
     # host_ms runs the calls again on the device: few of them where each is long (N >= 32k: 10 timed)
-    host, queued = host_ms(step, max(2, iters // 6))
+    n_queued = max(2, iters // 6)
+    host, queued, done = host_ms(step, n_queued)
+    queued_clock = CLOCKS.mean(done - n_queued * queued / 1e3, done)   # the queued calls' device time
     row = {"status": "ok", "ms": ms, "host_ms": host, "queued_ms": queued, "tflops": flops / ms / 1e9,
            "peak_gib": peak, "configs": tuned_configs()}
+    if synced_clock[0] is not None and queued_clock[0] is not None:
+        row.update(sm_mhz=synced_clock[0], power_w=synced_clock[1], queued_sm_mhz=queued_clock[0])
     if profile:
         row["profile"] = profile_calls(step, profile, ms)
     return row
@@ -442,6 +454,10 @@ def merge_rounds(results: list[dict]) -> dict:
                host_ms=statistics.median(r["host_ms"] for r in results),
                queued_ms=statistics.median(r["queued_ms"] for r in results),
                peak_gib=max(r["peak_gib"] for r in results))
+    for key in ("sm_mhz", "power_w", "queued_sm_mhz"):   # the clock, where every round sampled it
+        row.pop(key, None)
+        if all(key in r for r in results):
+            row[key] = statistics.median(r[key] for r in results)
     row["tflops"] = results[0]["tflops"] * results[0]["ms"] / row["ms"]
     return row
 
@@ -470,21 +486,24 @@ def add_versus(rows: list[dict], path: str) -> None:
 def table(rows: list[dict]) -> str:
     vs = any("x_versus" in r for r in rows)
     qd = any("queued_ms" in r for r in rows)   # rows from before host_ms timed the queued calls have none
+    ck = any("sm_mhz" in r for r in rows)      # rows with the GPU's clock sampled (gpu_clocks.py)
     head = ("| D | N | B | mode | method | ms | TFLOP/s | x flash | x cuDNN | peak GiB | host ms |"
-            + (" queued ms |" if qd else "") + (" x --versus |" if vs else "") + "\n"
-            + "|---" * (11 + qd + vs) + "|\n")
+            + (" queued ms |" if qd else "") + (" SM MHz synced / queued | W |" if ck else "")
+            + (" x --versus |" if vs else "") + "\n" + "|---" * (11 + qd + 2 * ck + vs) + "|\n")
     lines = []
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['status']} | | | | | |"
-                         + (" |" if qd else "") + (" |" if vs else ""))
+                         + (" |" if qd else "") + (" | |" if ck else "") + (" |" if vs else ""))
             continue
         fx = f"{r['x_sdpa-flash']:.2f}" if "x_sdpa-flash" in r else "-"
         cx = f"{r['x_sdpa-cudnn']:.2f}" if "x_sdpa-cudnn" in r else "-"
         qx = (f" {r['queued_ms']:.3f} |" if "queued_ms" in r else " - |") if qd else ""
+        kx = ((f" {r['sm_mhz']:.0f} / {r['queued_sm_mhz']:.0f} | {r['power_w']:.0f} |" if "sm_mhz" in r
+               else " - | - |") if ck else "")
         vx = (f" {r['x_versus']:.3f} |" if "x_versus" in r else " - |") if vs else ""
         lines.append(f"| {r['D']} | {r['N']} | {r['B']} | {r['mode']} | {r['method']} | {r['ms']:.3f} | "
-                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |{qx}{vx}")
+                     f"{r['tflops']:.0f} | {fx} | {cx} | {r['peak_gib']:.2f} | {r['host_ms']:.3f} |{qx}{kx}{vx}")
     profiles = [step_profile.markdown(f"{r['method']} {r['mode']} D={r['D']} N={r['N']}", r["profile"])
                 for r in rows if r.get("profile")]
     return head + "\n".join(lines) + "\n" + "".join("\n" + p + "\n" for p in profiles)
@@ -543,7 +562,12 @@ def main(argv: list[str] | None = None) -> None:
             md = "\n".join(f"- {k}: {v}" for k, v in meta.items())
             Path(args.out + ".md").write_text(f"# Attention benchmark\n\n{md}\n\n{table(rows)}")
 
-    rows = run(args, save)
+    CLOCKS.start()
+    meta["clocks"] = CLOCKS.source or "not sampled (neither pynvml nor nvidia-smi)"
+    try:
+        rows = run(args, save)
+    finally:
+        CLOCKS.stop()
     save(rows)
     print(table(rows))
 
