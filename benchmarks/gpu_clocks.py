@@ -6,7 +6,9 @@ and the same calls queued back to back right after a quiet spin do not run at th
 `ClockSampler` samples in a thread, through NVML (`pynvml`, one query per period) where it
 imports, else through one long-lived `nvidia-smi --loop-ms` process; each sample is stamped with
 `time.perf_counter()` on arrival, and `mean(t0, t1)` averages those taken between two readings of
-that clock. Without either source it stays inactive and `mean` gives (None, None).
+that clock. The power is the board's reading, which NVML averages over about the last second on
+recent cards (its `nvmlDeviceGetPowerUsage`): a window shorter than that reads between the draw
+and what came before. Without either source it stays inactive and `mean` gives (None, None).
 """
 
 from __future__ import annotations
