@@ -82,7 +82,7 @@ from pathlib import Path
 import step_profile
 import torch
 import torch.nn.functional as F
-from gpu_clocks import ClockSampler
+from gpu_clocks import ClockSampler, device_uuid
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from phaselab.kernels.attention import reference
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     args.methods = list(dict.fromkeys(m for name in args.methods for m in METHOD_SETS.get(name, [name])))
-    global OPTIONS
+    global OPTIONS, CLOCKS
     OPTIONS = AttentionOptions(autotune=not args.untuned, exp2=args.exp2, tapa_series=not args.no_tapa_series)
     if args.tapa_public:
         load_tapa_public(args.tapa_public)
@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
             md = "\n".join(f"- {k}: {v}" for k, v in meta.items())
             Path(args.out + ".md").write_text(f"# Attention benchmark\n\n{md}\n\n{table(rows)}")
 
-    CLOCKS.start()
+    CLOCKS = ClockSampler(device_uuid()).start()
     meta["clocks"] = CLOCKS.source or "not sampled (neither pynvml nor nvidia-smi)"
     try:
         rows = run(args, save)

@@ -19,9 +19,23 @@ import threading
 import time
 
 
+def device_uuid(device: int | None = None) -> str | None:
+    """NVML's name ("GPU-<uuid>") of a torch CUDA device (default: the current one), which stays
+    right under CUDA_VISIBLE_DEVICES where NVML's indices do not; None where torch has no uuid."""
+    import torch
+
+    try:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+        return f"GPU-{props.uuid}"
+    except (AttributeError, RuntimeError, AssertionError):
+        return None
+
+
 class ClockSampler:
-    def __init__(self, index: int = 0, period_s: float = 0.01) -> None:
-        self.index, self.period_s = index, period_s
+    """Samples one GPU (`gpu`: "GPU-<uuid>" as `device_uuid` gives, else NVML's index 0)."""
+
+    def __init__(self, gpu: str | None = None, period_s: float = 0.01) -> None:
+        self.gpu, self.period_s = gpu, period_s
         self.samples: list[tuple[float, float, float]] = []   # (perf_counter, SM MHz, W)
         self.source: str | None = None
         self._halt = threading.Event()
@@ -39,7 +53,10 @@ class ClockSampler:
         self._halt.set()
         if self._proc is not None:
             self._proc.terminate()
-            self._proc.wait(timeout=5)
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -57,7 +74,8 @@ class ClockSampler:
             return None
         try:
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            handle = (pynvml.nvmlDeviceGetHandleByUUID(self.gpu) if self.gpu
+                      else pynvml.nvmlDeviceGetHandleByIndex(0))
             pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
         except pynvml.NVMLError:   # no driver library or no such device: try nvidia-smi
             return None
@@ -66,13 +84,16 @@ class ClockSampler:
         def loop() -> None:
             while not self._halt.is_set():
                 mhz = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
-                watts = pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+                try:
+                    watts = pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+                except pynvml.NVMLError:   # a board without a power reading
+                    watts = float("nan")
                 self.samples.append((time.perf_counter(), float(mhz), watts))
                 time.sleep(self.period_s)
         return loop
 
     def _smi(self):
-        cmd = ["nvidia-smi", f"--id={self.index}", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+        cmd = ["nvidia-smi", f"--id={self.gpu or 0}", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                f"--loop-ms={max(1, round(self.period_s * 1e3))}"]
         try:
             self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
