@@ -61,8 +61,10 @@ class ClockSampler:
             self._thread.join(timeout=5)
 
     def mean(self, t0: float, t1: float) -> tuple[float | None, float | None]:
-        """Mean SM MHz and W of the samples that arrived between perf_counter readings t0 and t1."""
-        got = [(mhz, w) for t, mhz, w in list(self.samples) if t0 <= t <= t1]
+        """Mean SM MHz and W of the samples that arrived between perf_counter readings t0 and t1,
+        widened by one period on each side (a window shorter than the period still gets one)."""
+        lo, hi = t0 - self.period_s, t1 + self.period_s
+        got = [(mhz, w) for t, mhz, w in list(self.samples) if lo <= t <= hi]
         if not got:
             return None, None
         return statistics.fmean(m for m, _ in got), statistics.fmean(w for _, w in got)

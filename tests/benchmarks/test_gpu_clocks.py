@@ -18,10 +18,12 @@ from gpu_clocks import ClockSampler
 
 
 def test_mean_takes_only_the_samples_inside_the_window():
-    s = ClockSampler()
+    s = ClockSampler(period_s=0.1)
     s.samples = [(1.0, 1980.0, 300.0), (2.0, 1710.0, 690.0), (3.0, 1750.0, 700.0), (4.0, 1980.0, 250.0)]
     assert s.mean(1.5, 3.0) == (pytest.approx(1730.0), pytest.approx(695.0))
     assert s.mean(0.0, 0.5) == (None, None)
+    # a window shorter than the period takes the samples within one period of it
+    assert s.mean(2.05, 2.06) == (pytest.approx(1710.0), pytest.approx(690.0))
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None or importlib.util.find_spec("pynvml") is not None,
