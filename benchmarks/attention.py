@@ -53,8 +53,8 @@ synced call. SM MHz is the card's mean SM clock while the synced calls ran and w
 ones did, W its mean power reading during the synced calls (`gpu_clocks.py`, NVML or
 nvidia-smi; the reading averages about the last second, so a row shorter than that reads below
 its draw): a card at its power limit lowers its clock, so these say at what clock each timing ran
-(the queued calls follow a quiet spin). `--profile K` adds K profiled calls per row, kernels by device time
-(`step_profile.py`). `--rounds R` times each shape and mode's methods in R interleaved rounds
+(the queued calls follow a quiet spin). `--profile K` adds K profiled calls per row, kernels by
+device time (`step_profile.py`). `--rounds R` times each shape and mode's methods in R interleaved rounds
 (every method once a round): a row's ms is the median of its rounds, its ratios the median of
 its per-round ratios, so that a drift of the card's clocks between one method's calls and the
 next's moves neither.

@@ -1,7 +1,8 @@
 """The SM clock and board power of one GPU while a benchmark times it, so that a row says at what
-clock it ran: a card held at its power limit lowers its clock, and a kernel that draws more power
-(tensor and special-function pipes busy together) loses more of it; a call timed from an idle GPU
-and the same calls queued back to back right after a quiet spin do not run at the same clock.
+clock it ran: a card held at its power limit lowers its clock, and calls timed one at a time need
+not run at the clock of the same calls queued back to back after a quiet spin
+(results/attention-h100-tapa-gluon.md: cuDNN's forward+backward at 16k at 1612 MHz synced against
+1858 queued, both 4k forwards at 1965 MHz either way).
 
 `ClockSampler` samples in a thread, through NVML (`pynvml`, one query per period) where it
 imports, else through one long-lived `nvidia-smi --loop-ms` process; each sample is stamped with
