@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import threading
 import time
+from collections import deque
 
 
 def device_uuid(device: int | None = None) -> str | None:
@@ -37,7 +38,8 @@ class ClockSampler:
 
     def __init__(self, gpu: str | None = None, period_s: float = 0.01) -> None:
         self.gpu, self.period_s = gpu, period_s
-        self.samples: list[tuple[float, float, float]] = []   # (perf_counter, SM MHz, W)
+        # (perf_counter, SM MHz, W), the last 2**20 (about three hours at 10 ms)
+        self.samples: deque[tuple[float, float, float]] = deque(maxlen=2**20)
         self.source: str | None = None
         self._halt = threading.Event()
         self._thread: threading.Thread | None = None

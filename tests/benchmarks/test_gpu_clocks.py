@@ -31,7 +31,7 @@ def test_mean_takes_only_the_samples_inside_the_window():
 def test_without_nvml_or_nvidia_smi_the_sampler_stays_inactive():
     s = ClockSampler().start()
     s.stop()
-    assert s.source is None and s.samples == [] and s.mean(0.0, 1e12) == (None, None)
+    assert s.source is None and not s.samples and s.mean(0.0, 1e12) == (None, None)
 
 
 def _row(method: str, ms: float, mhz: float | None) -> dict:
