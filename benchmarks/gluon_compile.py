@@ -17,6 +17,7 @@ gluon_hopper.TILES.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import subprocess
@@ -67,7 +68,7 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
         ptx.write_text(ptx_text)
         report = subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                                 capture_output=True, text=True, check=True).stderr
-        loops = sass_loops(ptxas.parent / "cuobjdump", Path(tmp) / "k.cubin")
+        sass = sass_listing(ptxas.parent / "cuobjdump", Path(tmp) / "k.cubin")
     regs = re.findall(r"Used (\d+) registers", report)
     spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     return {"regs": max(map(int, regs)) if regs else None,
@@ -76,37 +77,47 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
             "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
             "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
             "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln],
-            "loops": loops}
+            "loops": loop_counts(sass), "opcodes": loop_opcodes(sass)}
 
 
-def sass_loops(cuobjdump: Path, cubin: Path) -> list[tuple[int, int, int]]:
-    """`loop_counts` of a cubin's SASS; empty where Triton ships no cuobjdump."""
+def sass_listing(cuobjdump: Path, cubin: Path) -> str:
+    """A cubin's SASS; empty where Triton ships no cuobjdump."""
     if not cuobjdump.is_file():
-        return []
-    return loop_counts(subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True,
-                                      check=True).stdout)
+        return ""
+    return subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
 
 
-def loop_counts(sass: str) -> list[tuple[int, int, int]]:
-    """(instructions, of which MUFU, of which skippable) per iteration of each innermost SASS loop
-    that issues wgmma (HGMMA), in code order: the key-block loops of these kernels
-    (`kernel_sass.loops`' backward-branch ranges, less the branches back from after the kernel's
-    EXIT: an mbarrier wait's retry). Skippable: jumped over by a forward branch within the loop
-    (gluon_hopper._rescale's), so an iteration that takes every such branch issues
-    instructions - skippable. An offline proxy of their cost where the non-tensor pipes, not the
-    tensor cores, bound a tile (issue slots per score)."""
+def key_block_loops(sass: str) -> list[list[tuple[int, str, str]]]:
+    """The instructions (address, opcode, modifiers) of each innermost SASS loop that issues wgmma
+    (HGMMA), in code order: the key-block loops of these kernels (`kernel_sass.loops`' backward-
+    branch ranges, less the branches back from after the kernel's EXIT: an mbarrier wait's retry)."""
     found = [body for body in kernel_sass.loops(sass)
              if any(op == "HGMMA" for _, op, _ in body) and not any(op == "EXIT" for _, op, _ in body)]
     spans = [(body[0][0], body[-1][0]) for body in found]
+    return [body for body, (lo, hi) in zip(found, spans)
+            if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)]
+
+
+def loop_counts(sass: str) -> list[tuple[int, int, int]]:
+    """(instructions, of which MUFU, of which skippable) per iteration of each `key_block_loops`
+    loop. Skippable: jumped over by a forward branch within the loop (gluon_hopper._rescale's), so
+    an iteration that takes every such branch issues instructions - skippable. An offline proxy of
+    their cost where the non-tensor pipes, not the tensor cores, bound a tile (issue slots per
+    score)."""
     branches = [(int(src, 16), int(dst, 16)) for src, dst in kernel_sass.BACK_BRANCH.findall(sass)]
     loops = []
-    for body, (lo, hi) in zip(found, spans):
-        if any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans):
-            continue
+    for body in key_block_loops(sass):
+        lo, hi = body[0][0], body[-1][0]
         skips = [(src, dst) for src, dst in branches if lo <= src < dst <= hi]
         skippable = sum(any(src < addr < dst for src, dst in skips) for addr, _, _ in body)
         loops.append((len(body), sum(op == "MUFU" for _, op, _ in body), skippable))
     return loops
+
+
+def loop_opcodes(sass: str) -> list[collections.Counter]:
+    """Each `key_block_loops` loop's instructions by opcode and modifiers (FMUL.RZ, MUFU.COS, ...),
+    static: where the phase math of a score goes (kernels/attention/README.md)."""
+    return [collections.Counter(op + mods for _, op, mods in body) for body in key_block_loops(sass)]
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,
@@ -158,9 +169,9 @@ def require_gluon(script: str, import_error: str | None) -> None:
         raise SystemExit(f"no Gluon here: {import_error}")
 
 
-def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
+def print_row(label: str, r: dict, extra: tuple[str, ...] = (), opcodes: bool = False) -> None:
     """One table row of a compile report (``extra``: more of its counts, e.g. ex2, cos), then
-    ptxas' warnings."""
+    ptxas' warnings, the key-block loops' counts and (``opcodes``) each loop's opcodes."""
     cells = [r["regs"], f"{r['spill_st']}/{r['spill_ld']}", r["smem"], r["bar_sync"], r["wgmma_wait"],
              *(r[k] for k in extra)]
     print(f"{label} " + " | ".join(map(str, cells)) + " |")
@@ -169,9 +180,11 @@ def print_row(label: str, r: dict, extra: tuple[str, ...] = ()) -> None:
     if r.get("loops"):
         print("  SASS key-block loops, instructions (MUFU; skippable) an iteration: "
               + ", ".join(f"{n} ({mufu}" + (f"; {skip} skippable)" if skip else ")") for n, mufu, skip in r["loops"]))
+    for i, ops in enumerate(r.get("opcodes", []) if opcodes else []):
+        print(f"  loop {i + 1} by opcode: " + ", ".join(f"{op} {n}" for op, n in ops.most_common()))
 
 
-def report_variant(label: str, compile_fn, extra: tuple[str, ...] = ()) -> dict | None:
+def report_variant(label: str, compile_fn, extra: tuple[str, ...] = (), opcodes: bool = False) -> dict | None:
     """Compile one variant (``compile_fn()`` returns a `compile_report`) and print its table row
     (``label`` is the row's first cells), or the error in the row's place; None when it failed,
     so that a script reports every variant before it fails."""
@@ -180,7 +193,7 @@ def report_variant(label: str, compile_fn, extra: tuple[str, ...] = ()) -> dict 
     except Exception as exc:  # noqa: BLE001 - report every variant, then fail
         print(f"{label} error: {str(exc).strip().splitlines()[-1][:200]} |")
         return None
-    print_row(label, r, extra)
+    print_row(label, r, extra, opcodes)
     return r
 
 

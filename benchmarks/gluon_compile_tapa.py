@@ -12,7 +12,10 @@ The GPU machine runs Triton 3.6.0; check against it where the local Triton is an
 
 `--variants` names combinations of gluon_tapa_host.VARIANTS joined by "+" ("none": no optional
 schedule; "default", the default: each head dim's DEFAULT_VARIANTS); each row also prints the
-SASS instructions an iteration of every key-block loop.
+SASS instructions an iteration of every key-block loop, and with `--opcodes` each loop's
+instructions by opcode (the per-score accounting in kernels/attention/README.md):
+
+    python benchmarks/gluon_compile_tapa.py --dims 128 --causal 1 --phases quadratic --opcodes
 
 On an sm_90 GPU, `--time N [N ...]` also times each variant's forward (bf16, H = 16, 65536 tokens a
 batch, CUDA events, median of 30) against SDPA cuDNN (the plain attention, gluon_compile.time_forward)
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="on an sm_90 GPU, also time each variant's forward at these lengths")
     p.add_argument("--repeats", type=int, default=1, metavar="R",
                    help="with --time: rounds of cuDNN then every variant in turn (default 1)")
+    p.add_argument("--opcodes", action="store_true",
+                   help="also print each key-block loop's SASS instructions by opcode")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dt]
             label = f"| {D} | {'x'.join(map(str, tile))} | {'+'.join(sorted(variants)) or 'none'} | {causal} | {phase} | {dt} |"
             if report_variant(label, partial(compile_variant, D, tile, bool(causal), phase == "linear", dtype,
-                                             variants), extra=("ex2", "cos")) is None:
+                                             variants), extra=("ex2", "cos"), opcodes=args.opcodes) is None:
                 failed += 1
             else:
                 rows.append((variants, tile))
