@@ -282,94 +282,6 @@ if gluon_common.IMPORT_ERROR is None:
         return o, p, alpha_r, m_i, l_i
 
     @gluon.jit
-    def _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, bufs, descs, geo, ph, kv_row, S, qk_scale,
-                    MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
-                    TABLE: gl.constexpr, COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr,
-                    WS: gl.constexpr, NEXT: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """Key block j = r of the "ahead" variant: enters with S_P_j retired (sp) and P_{j-1}; issues
-        S_A_j and PV_{j-1}, takes the cosine of sp while they run, then (NEXT) issues S_P_{j+1}
-        before the softmax of block j so that it runs beside it, and retires all three before it
-        returns (a wgmma in flight across the loop serialises them all, C7514). Returns O (PV up
-        to block j-1), P_j, alpha, m, l and S_P_{j+1} (NEXT; else sp). MODE as `_weight`'s."""
-        qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
-        ka_desc, kp_desc, v_desc = descs
-        BLOCK_M: gl.constexpr = qa_smem.shape[0]
-        BLOCK_N: gl.constexpr = ka_smem.shape[1]
-        coef = None
-        if COEF and (MODE == 0 or MODE == 3):
-            coef = _coef_row(r, geo, ph, MODE, BLOCK_N)
-        zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        mbarrier.wait(ka_bars.index(r % STAGES), (r // STAGES) & 1)
-        sa_tok = warpgroup_mma(qa_smem, ka_smem.index(r % STAGES).permute((1, 0)), zeros, use_acc=False,
-                               is_async=True)
-        o_tok = _pv(o, p, alpha_r, v_smem, v_bars, r - 1, STAGES, o_layout, LAZY)
-        if LINEAR:
-            sp = sp + geo[4][:, None]
-        c = _cos_turns(_weight(r, geo, ph, MODE, BLOCK_N, TABLE, coef, DIAG, TABLE and CAUSAL) * sp)
-        if NEXT:
-            mbarrier.wait(kp_bars.index((r + 1) % STAGES), ((r + 1) // STAGES) & 1)
-            sp_tok = warpgroup_mma(qp_smem, kp_smem.index((r + 1) % STAGES).permute((1, 0)), zeros, use_acc=False,
-                                   is_async=True)
-            sa = warpgroup_mma_wait(2, deps=(sa_tok,))
-        else:
-            sa = warpgroup_mma_wait(1, deps=(sa_tok,))
-        _release(r, hi, 0, ka_desc, ka_smem, ka_bars, ka_empty, kv_row, STAGES, WS, False)
-        p, alpha_r, m_i, l_i = _softmax(sa * c, m_i, l_i, r * BLOCK_N, geo[1], S, qk_scale, MODE == 2, CAUSAL,
-                                        s_layout, LAZY)
-        p = _p_operand(p, ka_smem.dtype, o_layout)
-        if NEXT:
-            o, sp = warpgroup_mma_wait(0, deps=(o_tok, sp_tok))
-            _release(r + 1, hi, 0, kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, False)
-        else:
-            o = warpgroup_mma_wait(0, deps=(o_tok,))
-        _release(r - 1, hi, 0, v_desc, v_smem, v_bars, v_empty, kv_row, STAGES, WS, False)  # V of block j-1
-        return o, p, alpha_r, m_i, l_i, sp
-
-    @gluon.jit
-    def _blocks_ahead(o, p, alpha_r, m_i, l_i, bounds, hi, bufs, descs, geo, ph, kv_row, S, qk_scale,
-                      CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
-                      COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                      s_layout: gl.constexpr, o_layout: gl.constexpr):
-        """Key blocks 1..hi-1 of the "ahead" variant: S_P_1 synchronously, `_step_ahead` over
-        `_consume`'s ranges (bounds = (a3, a, b, b3, mid)) up to the last block, then the last
-        block, which issues no next product and takes `_weight`'s masked mode (it may be a causal
-        launch's diagonal or any block of a non-causal one, where that mode is the exact power)."""
-        a3, a, b, b3, mid = bounds
-        qp_smem, kp_smem, kp_bars, kp_empty = bufs[1], bufs[3], bufs[6], bufs[9]
-        BLOCK_M: gl.constexpr = qp_smem.shape[0]
-        BLOCK_N: gl.constexpr = kp_smem.shape[1]
-        last = hi - 1
-        sp = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        if hi > 1:
-            mbarrier.wait(kp_bars.index(1 % STAGES), (1 // STAGES) & 1)
-            sp = warpgroup_mma(qp_smem, kp_smem.index(1 % STAGES).permute((1, 0)), sp, use_acc=False)
-            _release(1, hi, 0, descs[1], kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, False)
-        args = (bufs, descs, geo, ph, kv_row, S, qk_scale)
-        for r in range(1, gl.minimum(a3, last)):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 3, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        for r in range(a3, gl.minimum(a, last)):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 0, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        for r in range(a, gl.minimum(b, last)):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 1, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        for r in range(b, gl.minimum(b3, last)):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 0, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        for r in range(b3, gl.minimum(mid, last)):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 3, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        for r in range(mid, last):
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(r, hi, o, p, alpha_r, m_i, l_i, sp, *args, 2, CAUSAL, LINEAR,
-                                                      STAGES, TABLE, COEF, LAZY, DIAG, WS, True, s_layout, o_layout)
-        if hi > 1:
-            o, p, alpha_r, m_i, l_i, sp = _step_ahead(last, hi, o, p, alpha_r, m_i, l_i, sp, *args, 2, CAUSAL,
-                                                      LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, WS, False, s_layout,
-                                                      o_layout)
-        return o, p, alpha_r, m_i, l_i
-
-    @gluon.jit
     def _release(j, hi, g, desc, smem, bars, empty, kv_row, STAGES: gl.constexpr, WS: gl.constexpr,
                  PERSIST: gl.constexpr):
         """Block j's slot of one ring is free (its wgmma retired): `gluon_hopper._free_k`, or
@@ -453,13 +365,12 @@ if gluon_common.IMPORT_ERROR is None:
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
                  COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr, AHEAD: gl.constexpr = False):
+                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
         the first), |D_c| < r_min the exact power. PERSIST: one item of the persistent kernel (its
-        Q barrier's phase q_phase; ring as `_prefetch`'s). AHEAD: the "ahead" variant's steps
-        (`_blocks_ahead`; not with PERSIST)."""
+        Q barrier's phase q_phase; ring as `_prefetch`'s)."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -474,32 +385,27 @@ if gluon_common.IMPORT_ERROR is None:
                                             LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
-        if AHEAD:
-            o, p, alpha_r, m_i, l_i = _blocks_ahead(o, p, alpha_r, m_i, l_i, (a3, a, b, b3, mid), hi, bufs,
-                                                    descs, geo, ph, kv_row, S, qk_scale, CAUSAL, LINEAR,
-                                                    STAGES, TABLE, COEF, LAZY, DIAG, WS, s_layout, o_layout)
-        else:
-            args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
-            g = ring[0]  # the loops run over ring indices (`_step`)
-            for r in range(g + 1, g + a3):  # far before the diagonal: the third-order series
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-            for r in range(g + a3, g + a):  # before the diagonal: the fifth-order series
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-            for r in range(g + a, g + b):  # near the diagonal, unmasked: the exact power
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-            for r in range(g + b, g + b3):  # after the diagonal (non-causal): the fifth-order series
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-            for r in range(g + b3, g + mid):  # far after the diagonal (non-causal): the third-order series
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-            for r in range(g + mid, g + hi):  # masked: the exact power
-                o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                                COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
-        r_last = ring[0] + hi - 1
+        args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
+        g = ring[0]  # the loops run over ring indices (`_step`)
+        for r in range(g + 1, g + a3):  # far before the diagonal: the third-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        for r in range(g + a3, g + a):  # before the diagonal: the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        for r in range(g + a, g + b):  # near the diagonal, unmasked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        for r in range(g + b, g + b3):  # after the diagonal (non-causal): the fifth-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        for r in range(g + b3, g + mid):  # far after the diagonal (non-causal): the third-order series
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        for r in range(g + mid, g + hi):  # masked: the exact power
+            o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
+                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+        r_last = g + hi - 1
         if PERSIST:
             _prefetch(ring, hi, bufs, descs, STAGES, 0, STAGES, 0, STAGES - 1)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], r_last, STAGES, o_layout),))
@@ -609,8 +515,7 @@ if gluon_common.IMPORT_ERROR is None:
                               alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef, coef_base,
                               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
                               TABLE: gl.constexpr = False, COEF: gl.constexpr = False, LAZY: gl.constexpr = False,
-                              DIAG: gl.constexpr = False, HEADS: gl.constexpr = 1, AHEAD: gl.constexpr = False,
-                              num_warps: gl.constexpr = 4):
+                              DIAG: gl.constexpr = False, HEADS: gl.constexpr = 1, num_warps: gl.constexpr = 4):
         """One BLOCK_M block of query rows of one (batch, head) (`_program`). Descriptors: q's
         amplitude / phase columns as [B*H*T, D/2] views, k's as [B*G*S, D/2], v as [B*G*S, D] (rows
         of a neighbouring head read past T or S are discarded or masked; TMA zero-fills past the tensor)."""
@@ -624,7 +529,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps, AHEAD)
+                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps)
 
     @gluon.jit
     def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
@@ -633,7 +538,7 @@ if gluon_common.IMPORT_ERROR is None:
                                  TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
                                  LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
                                  HEADS: gl.constexpr = 1, PRODUCER_REGS: gl.constexpr = 24,
-                                 AHEAD: gl.constexpr = False, num_warps: gl.constexpr = 4):
+                                 num_warps: gl.constexpr = 4):
         """`gluon_tapa_fwd_kernel` with the loads in a one-warp producer partition holding
         PRODUCER_REGS registers a thread (the "fws" variant; the consumers release each slot
         through an "empty" mbarrier instead of issuing its refill)."""
@@ -643,7 +548,7 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
                         lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps, AHEAD)),
+                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps)),
             (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
         ], [1], [PRODUCER_REGS])
 
@@ -775,12 +680,10 @@ def forward_launch(D: int, tile: tuple, flags, causal: bool, linear: bool) -> tu
             "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": tile[3]}
     if flags.fws:
         kernel, meta["HEADS"], meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, interleave_heads(flags), PRODUCER_REGS
-    elif flags.persistent:   # claims its items in its own order: no HEADS, no "ahead"
+    elif flags.persistent:   # claims its items in its own order: no HEADS
         kernel = gluon_tapa_fwd_persistent_kernel
     else:
         kernel, meta["HEADS"] = gluon_tapa_fwd_kernel, interleave_heads(flags)
-    if kernel is not gluon_tapa_fwd_persistent_kernel:
-        meta["AHEAD"] = flags.ahead
     regs = launch_regs(D, tile, flags)
     if regs:
         meta["maxnreg"] = regs

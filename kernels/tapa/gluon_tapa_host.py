@@ -74,10 +74,6 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 #             query block's prologue overlaps the previous one (FlashAttention-3's persistent
 #             scheduling, https://arxiv.org/abs/2407.08608 section 3.1); no effect with "fws"; off
 #             (kernels/attention/README.md has its timings);
-#   "ahead":  the forward issues the phase product S_P of key block j + 1 before the softmax of
-#             block j, so that it runs beside that softmax, and enters each block with its S_P
-#             retired (`gluon_tapa._step_ahead`; every wgmma still retires within its step, C7514);
-#             no effect with "persistent";
 #   "diag":   the series polynomial once per diagonal of a thread's tile (18 of its 32 scores at
 #             64x64; `gluon_tapa.diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
@@ -97,8 +93,7 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 # (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy". "interleave", timed on
 # two H100s (benchmarks/results/gluon-tapa-fwd-h100-interleave.md), moves the forward by less than
 # the rounds' spread; it is on for the tail of a synced launch (INTERLEAVE_HEADS).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave",
-            "ahead")
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave")
 OCCUPANCY_REGS = {64: 168}
 # Heads whose query blocks "interleave" runs in turn: 4 at 4k (B*H = 256, 64 blocks a head) puts the
 # greedy schedule of the launch's blocks over 2 x 132 CTA slots within 0.2 % of its work's bound,
@@ -216,7 +211,6 @@ class Variants(NamedTuple):
     occupancy: bool
     persistent: bool
     interleave: bool
-    ahead: bool
 
 
 def forward_tile(D: int, flags: Variants) -> tuple:
