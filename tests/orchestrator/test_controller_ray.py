@@ -182,7 +182,9 @@ def _check_mlflow(uri: str, dag, store) -> None:
 
 
 def test_killed_controller_then_resume_repeats_nothing(tmp_path: Path, ray_address) -> None:
-    path, dag = _grid(tmp_path, steps=150)
+    # the slow pretrain must still run, checkpointed, once the quick one (6 steps) is done: both
+    # spend ~10 s starting, so 150 steps (~0.1 s of training) could end inside one 0.2 s poll
+    path, dag = _grid(tmp_path, steps=1000)
     store = _store(tmp_path)
     db, runs, log = tmp_path / "catalog.db", tmp_path / "runs", tmp_path / "run.log"
     pope = next(h for h, n in dag.nodes.items() if n.kind == "pretrain" and "pe=pope" in n.members[0][0])
