@@ -69,6 +69,7 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
         report = subprocess.run([str(ptxas), "-v", "-arch=sm_90a", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
                                 capture_output=True, text=True, check=True).stderr
         sass = sass_listing(ptxas.parent / "cuobjdump", Path(tmp) / "k.cubin")
+    bodies = key_block_loops(sass)
     regs = re.findall(r"Used (\d+) registers", report)
     spill = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     return {"regs": max(map(int, regs)) if regs else None,
@@ -77,7 +78,7 @@ def compile_report(kernel, sig: dict, consts: dict, num_warps: int, maxnreg: int
             "wgmma_wait": len(re.findall(r"wgmma\.wait_group", ptx_text)),
             "ex2": len(re.findall(r"ex2\.approx", ptx_text)), "cos": len(re.findall(r"cos\.approx", ptx_text)),
             "warnings": [ln.strip() for ln in report.splitlines() if "Performance" in ln or "warning" in ln],
-            "loops": loop_counts(sass), "opcodes": loop_opcodes(sass)}
+            "loops": loop_counts(sass, bodies), "opcodes": loop_opcodes(bodies)}
 
 
 def sass_listing(cuobjdump: Path, cubin: Path) -> str:
@@ -98,15 +99,15 @@ def key_block_loops(sass: str) -> list[list[tuple[int, str, str]]]:
             if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b in spans)]
 
 
-def loop_counts(sass: str) -> list[tuple[int, int, int]]:
+def loop_counts(sass: str, bodies: list | None = None) -> list[tuple[int, int, int]]:
     """(instructions, of which MUFU, of which skippable) per iteration of each `key_block_loops`
-    loop. Skippable: jumped over by a forward branch within the loop (gluon_hopper._rescale's), so
+    loop (bodies: those loops, where the caller has them already). Skippable: jumped over by a forward branch within the loop (gluon_hopper._rescale's), so
     an iteration that takes every such branch issues instructions - skippable. An offline proxy of
     their cost where the non-tensor pipes, not the tensor cores, bound a tile (issue slots per
     score)."""
     branches = [(int(src, 16), int(dst, 16)) for src, dst in kernel_sass.BACK_BRANCH.findall(sass)]
     loops = []
-    for body in key_block_loops(sass):
+    for body in key_block_loops(sass) if bodies is None else bodies:
         lo, hi = body[0][0], body[-1][0]
         skips = [(src, dst) for src, dst in branches if lo <= src < dst <= hi]
         skippable = sum(any(src < addr < dst for src, dst in skips) for addr, _, _ in body)
@@ -114,10 +115,10 @@ def loop_counts(sass: str) -> list[tuple[int, int, int]]:
     return loops
 
 
-def loop_opcodes(sass: str) -> list[collections.Counter]:
-    """Each `key_block_loops` loop's instructions by opcode and modifiers (FMUL.RZ, MUFU.COS, ...),
-    static: where the phase math of a score goes (kernels/attention/README.md)."""
-    return [collections.Counter(op + mods for _, op, mods in body) for body in key_block_loops(sass)]
+def loop_opcodes(bodies: list) -> list[collections.Counter]:
+    """Each of `key_block_loops`' loops by opcode and modifiers (`kernel_sass.opcode_mix`), static:
+    where the phase math of a score goes (kernels/attention/README.md)."""
+    return [kernel_sass.opcode_mix(body, modifiers=True) for body in bodies]
 
 
 def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, dtype: torch.dtype = torch.bfloat16,

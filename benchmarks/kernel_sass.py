@@ -105,6 +105,11 @@ def loops(sass: str, min_len: int = 200) -> list[list[tuple[int, str, str]]]:
     return [body for body in bodies if len(body) >= min_len]
 
 
+def opcode_mix(body: list[tuple[int, str, str]], modifiers: bool = False) -> collections.Counter:
+    """A loop's instructions by opcode, or (modifiers) by opcode and modifiers (FMUL.RZ, MUFU.COS)."""
+    return collections.Counter(op + mods if modifiers else op for _, op, mods in body)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kernel", choices=sorted(KERNELS))
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                     if "registers" in line or "spill" in line or "Performance Loss" in line))
     tile = args.block[0] * args.block[1] / (32 * args.warps)  # scores per thread per iteration
     for i, loop in enumerate(loops(sass)):
-        ops = collections.Counter(op for _, op, _ in loop)
+        ops = opcode_mix(loop)
         print(f"\nloop {i}: {len(loop)} instructions per iteration, {len(loop) / tile:.1f} per score per thread "
               f"({tile:.0f} scores per thread per iteration)")
         print("| opcode | per iteration | per score |\n|---|---:|---:|")
