@@ -75,6 +75,8 @@ def compile_variant(D: int, tile: tuple[int, int, int, int], causal: bool, linea
     kernel, consts = gluon_tapa.forward_launch(D, tile, gluon_tapa_host.variant_flags(variants, D), causal, linear)
     if kernel is gluon_tapa.gluon_tapa_fwd_persistent_kernel:
         sig["n_items"], sig["claim_ptr"] = "i32", "*i32"
+    if kernel is gluon_tapa.gluon_tapa_fwd_pp_kernel:
+        sig["n_items"], sig["n_bh"] = "i32", "i32"
     cap = consts.pop("maxnreg", None)   # a launch option, as the launcher applies it; num_warps is also a constexpr
     return compile_report(kernel, sig, consts, consts["num_warps"], maxnreg=cap)
 

@@ -56,12 +56,14 @@ from phaselab.kernels.common.score_mod import ScoreMod
 from phaselab.kernels.flash import gluon_common
 from phaselab.kernels.flash.gluon_common import PRODUCER_REGS, launch
 from phaselab.kernels.tapa.gluon_tapa_host import (
+    PINGPONG_CONSUMER_REGS,
     descriptors,
     forward_tile,
     interleave_heads,
     kernel_scalars,
     launch_regs,
     persistent_programs,
+    query_blocks,
     supported,
     variant_flags,
     variant_scalars,
@@ -241,15 +243,17 @@ if gluon_common.IMPORT_ERROR is None:
         return w
 
     @gluon.jit
-    def _step(r, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, MODE: gl.constexpr,
+    def _step(r, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, turn,
+              MODE: gl.constexpr,
               CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
               COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-              PERSIST: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+              PERSIST: gl.constexpr, PP: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block j = r - ring[0] at ring index r (module docstring's schedule; ring[0] is 0 but
         in the "persistent" kernel); MODE as `_weight`'s (2: masked). Enters with P_{j-1} and its
         alpha, leaves with P_j; O holds PV up to block j-1 on return. COEF, LAZY, DIAG, WS,
-        PERSIST: the "coef", "lazy", "diag", "fws" and "persistent" variants (gluon_tapa_host.VARIANTS; WS: a
-        producer warp refills the rings, `_produce`; PERSIST: `_release`)."""
+        PERSIST, PP: the "coef", "lazy", "diag", "fws", "persistent" and "pingpong" variants
+        (gluon_tapa_host.VARIANTS; WS: a producer warp refills the rings, `_produce`; PERSIST:
+        `_release`; PP: `_my_turn`, `_your_turn` around the three products' issue)."""
         qa_smem, qp_smem, ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = bufs
         ka_desc, kp_desc, v_desc = descs
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
@@ -261,10 +265,14 @@ if gluon_common.IMPORT_ERROR is None:
             coef = _coef_row(j, geo, ph, MODE, BLOCK_N)
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         mbarrier.wait(kp_bars.index(slot), (r // STAGES) & 1)
+        if PP:
+            _my_turn(j, turn)
         sp_tok = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
         mbarrier.wait(ka_bars.index(slot), (r // STAGES) & 1)
         sa_tok = warpgroup_mma(qa_smem, ka_smem.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
         o_tok = _pv(o, p, alpha_r, v_smem, v_bars, r - 1, STAGES, o_layout, LAZY)
+        if PP:
+            _your_turn(turn)
         sp = warpgroup_mma_wait(2, deps=(sp_tok,))
         _release(j, hi, ring[0], kp_desc, kp_smem, kp_bars, kp_empty, kv_row, STAGES, WS, PERSIST)
         if LINEAR:
@@ -282,6 +290,26 @@ if gluon_common.IMPORT_ERROR is None:
         return o, p, alpha_r, m_i, l_i
 
     @gluon.jit
+    def _my_turn(j, turn):
+        """The "pingpong" kernel's order (FlashAttention-3's ping-pong, https://arxiv.org/abs/2407.08608
+        section 3.1): consumer warpgroup w = turn[1] issues step j's products (j >= 1) after the
+        other one issued its step j - 1 + w, so that one warpgroup's products run on the tensor
+        cores while the other's softmax runs. turn[0] holds one barrier a warpgroup, each completed
+        once a step by the other (`_your_turn`); both run the same key blocks, so before an item
+        each barrier has completed c = turn[2] times (the sum of the earlier items' steps past
+        their first) and w waits for its (c + j - 1 + w)-th completion, parity (c + j + w) & 1 (a
+        fresh barrier passes parity 1). Neither warpgroup can arrive twice while the other waits
+        once, so a barrier is never two phases ahead of its wait."""
+        mbarrier.wait(turn[0].index(turn[1]), (turn[2] + j + turn[1]) & 1)
+
+    @gluon.jit
+    def _your_turn(turn):
+        """This warpgroup issued its step's products: the other's turn (`_my_turn`), once all four
+        warps are past the issue."""
+        gl.thread_barrier()
+        mbarrier.arrive(turn[0].index(1 - turn[1]), count=1)
+
+    @gluon.jit
     def _release(j, hi, g, desc, smem, bars, empty, kv_row, STAGES: gl.constexpr, WS: gl.constexpr,
                  PERSIST: gl.constexpr):
         """Block j's slot of one ring is free (its wgmma retired): `gluon_hopper._free_k`, or
@@ -289,8 +317,8 @@ if gluon_common.IMPORT_ERROR is None:
         if PERSIST:
             _load_block(g + j + STAGES, kv_row + (j + STAGES) * smem.shape[1], j + STAGES < hi, desc, smem, bars,
                         STAGES)
-        else:
-            _free_k(j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
+        else:   # g = 0 but in the "pingpong" kernel, whose releases (WS) take ring slots
+            _free_k(g + j, hi, desc, smem, bars, empty, kv_row, STAGES, WS)
 
     @gluon.jit
     def _first_block(m_i, l_i, bufs, descs, geo, ph, kv_row, hi, S, qk_scale, ring, CAUSAL: gl.constexpr,
@@ -303,11 +331,8 @@ if gluon_common.IMPORT_ERROR is None:
         BLOCK_M: gl.constexpr = qa_smem.shape[0]
         BLOCK_N: gl.constexpr = ka_smem.shape[1]
         zeros = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        slot = 0
-        phase = 0
-        if PERSIST:
-            slot = ring[0] % STAGES
-            phase = (ring[0] // STAGES) & 1
+        slot = ring[0] % STAGES
+        phase = (ring[0] // STAGES) & 1
         mbarrier.wait(kp_bars.index(slot), phase)
         mbarrier.wait(ka_bars.index(slot), phase)
         sp = warpgroup_mma(qp_smem, kp_smem.index(slot).permute((1, 0)), zeros, use_acc=False)
@@ -365,12 +390,13 @@ if gluon_common.IMPORT_ERROR is None:
     def _consume(bufs, descs, ph, q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3,
                  CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
                  COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
-                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr):
+                 ring, q_phase, PERSIST: gl.constexpr, num_warps: gl.constexpr, turn, PP: gl.constexpr):
         """The softmax warpgroups' schedule over key blocks 0..hi-1 and the epilogue. Unmasked blocks
         by their central distance D_c: |D_c| >= r_3 the third-order series, r_min <= |D_c| < r_3 the
         fifth-order one (without "order3" r_3 = _R_MIN_CAP, past every distance below 2**29: none of
         the first), |D_c| < r_min the exact power. PERSIST: one item of the persistent kernel (its
-        Q barrier's phase q_phase; ring as `_prefetch`'s)."""
+        Q barrier's phase q_phase; ring as `_prefetch`'s). PP: one consumer warpgroup of the
+        "pingpong" kernel (turn as `_my_turn`'s)."""
         BLOCK_M: gl.constexpr = bufs[0].shape[0]
         BLOCK_N: gl.constexpr = bufs[2].shape[1]
         HEAD_D: gl.constexpr = bufs[4].shape[2]
@@ -385,32 +411,35 @@ if gluon_common.IMPORT_ERROR is None:
                                             LINEAR, STAGES, WS, PERSIST, s_layout, o_layout)
         a, b = _near_range(geo[0], r_min, mid, BLOCK_N)
         a3, b3 = _near_range(geo[0], r_3, mid, BLOCK_N)  # a3 <= a <= b <= b3 (r_3 >= r_min)
-        args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring)
+        args = (bufs, descs, geo, ph, kv_row, S, qk_scale, ring, turn)
         g = ring[0]  # the loops run over ring indices (`_step`)
         for r in range(g + 1, g + a3):  # far before the diagonal: the third-order series
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         for r in range(g + a3, g + a):  # before the diagonal: the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         for r in range(g + a, g + b):  # near the diagonal, unmasked: the exact power
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 1, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         for r in range(g + b, g + b3):  # after the diagonal (non-causal): the fifth-order series
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 0, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         for r in range(g + b3, g + mid):  # far after the diagonal (non-causal): the third-order series
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 3, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         for r in range(g + mid, g + hi):  # masked: the exact power
             o, p, alpha_r, m_i, l_i = _step(r, hi, o, p, alpha_r, m_i, l_i, *args, 2, CAUSAL, LINEAR, STAGES, TABLE,
-                                            COEF, LAZY, DIAG, WS, PERSIST, s_layout, o_layout)
+                                            COEF, LAZY, DIAG, WS, PERSIST, PP, s_layout, o_layout)
         r_last = g + hi - 1
         if PERSIST:
             _prefetch(ring, hi, bufs, descs, STAGES, 0, STAGES, 0, STAGES - 1)
         o = warpgroup_mma_wait(0, deps=(_pv(o, p, alpha_r, bufs[4], bufs[7], r_last, STAGES, o_layout),))
         if PERSIST:
             _prefetch(ring, hi, bufs, descs, STAGES, 0, 0, STAGES - 1, STAGES)
+        if PP:   # the item's last V slot and its Q buffer are free for the producer's next items
+            _free_k(r_last, hi, descs[2], bufs[4], bufs[7], bufs[10], kv_row, STAGES, True)
+            mbarrier.arrive(turn[3], count=1)
         _epilogue(o, m_i, l_i, o_ptr, lse_ptr, i_bh, m0, T, s_layout, o_layout, num_warps)
 
     @gluon.jit
@@ -436,31 +465,30 @@ if gluon_common.IMPORT_ERROR is None:
         return smem, _barriers(STAGES)
 
     @gluon.jit
-    def _barriers(STAGES: gl.constexpr):
-        """STAGES mbarriers of one arrival each."""
+    def _barriers(STAGES: gl.constexpr, COUNT: gl.constexpr = 1):
+        """STAGES mbarriers of COUNT arrivals each."""
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
+            mbarrier.init(bars.index(i), count=COUNT)
         return bars
 
     @gluon.jit
     def _program(HEADS: gl.constexpr):
-        """(i_bh, i_m) of this program, longest (causal) rows first in the order the grid is
-        dispatched (program_id(0) fastest). HEADS > 1 (the "interleave" variant): each query block
-        of HEADS heads in turn before the next shorter one (the last group: the heads left), so the
-        launch ends on its shortest rows while the K and V of only about HEADS heads are in flight."""
-        n_m = gl.num_programs(0)
-        if HEADS == 1:
-            i_bh = gl.program_id(1)
-            i_m = n_m - 1 - gl.program_id(0)
-        else:
-            pid = gl.program_id(0) + gl.program_id(1) * n_m
-            first = pid // (HEADS * n_m) * HEADS
-            heads = gl.minimum(gl.num_programs(1) - first, HEADS)
-            r = pid - first * n_m
-            i_bh = first + r % heads
-            i_m = n_m - 1 - r // heads
-        return i_bh, i_m
+        """(i_bh, i_m) of this program (`_order` of its place in the grid, program_id(0) fastest)."""
+        return _order(gl.program_id(0) + gl.program_id(1) * gl.num_programs(0), gl.num_programs(0),
+                      gl.num_programs(1), HEADS)
+
+    @gluon.jit
+    def _order(w, n_m, n_bh, HEADS: gl.constexpr):
+        """(i_bh, i_m) of the w-th of n_bh x n_m query blocks, longest (causal) rows first: all of one
+        head's blocks before the next head's (HEADS = 1), or (HEADS > 1, the "interleave" variant)
+        each query block of HEADS heads in turn before the next shorter one (the last group: the
+        heads left), so that a launch ends on its shortest rows while the K and V of only about
+        HEADS heads are in flight."""
+        first = w // (HEADS * n_m) * HEADS
+        heads = gl.minimum(n_bh - first, HEADS)
+        r = w - first * n_m
+        return first + r % heads, n_m - 1 - r // heads
 
     @gluon.jit
     def _setup(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, T, S, H, GROUP, CAUSAL: gl.constexpr,
@@ -529,7 +557,7 @@ if gluon_common.IMPORT_ERROR is None:
             _free_k(i - STAGES, hi, v_desc, v_smem, v_bars, v_bars, kv_row, STAGES, False)
         _consume(bufs, (ka_desc, kp_desc, v_desc), (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base),
                  q_bar, o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps)
+                 TABLE, COEF, LAZY, DIAG, False, (0, 0, 0), 0, False, num_warps, (0, 0, 0), False)
 
     @gluon.jit
     def gluon_tapa_fwd_ws_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP,
@@ -548,9 +576,124 @@ if gluon_common.IMPORT_ERROR is None:
         gl.warp_specialize([
             (_consume, (bufs, descs, (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base), q_bar, o_ptr,
                         lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES,
-                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps)),
+                        TABLE, COEF, LAZY, DIAG, True, (0, 0, 0), 0, False, num_warps, (0, 0, 0), False)),
             (_produce, (qa_desc, qp_desc, descs, q_bar, bufs, i_bh * T + m0, kv_row, hi, STAGES)),
         ], [1], [PRODUCER_REGS])
+
+    @gluon.jit
+    def _pair(w, n_pairs, n_bh, T, S, H, GROUP, HEADS: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(i_bh, m0, kv_row, mid0, mid1, hi) of item w of the "pingpong" kernel: query blocks 2 i
+        and 2 i + 1 of head i_bh (rows from m0 and m0 + BLOCK_M) in `_order`'s order of n_pairs
+        pairs a head, their key blocks [0, mid_k) unmasked, both run to the second's hi (BLOCK_N =
+        BLOCK_M: the first's hi or one more, a block above every row of the first, fully masked)."""
+        i_bh, i = _order(w, n_pairs, n_bh, HEADS)
+        mid0, hi0 = _block_range(2 * i, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        mid1, hi1 = _block_range(2 * i + 1, T, S, BLOCK_M, BLOCK_N, CAUSAL)
+        return i_bh, 2 * i * BLOCK_M, kv_base_row(i_bh, H, GROUP, S), mid0, mid1, gl.maximum(hi0, hi1)
+
+    @gluon.jit
+    def _produce_at(desc, bars, smem, empty, row, r, STAGES: gl.constexpr):
+        """The producer's load of rows row.. into the slot of ring index r, once the consumers
+        released ring index r - STAGES (a fresh barrier passes the wait on parity 1)."""
+        mbarrier.wait(empty.index(r % STAGES), ((r // STAGES) & 1) ^ 1)
+        _load_block(r, row, True, desc, smem, bars, STAGES)
+
+    @gluon.jit
+    def _produce_pp(qa_desc, qp_desc, descs, q_smem, q_bars, q_empty, rings, n_items, n_pairs, n_bh, T, S, H,
+                    GROUP, HEADS: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+        """The "pingpong" kernel's producer warp: for each of this program's items, both
+        warpgroups' Q halves into the item's Q buffer once both released it, then K_P, K_A and V
+        of each key block in the order the consumers use them, through one sequence of ring slots."""
+        ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, ka_empty, kp_empty, v_empty = rings
+        ka_desc, kp_desc, v_desc = descs
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        g = 0
+        t = 0
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_bh, m0, kv_row, _mid0, _mid1, hi = _pair(w, n_pairs, n_bh, T, S, H, GROUP, HEADS, BLOCK_M, BLOCK_N,
+                                                       CAUSAL)
+            b = t % 2
+            mbarrier.wait(q_empty.index(b), ((t // 2) & 1) ^ 1)
+            for k in gl.static_range(2):
+                _load_q(qa_desc, qp_desc, q_bars.index(2 * b + k), (q_smem.index(4 * b + 2 * k),
+                        q_smem.index(4 * b + 2 * k + 1)), i_bh * T + m0 + k * BLOCK_M)
+            for i in range(hi):
+                _produce_at(kp_desc, kp_bars, kp_smem, kp_empty, kv_row + i * BLOCK_N, g + i, STAGES)
+                _produce_at(ka_desc, ka_bars, ka_smem, ka_empty, kv_row + i * BLOCK_N, g + i, STAGES)
+                _produce_at(v_desc, v_bars, v_smem, v_empty, kv_row + i * BLOCK_N, g + i, STAGES)
+            g = g + hi
+            t = t + 1
+
+    @gluon.jit
+    def _consume_pp(q_smem, q_bars, q_empty, rings, turn_bars, descs, ph, o_ptr, lse_ptr, n_items, n_pairs, n_bh, T,
+                    S, H, GROUP, qk_scale, r_min, r_3, WG: gl.constexpr, HEADS: gl.constexpr,
+                    CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
+                    COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
+        """Consumer warpgroup WG of the "pingpong" kernel: its query block of each of this
+        program's items (`_consume`, at ring index g, its turns counted from c)."""
+        BLOCK_M: gl.constexpr = q_smem.shape[1]
+        BLOCK_N: gl.constexpr = rings[0].shape[1]
+        g = 0
+        t = 0
+        c = 0
+        for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_bh, m0, kv_row, mid0, mid1, hi = _pair(w, n_pairs, n_bh, T, S, H, GROUP, HEADS, BLOCK_M, BLOCK_N,
+                                                     CAUSAL)
+            b = t % 2
+            mid = mid0
+            if WG == 1:
+                mid = mid1
+            bufs = (q_smem.index(4 * b + 2 * WG), q_smem.index(4 * b + 2 * WG + 1)) + rings
+            _consume(bufs, descs, ph, q_bars.index(2 * b + WG), o_ptr, lse_ptr, i_bh, m0 + WG * BLOCK_M, kv_row, mid,
+                     hi, T, S, qk_scale, r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, True,
+                     (g, 0, 0), (t // 2) & 1, False, num_warps, (turn_bars, WG, c, q_empty.index(b)), True)
+            g = g + hi
+            c = c + hi - 1
+            t = t + 1
+
+    @gluon.jit
+    def gluon_tapa_fwd_pp_kernel(qa_desc, qp_desc, ka_desc, kp_desc, v_desc, o_ptr, lse_ptr, T, S, H, GROUP, n_items,
+                                 n_bh, qk_scale, alpha, k_turn, c1, c2, c3, c4, c5, r_min, r_3, w_table, w_coef,
+                                 coef_base, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr,
+                                 TABLE: gl.constexpr = False, COEF: gl.constexpr = False,
+                                 LAZY: gl.constexpr = False, DIAG: gl.constexpr = False,
+                                 HEADS: gl.constexpr = 1, PRODUCER_REGS: gl.constexpr = 24,
+                                 CONSUMER_REGS: gl.constexpr = 240, num_warps: gl.constexpr = 4):
+        """The "pingpong" variant, persistent: program p runs items p, p + P, ... of n_items (`_pair`:
+        two query blocks of BLOCK_M rows of one head) on two consumer warpgroups (the default
+        partition and a 4-warp worker of CONSUMER_REGS registers a thread, `_consume_pp`) that
+        take turns issuing their products (`_my_turn`) and read one set of K and V rings, which a
+        one-warp producer fills (`_produce_pp`; a slot is free once both released it: "empty"
+        barriers of two arrivals) through one sequence of slots across items; Q in two buffers,
+        so the next item's loads overlap this one's last steps and epilogue (FlashAttention-3's
+        persistent kernel, https://arxiv.org/abs/2407.08608 section 3.1)."""
+        BLOCK_M: gl.constexpr = qa_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = ka_desc.block_type.shape[0]
+        gl.static_assert(BLOCK_M == BLOCK_N, "the pingpong kernel needs BLOCK_M = BLOCK_N")
+        n_pairs = gl.cdiv(T, 2 * BLOCK_M)
+        q_smem = gl.allocate_shared_memory(qa_desc.dtype, [8] + qa_desc.block_type.shape, qa_desc.layout)
+        q_bars = _barriers(4)      # buffer b, warpgroup k: 2 b + k
+        q_empty = _barriers(2, 2)  # buffer b, released by both warpgroups
+        ka_smem, ka_bars = _ring(ka_desc, STAGES)
+        kp_smem, kp_bars = _ring(kp_desc, STAGES)
+        v_smem, v_bars = _ring(v_desc, STAGES)
+        rings = (ka_smem, kp_smem, v_smem, ka_bars, kp_bars, v_bars, _barriers(STAGES, 2), _barriers(STAGES, 2),
+                 _barriers(STAGES, 2))
+        turn = _barriers(2)
+        descs = (ka_desc, kp_desc, v_desc)
+        ph = (alpha, k_turn, c1, c2, c3, c4, c5, w_table, w_coef, coef_base)
+        gl.warp_specialize([
+            (_consume_pp, (q_smem, q_bars, q_empty, rings, turn, descs, ph, o_ptr, lse_ptr, n_items, n_pairs, n_bh,
+                           T, S, H, GROUP, qk_scale, r_min, r_3, 0, HEADS, CAUSAL, LINEAR, STAGES, TABLE, COEF,
+                           LAZY, DIAG, num_warps)),
+            (_consume_pp, (q_smem, q_bars, q_empty, rings, turn, descs, ph, o_ptr, lse_ptr, n_items, n_pairs, n_bh,
+                           T, S, H, GROUP, qk_scale, r_min, r_3, 1, HEADS, CAUSAL, LINEAR, STAGES, TABLE, COEF,
+                           LAZY, DIAG, num_warps)),
+            (_produce_pp, (qa_desc, qp_desc, descs, q_smem, q_bars, q_empty, rings, n_items, n_pairs, n_bh, T, S, H,
+                           GROUP, HEADS, STAGES, CAUSAL)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
     @gluon.jit
     def _item(w, n_items, T, S, H, GROUP, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -613,7 +756,7 @@ if gluon_common.IMPORT_ERROR is None:
                     kp_bars, v_bars)
             _consume(bufs, descs, ph, q_bars.index(b), o_ptr, lse_ptr, i_bh, m0, kv_row, mid, hi, T, S, qk_scale,
                      r_min, r_3, CAUSAL, LINEAR, STAGES, TABLE, COEF, LAZY, DIAG, False, (g, nb_kv, nb_hi),
-                     (t // 2) & 1, True, num_warps)
+                     (t // 2) & 1, True, num_warps, (0, 0, 0), False)
             g = g + hi
             t = t + 1
             w = w_next
@@ -660,25 +803,29 @@ def plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: dict, scale:
     scalars = kernel_scalars(D, params["alpha"], float(params["phase_scale"]), float(scale), block_m, block_n)
     extra = variant_scalars(scalars, params["alpha"], T, S, block_m, block_n, flags.table, flags.order3, q.device,
                             flags.coef)
-    grid, lengths = (triton.cdiv(T, block_m), B * H), (T, S, H, H // G)
+    grid, lengths = (triton.cdiv(T, block_m * query_blocks(flags)), B * H), (T, S, H, H // G)
     kernel, meta = forward_launch(D, tile, flags, bool(causal), params["phase"] == "linear")
     claims = kernel is gluon_tapa_fwd_persistent_kernel
-    if claims:
+    if claims or kernel is gluon_tapa_fwd_pp_kernel:   # persistent: items in the order of the grid above
         n_items = grid[0] * grid[1]
-        lengths = lengths + (n_items,)
+        lengths = lengths + ((n_items,) if claims else (n_items, B * H))
         grid = (min(n_items, programs) if programs else persistent_programs(n_items, D, flags, q.device),)
     return Plan(kernel, grid, block_m, block_n, lengths, scalars, extra, meta, claims)
 
 
 def forward_launch(D: int, tile: tuple, flags, causal: bool, linear: bool) -> tuple[object, dict]:
     """(kernel, meta) of a forward launch at `tile` with the schedules `flags`
-    (`gluon_tapa_host.Variants`): the kernel they pick ("fws": the warp-specialised one, else
-    "persistent": the persistent one, else the plain one), its constexprs and Triton's launch
+    (`gluon_tapa_host.Variants`): the kernel they pick ("pingpong": the two-warpgroup one, else
+    "fws": the warp-specialised one, else "persistent": the persistent one, else the plain one),
+    its constexprs and Triton's launch
     options (num_warps, the register cap of `launch_regs`). `plan` launches it;
     benchmarks/gluon_compile_tapa.py compiles the same."""
     meta = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "TABLE": flags.table, "COEF": flags.coef,
             "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": tile[3]}
-    if flags.fws:
+    if flags.pingpong:
+        kernel, meta["HEADS"], meta["PRODUCER_REGS"] = gluon_tapa_fwd_pp_kernel, interleave_heads(flags), PRODUCER_REGS
+        meta["CONSUMER_REGS"] = PINGPONG_CONSUMER_REGS
+    elif flags.fws:
         kernel, meta["HEADS"], meta["PRODUCER_REGS"] = gluon_tapa_fwd_ws_kernel, interleave_heads(flags), PRODUCER_REGS
     elif flags.persistent:   # claims its items in its own order: no HEADS
         kernel = gluon_tapa_fwd_persistent_kernel

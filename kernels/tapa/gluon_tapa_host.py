@@ -32,6 +32,9 @@ TILES = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # raises its two consumer warpgroups to 240 (setmaxnreg), one CTA and 8 softmax warps an SM; both
 # without spills (benchmarks/gluon_compile_tapa.py).
 TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
+# The "pingpong" kernel's tile: one consumer warpgroup's (BLOCK_M = BLOCK_N, so that the two
+# warpgroups' key blocks differ by at most one); a program runs two such query blocks
+TILES_PP = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # Optional schedules of the kernels, each a constexpr (`gluon_tapa.gluon_tapa_fwd(variants=...)`), each cutting
 # the instructions a score costs (benchmarks/gluon_compile_tapa.py prints the key-block loops' SASS
 # counts):
@@ -93,7 +96,14 @@ TILES_FWS = {64: (128, 64, 2, 8), 128: (64, 64, 2, 4)}
 # (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy". "interleave", timed on
 # two H100s (benchmarks/results/gluon-tapa-fwd-h100-interleave.md), moves the forward by less than
 # the rounds' spread; it is on for the tail of a synced launch (INTERLEAVE_HEADS).
-VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave")
+#   "pingpong": two consumer warpgroups of one CTA (`gluon_tapa.gluon_tapa_fwd_pp_kernel`), each with
+#             its own query block of TILES_PP's BLOCK_M rows (the grid: one program per two blocks),
+#             read one set of K and V rings filled by one producer warp and take turns issuing their
+#             products, so that one's softmax overlaps the other's products (FlashAttention-3's
+#             ping-pong, https://arxiv.org/abs/2407.08608 section 3.1); PINGPONG_REGS a thread,
+#             PINGPONG_CONSUMER_REGS for the consumers; takes precedence over "fws" and "persistent".
+VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave",
+            "pingpong")
 OCCUPANCY_REGS = {64: 168}
 # Heads whose query blocks "interleave" runs in turn: 4 at 4k (B*H = 256, 64 blocks a head) puts the
 # greedy schedule of the launch's blocks over 2 x 132 CTA slots within 0.2 % of its work's bound,
@@ -105,6 +115,11 @@ INTERLEAVE_HEADS = 4
 # setmaxnreg gives the producer's registers to the consumers: 24 a thread against 232, above the
 # 221 the D = 128 default schedules take without "fws" (benchmarks/gluon_compile_tapa.py: no spills)
 FWS_PAIR_REGS = 128
+# The "pingpong" kernel: two consumer warpgroups and the producer's, 384 threads at PINGPONG_REGS
+# (168 x 384 <= 65536); setmaxnreg lowers the producer to PRODUCER_REGS and raises each consumer to
+# PINGPONG_CONSUMER_REGS: (168 x 384 - 24 x 128) / 256 = 240, the 232 of "fws" and more
+PINGPONG_REGS = 168
+PINGPONG_CONSUMER_REGS = 240
 # CTAs an SM of the default tiles (registers: two of 4 warps at up to 255 a thread; shared
 # memory of the persistent kernel at D = 128: two Q buffers 32 KiB and rings 64 KiB), the
 # persistent forward's programs an SM
@@ -211,11 +226,18 @@ class Variants(NamedTuple):
     occupancy: bool
     persistent: bool
     interleave: bool
+    pingpong: bool
 
 
 def forward_tile(D: int, flags: Variants) -> tuple:
-    """The forward's default tile: TILES_FWS[D] with "fws", else TILES[D]."""
-    return (TILES_FWS if flags.fws else TILES)[D]
+    """The forward's default tile: TILES_PP[D] with "pingpong" (one consumer warpgroup's), else
+    TILES_FWS[D] with "fws", else TILES[D]."""
+    return (TILES_PP if flags.pingpong else TILES_FWS if flags.fws else TILES)[D]
+
+
+def query_blocks(flags: Variants) -> int:
+    """Query blocks a forward program runs: 2 with "pingpong" (`gluon_tapa.gluon_tapa_fwd_pp_kernel`), else 1."""
+    return 2 if flags.pingpong else 1
 
 
 def interleave_heads(flags: Variants) -> int:
@@ -254,14 +276,16 @@ def variant_scalars(scalars: tuple, alpha: float, T: int, S: int, block_m: int, 
 def launch_regs(D: int, tile: tuple, flags: Variants) -> int | None:
     """The forward's register cap a thread (Triton's `maxnreg`; None: none): "fws" at a tile of
     one consumer warpgroup FWS_PAIR_REGS (two CTAs an SM), "occupancy" without "fws"
-    OCCUPANCY_REGS[D] where D has one."""
+    OCCUPANCY_REGS[D] where D has one; "pingpong" PINGPONG_REGS."""
+    if flags.pingpong:
+        return PINGPONG_REGS
     if flags.fws:
         return FWS_PAIR_REGS if tile[3] == 4 else None
     return OCCUPANCY_REGS.get(D) if flags.occupancy else None
 
 
 def persistent_programs(n_items: int, D: int, flags: Variants, device: torch.device) -> int:
-    """The persistent forward's grid: PERSISTENT_CTAS[D] programs an SM ("occupancy": three at
-    D = 64), never more than its items."""
-    per_sm = 3 if flags.occupancy and D in OCCUPANCY_REGS else PERSISTENT_CTAS[D]
+    """The persistent forwards' grid: "pingpong" one program an SM, else PERSISTENT_CTAS[D]
+    ("occupancy": three at D = 64), never more than their items."""
+    per_sm = 1 if flags.pingpong else 3 if flags.occupancy and D in OCCUPANCY_REGS else PERSISTENT_CTAS[D]
     return min(n_items, per_sm * torch.cuda.get_device_properties(device).multi_processor_count)

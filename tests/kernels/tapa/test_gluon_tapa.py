@@ -101,6 +101,10 @@ def test_forward_launch_picks_the_kernel_and_its_constexprs():
     kernel, meta = gluon_tapa.forward_launch(128, (64, 64, 2, 4), flags({"persistent", "interleave"}, 128), True,
                                              False)
     assert kernel is gluon_tapa.gluon_tapa_fwd_persistent_kernel and "HEADS" not in meta and "maxnreg" not in meta
+    kernel, meta = gluon_tapa.forward_launch(128, (64, 64, 2, 4), flags({"pingpong", "fws", "persistent"}, 128),
+                                             True, False)
+    assert kernel is gluon_tapa.gluon_tapa_fwd_pp_kernel and meta["maxnreg"] == host.PINGPONG_REGS
+    assert meta["CONSUMER_REGS"] == host.PINGPONG_CONSUMER_REGS and meta["PRODUCER_REGS"] == gluon_tapa.PRODUCER_REGS
 
 
 @pytest.mark.skipif(gluon_tapa.gluon_common.IMPORT_ERROR is not None, reason="no Gluon in this Triton")
@@ -220,6 +224,12 @@ def test_launch_regs_caps_fws_pairs_and_occupancy():
     assert regs(64, (64, 64, 2, 4), host.variant_flags({"occupancy"}, 64)) == host.OCCUPANCY_REGS[64] == 168
     assert regs(128, (64, 64, 2, 4), host.variant_flags({"occupancy"}, 128)) is None
     assert regs(128, (64, 64, 2, 4), host.variant_flags({"order3", "coef"}, 128)) is None
+    # "pingpong": three warpgroups (two consumers, the producer's) within the SM's registers, and
+    # the consumers' share after the producer's 24 is what setmaxnreg can give (a multiple of 8)
+    assert 3 * 4 * 32 * host.PINGPONG_REGS <= 65536 and host.PINGPONG_CONSUMER_REGS % 8 == 0
+    assert 2 * 128 * host.PINGPONG_CONSUMER_REGS + 128 * gluon_tapa.PRODUCER_REGS <= 3 * 128 * host.PINGPONG_REGS
+    for D in (64, 128):
+        assert regs(D, (64, 64, 2, 4), host.variant_flags({"pingpong", "fws", "occupancy"}, D)) == host.PINGPONG_REGS
 
 
 def test_forward_tile_and_interleaved_heads():
@@ -229,6 +239,11 @@ def test_forward_tile_and_interleaved_heads():
         assert host.forward_tile(D, host.variant_flags({"order3"}, D)) == host.TILES[D]
         assert host.forward_tile(D, host.variant_flags({"order3", "fws"}, D)) == host.TILES_FWS[D]
     assert host.forward_tile(128, host.variant_flags({"fws"}, 128)) == (64, 64, 2, 4)
+    for D in host.TILES_PP:   # one consumer warpgroup's tile, BLOCK_M = BLOCK_N (the kernel asserts it)
+        flags = host.variant_flags({"pingpong", "fws"}, D)
+        assert host.forward_tile(D, flags) == host.TILES_PP[D] and host.TILES_PP[D][0] == host.TILES_PP[D][1]
+        assert host.TILES_PP[D][3] == 4 and host.query_blocks(flags) == 2
+    assert host.query_blocks(host.variant_flags({"fws"}, 128)) == 1
     assert host.interleave_heads(host.variant_flags({"order3"}, 64)) == 1
     assert host.interleave_heads(host.variant_flags({"order3", "interleave"}, 64)) == host.INTERLEAVE_HEADS == 4
 
@@ -242,9 +257,9 @@ def test_variant_flags_refuse_unknown_names():
         # the register cap is for the head dims that have one; fws only where its pair tile is the default
         assert ("occupancy" in chosen) == (D in gluon_tapa_host.OCCUPANCY_REGS)
         assert ("fws" in chosen) == (gluon_tapa_host.TILES_FWS[D] == gluon_tapa_host.TILES[D])
-    assert gluon_tapa_host.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 8
+    assert gluon_tapa_host.variant_flags({"table", "order3"}, 64) == (True, True) + (False,) * 9
     flags = gluon_tapa_host.variant_flags(["ws", "lazy", "persistent"], 128)
-    assert flags == (False, False, True, False, True, False, False, False, True, False) and flags.lazy
+    assert flags == (False, False, True, False, True, False, False, False, True, False, False) and flags.lazy
     assert flags.persistent and not flags.coef and not flags.interleave
     assert gluon_tapa_host.variant_flags((), 128) == (False,) * len(gluon_tapa_host.VARIANTS)
     with pytest.raises(ValueError, match="unknown TAPA kernel variants.*eager"):
@@ -455,6 +470,25 @@ def test_gluon_tapa_fws_smoke(tile):
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("programs", [1, 3, None], ids=["1-program", "3-programs", "default-grid"])
+@pytest.mark.parametrize("B,H,G,T,S,D,causal", [(1, 2, 1, 700, 700, 128, True), (2, 3, 1, 333, 333, 128, True),
+                                                (1, 2, 2, 130, 400, 64, False), (1, 2, 1, 300, 4099, 128, True),
+                                                (1, 2, 1, 4099, 300, 64, True)],
+                         ids=["700", "ragged", "nocausal", "T<S", "T>S"])
+def test_gluon_tapa_pingpong_smoke(B, H, G, T, S, D, causal, programs):
+    """The "pingpong" kernel's two consumer warpgroups, their turns, the shared rings and the Q
+    buffers on small launches, with one program running every item (each ring slot, Q buffer and
+    turn barrier reused across items of every length), three, and the default grid: 6 items a
+    head (the last one's second query block has rows only past T), 3 (each item's second block
+    one key block more than its first), every key block shared (non-causal), T < S and T > S.
+    Run this first, with a short timeout, where a handshake could hang."""
+    q, k, v, _ = make_inputs(B, H, G, T, S, D, torch.bfloat16)
+    check_forward(q, k, v, {}, causal=causal, variants={"order3", "pingpong"}, programs=programs,
+                  label=f"gluon-tapa-pingpong-{T}-{programs}")
+
+
+@pytest.mark.gpu
+@hopper
 @pytest.mark.parametrize("variants", [frozenset({"order3", "interleave"}), frozenset({"order3", "fws", "interleave"}),
                                       None], ids=["interleave", "fws+interleave", "default"])
 @pytest.mark.parametrize("B,H,G,T,S,D,causal", [(2, 3, 1, 333, 333, 128, True), (3, 3, 3, 1000, 1000, 64, True),
@@ -470,15 +504,17 @@ def test_gluon_tapa_interleaved_heads_cover_every_block(B, H, G, T, S, D, causal
 
 @pytest.mark.gpu
 @hopper
+@pytest.mark.parametrize("kernel", ["persistent", "pingpong"])
 @pytest.mark.parametrize("programs", [1, 3, None], ids=["1-program", "3-programs", "default-grid"])
 @pytest.mark.parametrize("B,H,G,T,S,D,causal,params,dtype", CASES, ids=[_case_id(c) for c in CASES])
-def test_gluon_tapa_persistent_matches_float64(B, H, G, T, S, D, causal, params, dtype, programs):
-    """The "persistent" kernel: one program running every item (each ring slot and Q buffer
-    reused across items of every length, hi = 1 among them), three, and the default grid."""
+def test_gluon_tapa_persistent_matches_float64(B, H, G, T, S, D, causal, params, dtype, programs, kernel):
+    """The persistent kernels ("persistent", "pingpong"): one program running every item (each
+    ring slot and Q buffer reused across items of every length, hi = 1 among them), three, and
+    the default grid."""
     q, k, v, _ = make_inputs(B, H, G, T, S, D, dtype)
-    variants = gluon_tapa_host.DEFAULT_VARIANTS[D] | {"persistent"}
+    variants = gluon_tapa_host.DEFAULT_VARIANTS[D] | {kernel}
     check_forward(q, k, v, params, causal=causal, variants=variants, programs=programs,
-                  label=f"gluon-tapa-persistent-{programs}")
+                  label=f"gluon-tapa-{kernel}-{programs}")
 
 
 @pytest.mark.gpu
@@ -500,7 +536,8 @@ VARIANT_SETS = [frozenset(), frozenset({"table"}), frozenset({"order3"}), frozen
                 frozenset({"order3", "coef", "lazy", "diag", "table"}),
                 frozenset({"order3", "coef", "lazy", "diag", "persistent"}),
                 frozenset({"order3", "coef", "lazy", "diag", "occupancy", "persistent"}),
-                frozenset({"order3", "interleave"}), frozenset({"order3", "fws", "interleave"})]
+                frozenset({"order3", "interleave"}), frozenset({"order3", "fws", "interleave"}),
+                frozenset({"order3", "coef", "lazy", "diag", "table", "pingpong", "interleave"})]
 VARIANT_CASES = [
     (1, 4, 2, 4099, 4099, 128, True, {}, torch.bfloat16),
     (1, 4, 4, 4099, 4099, 64, False, {"phase": "linear"}, torch.float16),
