@@ -101,7 +101,10 @@ TILES_PP = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             read one set of K and V rings filled by one producer warp and take turns issuing their
 #             products, so that one's softmax overlaps the other's products (FlashAttention-3's
 #             ping-pong, https://arxiv.org/abs/2407.08608 section 3.1); PINGPONG_REGS a thread,
-#             PINGPONG_CONSUMER_REGS for the consumers; takes precedence over "fws" and "persistent".
+#             PINGPONG_CONSUMER_REGS for the consumers; persistent (one program an SM, Q in two
+#             buffers); takes precedence over "fws" and "persistent". Off: on an H100 it ran the
+#             D = 128 forward at 1.93 / 1.52x cuDNN against the defaults' 1.56 / 1.49x (4k / 16k;
+#             benchmarks/results/gluon-tapa-fwd-h100-pingpong.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave",
             "pingpong")
 OCCUPANCY_REGS = {64: 168}
