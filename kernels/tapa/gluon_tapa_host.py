@@ -81,6 +81,15 @@ TILES_PP = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 #             64x64; `gluon_tapa.diag_poly_asm`), bit for bit the same W: in the forward 42 FMAs a step fewer at
 #             the third order, 70 at the fifth, and 24 registers fewer; in dQ 17 / 29 fewer (D=128)
 #             and its D=64 spills gone; dK/dV unchanged (the compiler already shares its offsets);
+#   "pingpong": the forward as a persistent kernel of one program an SM (`gluon_tapa.gluon_tapa_fwd_pp_kernel`)
+#             whose items are pairs of query blocks (TILES_PP's BLOCK_M rows each): two consumer
+#             warpgroups, one a block, read one set of K and V rings filled by one producer warp and
+#             take turns issuing their products, so that one's softmax overlaps the other's products
+#             (FlashAttention-3's ping-pong, https://arxiv.org/abs/2407.08608 section 3.1), and Q
+#             sits in two buffers; PINGPONG_REGS a thread, PINGPONG_CONSUMER_REGS for the
+#             consumers; takes precedence over "fws" and "persistent". Off: on an H100 it ran the
+#             D = 128 forward at 1.93 / 1.52x cuDNN against the defaults' 1.56 / 1.49x (4k / 16k;
+#             benchmarks/results/gluon-tapa-fwd-h100-pingpong.md).
 # Timed on the H200 (benchmarks/results/gluon-tapa-{fwd,bwd}-h200.md): "ws" is 3-6 % faster in
 # forward+backward, and "order3" makes the D = 128 forward 4 % faster at 16k (12.91 against 13.42
 # ms with every series tile at the fifth order); "table" gains nothing beyond the timing noise (at
@@ -96,15 +105,6 @@ TILES_PP = {64: (64, 64, 2, 4), 128: (64, 64, 2, 4)}
 # (11.62 / 11.60 ms); at D = 64 it is 1.6 % / 4.0 % slower than "occupancy". "interleave", timed on
 # two H100s (benchmarks/results/gluon-tapa-fwd-h100-interleave.md), moves the forward by less than
 # the rounds' spread; it is on for the tail of a synced launch (INTERLEAVE_HEADS).
-#   "pingpong": two consumer warpgroups of one CTA (`gluon_tapa.gluon_tapa_fwd_pp_kernel`), each with
-#             its own query block of TILES_PP's BLOCK_M rows (the grid: one program per two blocks),
-#             read one set of K and V rings filled by one producer warp and take turns issuing their
-#             products, so that one's softmax overlaps the other's products (FlashAttention-3's
-#             ping-pong, https://arxiv.org/abs/2407.08608 section 3.1); PINGPONG_REGS a thread,
-#             PINGPONG_CONSUMER_REGS for the consumers; persistent (one program an SM, Q in two
-#             buffers); takes precedence over "fws" and "persistent". Off: on an H100 it ran the
-#             D = 128 forward at 1.93 / 1.52x cuDNN against the defaults' 1.56 / 1.49x (4k / 16k;
-#             benchmarks/results/gluon-tapa-fwd-h100-pingpong.md).
 VARIANTS = ("table", "order3", "ws", "coef", "lazy", "diag", "fws", "occupancy", "persistent", "interleave",
             "pingpong")
 OCCUPANCY_REGS = {64: 168}
