@@ -244,8 +244,7 @@ if gluon_common.IMPORT_ERROR is None:
 
     @gluon.jit
     def _step(r, hi, o, p, alpha_r, m_i, l_i, bufs, descs, geo, ph, kv_row, S, qk_scale, ring, turn,
-              MODE: gl.constexpr,
-              CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
+              MODE: gl.constexpr, CAUSAL: gl.constexpr, LINEAR: gl.constexpr, STAGES: gl.constexpr, TABLE: gl.constexpr,
               COEF: gl.constexpr, LAZY: gl.constexpr, DIAG: gl.constexpr, WS: gl.constexpr,
               PERSIST: gl.constexpr, PP: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
         """Key block j = r - ring[0] at ring index r (module docstring's schedule; ring[0] is 0 but
@@ -817,9 +816,8 @@ def forward_launch(D: int, tile: tuple, flags, causal: bool, linear: bool) -> tu
     """(kernel, meta) of a forward launch at `tile` with the schedules `flags`
     (`gluon_tapa_host.Variants`): the kernel they pick ("pingpong": the two-warpgroup one, else
     "fws": the warp-specialised one, else "persistent": the persistent one, else the plain one),
-    its constexprs and Triton's launch
-    options (num_warps, the register cap of `launch_regs`). `plan` launches it;
-    benchmarks/gluon_compile_tapa.py compiles the same."""
+    its constexprs and Triton's launch options (num_warps, the register cap of `launch_regs`).
+    `plan` launches it; benchmarks/gluon_compile_tapa.py compiles the same."""
     meta = {"CAUSAL": causal, "LINEAR": linear, "STAGES": tile[2], "TABLE": flags.table, "COEF": flags.coef,
             "LAZY": flags.lazy, "DIAG": flags.diag, "num_warps": tile[3]}
     if flags.pingpong:
